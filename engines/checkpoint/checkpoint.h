@@ -1,0 +1,63 @@
+/* checkpoint.h — checkpoint directories under a root (DESIGN.md §6).
+ *
+ * Layout of one checkpoint `<root>/<name>/`:
+ *   config.json            HF config (model)
+ *   model.safetensors      parameters in HF names (model)
+ *   optimizer.safetensors  "exp_avg.<name>", "exp_avg_sq.<name>" (optimizer)
+ *   engine_state.json      format version, step, scheduler, RNG, optimizer
+ *                          hyper-parameters, engine key, world size,
+ *                          contents, per-file sizes and XXH64 checksums
+ * and `<parent>/latest` holds the name of the newest checkpoint.
+ *
+ * Writing: files go to `<parent>/.<name>.tmp-<pid>/`, each fsync'ed, the
+ * directory is fsync'ed and renamed over `<name>` (an existing one is moved
+ * aside and removed after the rename), the parent fsync'ed, then `latest` is
+ * replaced atomically (write temp + fsync + rename). A crash at any point
+ * leaves the previous checkpoint and `latest` intact.
+ * Rotation: after a save, checkpoints in the parent that carry a valid
+ * engine_state.json are ordered by their recorded global_step; all but the
+ * newest max_to_keep (> 0) are removed. Derived from the disk only.
+ */
+#ifndef ENGINED_CHECKPOINT_H
+#define ENGINED_CHECKPOINT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../err.h"
+
+struct ckpt_writer;
+
+/* Begin writing checkpoint directory `dir` (absolute; its parent must
+ * exist). Returns the temporary directory in which files are to be created
+ * via ckpt_writer_path(). */
+int ckpt_writer_begin(const char *dir, struct ckpt_writer **ret, struct eng_error *err);
+/* Path of file `name` inside the temporary directory (static per writer,
+ * valid until the next call). */
+const char *ckpt_writer_path(struct ckpt_writer *w, const char *name);
+/* Record a written file (its bytes and xxh64) for engine_state.json. The
+ * file must already be fsync'ed. */
+int ckpt_writer_record(struct ckpt_writer *w, const char *name, uint64_t bytes,
+		       uint64_t xxh64, struct eng_error *err);
+/* Write a small file (config.json) with fsync and record it. */
+int ckpt_writer_put(struct ckpt_writer *w, const char *name, const void *data,
+		    size_t len, struct eng_error *err);
+/* Write engine_state.json from `state_json` (a jansson object, borrowed)
+ * with a "files" member added, fsync, rename into place, update `latest`,
+ * rotate to max_to_keep (<= 0: keep all). Frees the writer either way;
+ * on failure the temporary directory is removed. ret_bytes: total bytes. */
+int ckpt_writer_commit(struct ckpt_writer *w, void *state_json, int max_to_keep,
+		       uint64_t *ret_bytes, struct eng_error *err);
+void ckpt_writer_abort(struct ckpt_writer *w);   /* accepts NULL */
+
+/* Open a checkpoint for reading: `dir` itself, or when `dir` has a `latest`
+ * file and no engine_state.json, the checkpoint it names. Parses
+ * engine_state.json (returned as a new jansson object reference in
+ * *ret_state, caller decrefs) and verifies every listed file's size and
+ * XXH64: a mismatch is -EBADMSG naming the file; a missing file -ENOENT (a
+ * listed one missing: -EBADMSG). *ret_dir (malloc'ed) is the resolved
+ * checkpoint directory. */
+int ckpt_open(const char *dir, void **ret_state, char **ret_dir, struct eng_error *err);
+
+#endif

@@ -1,0 +1,189 @@
+/* device.h — the device interface: memory, copies and the kernel table.
+ *
+ * The model orchestration (engines/model), the optimizer, checkpointing and
+ * batch planning are device-independent; they reach compute only through a
+ * `struct device` whose ops are filled by one device implementation
+ * (device/cpu today, device/cuda later). A device is found by name with
+ * device_open(); devices that were not built are absent from the table,
+ * never #ifdef'd in callers.
+ *
+ * Conventions for every kernel:
+ *  - all float pointers are device memory from dev->ops->alloc, fp32,
+ *    row-major; int32 index arrays (ids, positions, cu_seqlens) are device
+ *    memory too (upload them with copy_h2d);
+ *  - shapes are in the comment next to each parameter; T = tokens of the
+ *    micro-batch, C = hidden size, H = query heads, KV = key/value heads,
+ *    D = head dim, F = intermediate size, V = vocabulary;
+ *  - "= " in a comment means the output is overwritten, "+=" means it is
+ *    accumulated into (gradients of parameters always accumulate);
+ *  - kernels are deterministic: the same inputs give bit-identical outputs
+ *    run after run (no atomics, fixed reduction order, results independent
+ *    of the thread count is NOT promised; independent of timing is);
+ *  - kernels return 0 or a negative errno (-ENOMEM when scratch memory could
+ *    not be had); they never log.
+ */
+#ifndef ENGINED_DEVICE_H
+#define ENGINED_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct device;
+
+/* Precision of matrix products. Master weights, gradients and optimizer
+ * state are always fp32; with MATMUL_BF16 the device rounds matmul inputs
+ * to bf16 and accumulates in fp32. */
+enum matmul_precision {
+	MATMUL_FP32 = 0,
+	MATMUL_BF16 = 1,
+};
+
+struct kernel_table {
+	/* C[M,N] = op(A) @ op(B) + beta * C, beta is 0 or 1.
+	 * op(A) is A[M,K] (lda >= K) or, with trans_a, A stored as [K,M] (lda >= M).
+	 * op(B) is B[K,N] (ldb >= N) or, with trans_b, B stored as [N,K] (ldb >= K).
+	 * ldc >= N. Linear layers y = x W^T use (trans_b=1, B = W[out,in]). */
+	int (*gemm)(struct device *dev, bool trans_a, bool trans_b,
+		    int64_t M, int64_t N, int64_t K,
+		    const float *A, int64_t lda, const float *B, int64_t ldb,
+		    float beta, float *C, int64_t ldc);
+
+	/* out[T,C] = wte[ids[t], :] ; ids in [0, V) (checked by the caller). */
+	int (*embedding_fwd)(struct device *dev, float *out, const float *wte,
+			     const int32_t *ids, int64_t T, int64_t C);
+	/* dwte[V,C] += scatter of dout[T,C] by ids[T] (deterministic order). */
+	int (*embedding_bwd)(struct device *dev, float *dwte, const float *dout,
+			     const int32_t *ids, int64_t T, int64_t C, int64_t V);
+
+	/* Per row r of R rows of width C:
+	 * rstd[r] = 1/sqrt(mean(x[r]^2) + eps); out[r] = x[r] * rstd[r] * w.
+	 * out may alias x. rstd[R] is saved for the backward. */
+	int (*rmsnorm_fwd)(struct device *dev, float *out, float *rstd,
+			   const float *x, const float *w, int64_t R, int64_t C,
+			   float eps);
+	/* dx[R,C] = d/dx (beta_dx = 0: overwrite, 1: accumulate);
+	 * dw[C] += sum over rows. dx must not alias dout. */
+	int (*rmsnorm_bwd)(struct device *dev, float *dx, float *dw,
+			   const float *dout, const float *x, const float *w,
+			   const float *rstd, int64_t R, int64_t C, float beta_dx);
+
+	/* Rotary embedding in place on x[T, NH, D] (NH heads), HF "rotate_half"
+	 * layout: pairs (i, i + D/2), angle = pos[t] * inv_freq[i], i < D/2.
+	 * inverse=true applies the transpose rotation (the backward). */
+	int (*rope)(struct device *dev, float *x, const int32_t *pos,
+		    const float *inv_freq, int64_t T, int64_t NH, int64_t D,
+		    bool inverse);
+
+	/* Causal attention over packed sequences, never across them.
+	 * q[T,H,D], k[T,KV,D], v[T,KV,D]; H % KV == 0 (head h reads kv head
+	 * h / (H/KV)); cu_seqlens[B+1] with cu_seqlens[0]=0, cu_seqlens[B]=T.
+	 * out[T,H,D] = softmax(scale * q k^T + causal mask) v;
+	 * lse[H,T] = log-sum-exp of the scaled scores (saved for backward).
+	 * Memory must be O(T): tiles, never a T x T matrix. */
+	int (*attention_fwd)(struct device *dev, float *out, float *lse,
+			     const float *q, const float *k, const float *v,
+			     const int32_t *cu_seqlens, int64_t B, int64_t T,
+			     int64_t H, int64_t KV, int64_t D, float scale);
+	/* dq[T,H,D] =, dk[T,KV,D] =, dv[T,KV,D] = (overwritten), from
+	 * dout[T,H,D] and the forward's q, k, v, out, lse. */
+	int (*attention_bwd)(struct device *dev, float *dq, float *dk, float *dv,
+			     const float *dout, const float *q, const float *k,
+			     const float *v, const float *out, const float *lse,
+			     const int32_t *cu_seqlens, int64_t B, int64_t T,
+			     int64_t H, int64_t KV, int64_t D, float scale);
+
+	/* out[T,F] = silu(gate) * up. */
+	int (*swiglu_fwd)(struct device *dev, float *out, const float *gate,
+			  const float *up, int64_t n);
+	/* dgate =, dup = from dout and the forward inputs (n = T*F). */
+	int (*swiglu_bwd)(struct device *dev, float *dgate, float *dup,
+			  const float *dout, const float *gate, const float *up,
+			  int64_t n);
+
+	/* x[R,N] += bias[N] on every row. */
+	int (*bias_add)(struct device *dev, float *x, const float *bias,
+			int64_t R, int64_t N);
+	/* dbias[N] += column sums of dout[R,N]. */
+	int (*bias_bwd)(struct device *dev, float *dbias, const float *dout,
+			int64_t R, int64_t N);
+
+	/* y[n] = a * x[n] + b * y[n]  (b = 0 means overwrite, y may hold NaN). */
+	int (*axpby)(struct device *dev, float *y, float a, const float *x,
+		     float b, int64_t n);
+
+	/* Rows of logits[R,V] at temperature: z = logits * inv_temp;
+	 * logp[r] = z[target[r]] - logsumexp(z); ent[r] = -sum softmax(z) log softmax(z).
+	 * target[r] < 0 means "no target": logp[r] = 0 (ent still computed). */
+	int (*logprob_fwd)(struct device *dev, float *logp, float *ent,
+			   const float *logits, const int32_t *target,
+			   int64_t R, int64_t V, float inv_temp);
+	/* In place: logits[R,V] (the same values as in the forward) become
+	 * dlogits = inv_temp * (dlogp * (onehot(target) - p) - dent * p * (z - sum p z)).
+	 * Rows with target < 0 get only the entropy term. */
+	int (*logprob_bwd)(struct device *dev, float *logits, const int32_t *target,
+			   const float *dlogp, const float *dent,
+			   int64_t R, int64_t V, float inv_temp);
+
+	/* Sum of squares of x[n] in double, fixed reduction order. */
+	int (*sumsq)(struct device *dev, double *ret, const float *x, int64_t n);
+	/* Returns true in *ret when every x[n] is finite. */
+	int (*all_finite)(struct device *dev, bool *ret, const float *x, int64_t n);
+
+	/* One torch.optim.AdamW step over flat arrays, n elements:
+	 *   g = grad * grad_scale
+	 *   p *= 1 - lr * weight_decay
+	 *   m = beta1 * m + (1 - beta1) * g
+	 *   v = beta2 * v + (1 - beta2) * g * g
+	 *   p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+	 * step >= 1 is the step count after this update. decay[n] (may be NULL =
+	 * all 1) is a per-element 0/1 mask for weight decay. */
+	int (*adamw)(struct device *dev, float *p, const float *grad, float *m,
+		     float *v, int64_t n, float lr, float beta1, float beta2,
+		     float eps, float weight_decay, int64_t step, float grad_scale);
+
+	/* Round x[n] to bf16 (round to nearest even; NaN stays NaN) into
+	 * out[n] (uint16 bits) / to IEEE half (out[n] uint16 bits). */
+	int (*to_bf16)(struct device *dev, uint16_t *out, const float *x, int64_t n);
+	int (*to_f16)(struct device *dev, uint16_t *out, const float *x, int64_t n);
+};
+
+struct device_ops {
+	const char *name;                    /* "cpu", "cuda" */
+	/* Open / close a device. threads <= 0 means the device's default. */
+	int (*open)(struct device **ret, int threads, enum matmul_precision prec);
+	void (*close)(struct device *dev);   /* accepts NULL */
+
+	/* Device memory. alloc returns NULL when out of memory; the memory is
+	 * not initialised. free accepts NULL. */
+	void *(*alloc)(struct device *dev, size_t bytes);
+	void (*free)(struct device *dev, void *ptr);
+	int (*memset0)(struct device *dev, void *ptr, size_t bytes);
+	int (*copy_h2d)(struct device *dev, void *dst, const void *src, size_t bytes);
+	int (*copy_d2h)(struct device *dev, void *dst, const void *src, size_t bytes);
+	int (*copy_d2d)(struct device *dev, void *dst, const void *src, size_t bytes);
+	/* Wait until all queued work is done. */
+	int (*sync)(struct device *dev);
+	/* Bytes of device memory in use by this device's allocations. */
+	size_t (*mem_in_use)(struct device *dev);
+	/* True when device memory is host memory (copies are then memcpy and
+	 * "offload" only changes the reported placement). */
+	bool host_memory;
+};
+
+/* Every device has this as its first member. */
+struct device {
+	const struct device_ops *ops;
+	const struct kernel_table *k;
+	enum matmul_precision prec;
+};
+
+/* Devices built into this binary, by name. */
+const struct device_ops *device_find(const char *name);
+/* Comma-separated names of the built devices, for error messages. */
+const char *device_names(void);
+
+/* The CPU device (always built). */
+extern const struct device_ops cpu_device_ops;
+
+#endif

@@ -1,0 +1,261 @@
+/* engine.h — the training-engine interface, its registry and mode context.
+ *
+ * One `struct engine_ops` vtable mirrors verl's BaseEngine
+ * (verl/workers/engine/base.py); engines register it under
+ * (model_type, backend, device). Callers use the engine_*() wrappers below,
+ * which hold the argument checks, the mode context (IDLE/TRAIN/EVAL with
+ * auto-offload, written once here rather than per engine) and the rule
+ * "a rejected call changes nothing".
+ *
+ * Threading: an engine is used by one thread at a time (the daemon's engine
+ * thread). engine_status() reads only plain fields and may be called from
+ * another thread while a job runs.
+ *
+ * Ownership: buffers passed in are borrowed for the duration of the call;
+ * buffers returned are owned by the caller unless said otherwise.
+ */
+#ifndef ENGINED_ENGINE_H
+#define ENGINED_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+enum engine_mode {
+	ENGINE_MODE_IDLE = 0,
+	ENGINE_MODE_TRAIN = 1,
+	ENGINE_MODE_EVAL = 2,
+};
+
+enum lr_schedule_type {
+	LR_SCHEDULE_CONSTANT = 0,
+	LR_SCHEDULE_LINEAR = 1,
+	LR_SCHEDULE_COSINE = 2,
+};
+
+struct engine_optim_config {
+	double lr;            /* peak learning rate */
+	double beta1, beta2;  /* torch defaults 0.9, 0.999 */
+	double eps;           /* 1e-8 */
+	double weight_decay;  /* decoupled (AdamW), 0.01 */
+	double clip_grad;     /* max global grad norm; <= 0 disables clipping */
+};
+
+struct engine_sched_config {
+	enum lr_schedule_type type;
+	int64_t warmup_steps;
+	int64_t total_steps;
+	double min_lr_ratio;  /* cosine/linear floor as a fraction of lr */
+	double num_cycles;    /* cosine: 0.5 = half a cosine wave (verl default) */
+};
+
+/* Where each state family lives: true = on the compute device. */
+struct engine_placement {
+	bool model;
+	bool optimizer;
+	bool grad;
+};
+
+enum engine_dtype {
+	ENGINE_DTYPE_F32 = 1,
+	ENGINE_DTYPE_BF16 = 2,
+	ENGINE_DTYPE_F16 = 3,
+};
+
+struct engine_init_config {
+	const char *model_type;     /* "language_model" | "value_model" */
+	const char *backend;        /* "native" */
+	const char *device;         /* "cpu" | "cuda" */
+	/* Exactly one of: the text of a HF config.json (random init from seed),
+	 * or a directory holding config.json + *.safetensors. The caller has
+	 * already confined model_path to its root. */
+	const char *hf_config_json;
+	const char *model_path;
+	uint64_t seed;
+	struct engine_optim_config optim;
+	struct engine_sched_config sched;
+	bool param_offload;         /* offload policy applied when leaving a mode */
+	bool optimizer_offload;
+	int64_t max_tokens_per_micro_batch;  /* default budget; > 0 */
+	int threads;                /* <= 0: device default */
+	bool bf16_matmul;           /* matmul inputs in bf16, fp32 accumulate */
+};
+
+/* Defaults used when a field is left 0: lr 1e-5, betas (0.9, 0.999),
+ * eps 1e-8, weight_decay 0.01, clip 1.0, constant schedule, 4096 tokens. */
+void engine_init_config_defaults(struct engine_init_config *cfg);
+
+/* The loss seam. The engine calls `fn` once per micro-batch after the
+ * forward pass with the model outputs in micro-batch order; the loss writes
+ * dL/d(output) per token (the engine zeroed those arrays) and adds its
+ * scalar contribution to *loss. token_index[i] is the position of micro-batch
+ * token i in the request, so the loss can read the request's per-token
+ * arrays (mask, advantages, ...). The loss library (engines/loss) provides
+ * one implementation; tests provide others. */
+struct engine_loss_io {
+	int64_t n;                  /* tokens in this micro-batch */
+	int32_t num_seqs;
+	const int32_t *seq_lens;    /* [num_seqs], micro-batch order */
+	const int32_t *seq_index;   /* [num_seqs] index of each sequence in the request */
+	const int64_t *token_index; /* [n] */
+	const float *log_probs;     /* [n] target-aligned; 0 at sequence starts */
+	const float *entropy;       /* [n] */
+	const float *values;        /* [n] value model only, else NULL */
+	float *d_log_probs;         /* [n] out */
+	float *d_entropy;           /* [n] out */
+	float *d_values;            /* [n] out, value model only, else NULL */
+	bool forward_only;          /* gradients are ignored when set */
+};
+typedef int (*engine_loss_fn)(void *ctx, struct engine_loss_io *io,
+			      struct eng_error *err);
+
+struct engine_batch {
+	int64_t n;                  /* tokens */
+	const int32_t *input_ids;   /* [n] packed */
+	int32_t num_seqs;
+	const int32_t *seq_lens;    /* [num_seqs], sum = n, each >= 1 */
+	float temperature;          /* > 0; 0 means 1 */
+	bool forward_only;
+	int64_t max_tokens_per_micro_batch;  /* 0 = engine default */
+	engine_loss_fn loss_fn;     /* may be NULL when forward_only */
+	void *loss_ctx;
+	/* Float request arrays the loss will read; listed here only so that the
+	 * engine can reject NaN before touching state. NULL entries are absent. */
+	const float *check_finite[8];
+	const char *check_finite_name[8];
+};
+
+struct engine_fb_result {
+	/* Caller-provided buffers of n floats, original order; NULL = not wanted.
+	 * values is only written by value models. */
+	float *log_probs;
+	float *entropy;
+	float *values;
+	int32_t num_micro_batches;  /* out */
+};
+
+struct engine_step_result {
+	double grad_norm;           /* before clipping */
+	bool skipped;               /* non-finite norm: no update, grads zeroed */
+	double lr;                  /* lr used by this step */
+	int64_t step;               /* optimizer steps taken so far */
+};
+
+/* Checkpoint contents flags. */
+enum {
+	CKPT_MODEL = 1 << 0,
+	CKPT_OPTIMIZER = 1 << 1,
+	CKPT_EXTRA = 1 << 2,        /* scheduler, RNG, step */
+	CKPT_ALL = CKPT_MODEL | CKPT_OPTIMIZER | CKPT_EXTRA,
+};
+
+struct engine_status {
+	char key[96];               /* "language_model/native/cpu" */
+	bool initialized;
+	enum engine_mode mode;
+	struct engine_placement placement;
+	int64_t step;               /* optimizer steps */
+	int64_t sched_step;         /* lr scheduler steps */
+	double lr;                  /* current lr */
+	int64_t num_parameters;
+	size_t device_memory;       /* bytes in use on the device */
+	size_t host_memory;         /* bytes held in host memory by the engine */
+};
+
+/* One parameter tensor, in Hugging Face naming, borrowed from the engine:
+ * valid until the next call that changes parameters or placement. */
+struct engine_param_view {
+	const char *name;
+	int ndim;
+	int64_t shape[4];
+	int64_t numel;
+	const float *host_data;     /* fp32, host-readable (the engine stages it) */
+};
+
+struct engine;  /* opaque */
+
+struct engine_ops {
+	const char *model_type, *backend, *device;
+	int (*initialize)(struct engine *e, const struct engine_init_config *cfg,
+			  struct eng_error *err);
+	int (*forward_backward)(struct engine *e, const struct engine_batch *b,
+				struct engine_fb_result *res, struct eng_error *err);
+	int (*optimizer_step)(struct engine *e, struct engine_step_result *ret,
+			      struct eng_error *err);
+	int (*lr_scheduler_step)(struct engine *e, double *ret_lr,
+				 struct eng_error *err);
+	/* Move state families to the device (to_device=true) or the host.
+	 * Families whose flag is false are left where they are. */
+	int (*to)(struct engine *e, bool to_device, bool model, bool optimizer,
+		  bool grad, struct eng_error *err);
+	/* Parameter iteration: count, then view i (0-based, stable order). */
+	int64_t (*num_params)(struct engine *e);
+	int (*param)(struct engine *e, int64_t i, struct engine_param_view *ret,
+		     struct eng_error *err);
+	/* `dir` is an absolute path already confined by the caller. */
+	int (*save_checkpoint)(struct engine *e, const char *dir, int64_t global_step,
+			       int max_to_keep, unsigned contents, size_t *ret_bytes,
+			       struct eng_error *err);
+	int (*load_checkpoint)(struct engine *e, const char *dir, unsigned contents,
+			       int64_t *ret_global_step, struct eng_error *err);
+	void (*status)(struct engine *e, struct engine_status *ret);
+	void (*destroy)(struct engine *e);
+};
+
+/* --- registry ----------------------------------------------------------- */
+
+/* Find the ops for a key. On failure returns -ENODEV and a message listing
+ * the registered keys. */
+int engine_registry_lookup(const char *model_type, const char *backend,
+			   const char *device, const struct engine_ops **ret,
+			   struct eng_error *err);
+/* Registered keys as "a/b/c, d/e/f" (static storage). */
+const char *engine_registry_keys(void);
+
+/* --- engine object and wrappers ---------------------------------------- */
+
+/* Create and initialize an engine for cfg (registry lookup included).
+ * On failure *ret is untouched. Destroy with engine_destroy. */
+int engine_create(const struct engine_init_config *cfg, struct engine **ret,
+		  struct eng_error *err);
+void engine_destroy(struct engine *e);  /* accepts NULL */
+
+/* Mode context (verl BaseEngineCtx). Entering TRAIN places model, optimizer
+ * and grads on the device; EVAL the model only. Leaving a mode moves to the
+ * host what param_offload / optimizer_offload say; leaving TRAIN zeroes
+ * grads. disable_auto_offload makes placement changes no-ops. Setting the
+ * current mode again is a no-op. */
+int engine_set_mode(struct engine *e, enum engine_mode mode,
+		    bool disable_auto_offload, struct eng_error *err);
+enum engine_mode engine_mode(const struct engine *e);
+
+/* Compute calls. Made while IDLE, they enter the mode they need (TRAIN, or
+ * EVAL for forward_only) for the duration of the call and leave it after.
+ * forward_backward (not forward_only) while in EVAL fails with -EALREADY. */
+int engine_forward_backward(struct engine *e, const struct engine_batch *b,
+			    struct engine_fb_result *res, struct eng_error *err);
+int engine_optimizer_step(struct engine *e, struct engine_step_result *ret,
+			  struct eng_error *err);
+int engine_lr_scheduler_step(struct engine *e, double *ret_lr,
+			     struct eng_error *err);
+/* model=false requires optimizer=false and grad=false (-EINVAL). */
+int engine_to(struct engine *e, bool to_device, bool model, bool optimizer,
+	      bool grad, struct eng_error *err);
+int64_t engine_num_params(struct engine *e);
+int engine_param(struct engine *e, int64_t i, struct engine_param_view *ret,
+		 struct eng_error *err);
+int engine_save_checkpoint(struct engine *e, const char *dir, int64_t global_step,
+			   int max_to_keep, unsigned contents, size_t *ret_bytes,
+			   struct eng_error *err);
+int engine_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
+			   int64_t *ret_global_step, struct eng_error *err);
+void engine_status(struct engine *e, struct engine_status *ret);
+
+/* For engine implementations: the per-engine private pointer and the
+ * offload policy the mode context applies. */
+void *engine_impl(struct engine *e);
+void engine_set_impl(struct engine *e, void *impl);
+
+#endif

@@ -1,0 +1,92 @@
+/* safetensors.h — reader and writer of the safetensors format
+ * (https://huggingface.co/docs/safetensors): an 8-byte little-endian header
+ * length, a JSON header {name: {dtype, shape, data_offsets}, "__metadata__":
+ * {str: str}}, then the raw little-endian data. Supported dtypes F32, BF16,
+ * F16 (read and written); others are refused with -EINVAL naming the tensor.
+ * Also reads sharded checkpoints through model.safetensors.index.json.
+ */
+#ifndef ENGINED_IO_SAFETENSORS_H
+#define ENGINED_IO_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../err.h"
+
+enum st_dtype {
+	ST_F32 = 0,
+	ST_BF16 = 1,
+	ST_F16 = 2,
+};
+
+size_t st_dtype_size(enum st_dtype dt);
+const char *st_dtype_name(enum st_dtype dt);   /* "F32", "BF16", "F16" */
+
+#define ST_MAX_DIMS 8
+
+struct st_tensor_info {
+	char *name;
+	enum st_dtype dtype;
+	int ndim;
+	int64_t shape[ST_MAX_DIMS];
+	uint64_t offset;      /* byte offset of the data from the start of the file */
+	uint64_t nbytes;
+	int file;             /* index into the reader's files (sharded) */
+};
+
+/* --- reading ----------------------------------------------------------- */
+
+struct st_reader;
+
+/* Open a single .safetensors file, or a directory: the directory's
+ * model.safetensors.index.json when present (all shards), else its
+ * model.safetensors. Header errors (bad length, bad JSON, offsets outside
+ * the file or overlapping, shape/size mismatch): -EBADMSG naming the file.
+ * Missing file: -ENOENT. The caller owns *ret (st_reader_close). */
+int st_reader_open(const char *path, struct st_reader **ret, struct eng_error *err);
+void st_reader_close(struct st_reader *r);     /* accepts NULL */
+
+int st_reader_count(const struct st_reader *r);
+const struct st_tensor_info *st_reader_tensor(const struct st_reader *r, int i);
+/* NULL when absent. */
+const struct st_tensor_info *st_reader_find(const struct st_reader *r, const char *name);
+/* Value of a "__metadata__" key of the first file, or NULL. */
+const char *st_reader_metadata(const struct st_reader *r, const char *key);
+
+/* Read tensor `name` converted to fp32 into dst[numel]. -ENOENT when absent,
+ * -EINVAL when its element count differs from numel, -EIO on read errors. */
+int st_reader_read_f32(struct st_reader *r, const char *name, float *dst,
+		       int64_t numel, struct eng_error *err);
+
+/* --- writing ----------------------------------------------------------- */
+
+struct st_writer;
+
+/* Start a file at `path` (created/truncated, mode 0644). Tensors are added
+ * with st_writer_add (the data is borrowed until st_writer_finish), metadata
+ * with st_writer_meta; st_writer_finish writes header + data, fsyncs the
+ * file, reports the bytes written and the XXH64 of the whole file, and frees
+ * the writer whether it succeeds or not. */
+int st_writer_new(const char *path, struct st_writer **ret, struct eng_error *err);
+int st_writer_add(struct st_writer *w, const char *name, enum st_dtype stored,
+		  int ndim, const int64_t *shape, const float *data_f32,
+		  struct eng_error *err);
+int st_writer_meta(struct st_writer *w, const char *key, const char *value,
+		   struct eng_error *err);
+int st_writer_finish(struct st_writer *w, uint64_t *ret_bytes,
+		     uint64_t *ret_xxh64, struct eng_error *err);
+void st_writer_abort(struct st_writer *w);     /* accepts NULL; removes the file */
+
+/* --- conversions (host) ------------------------------------------------ */
+
+/* fp32 -> bf16 bits, round to nearest even; NaN stays a quiet NaN. */
+uint16_t f32_to_bf16(float x);
+float bf16_to_f32(uint16_t h);
+/* fp32 -> IEEE binary16 bits, round to nearest even, overflow to inf. */
+uint16_t f32_to_f16(float x);
+float f16_to_f32(uint16_t h);
+
+/* XXH64 (seed 0) of a whole file, streaming. */
+int file_xxh64(const char *path, uint64_t *ret, struct eng_error *err);
+
+#endif

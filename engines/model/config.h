@@ -1,0 +1,56 @@
+/* config.h — Llama-family model configuration, read from a Hugging Face
+ * config.json (llama, qwen2, qwen3, mistral). */
+#ifndef ENGINED_MODEL_CONFIG_H
+#define ENGINED_MODEL_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../err.h"
+
+enum model_arch {
+	ARCH_LLAMA = 0,
+	ARCH_QWEN2 = 1,   /* q/k/v projections carry a bias */
+	ARCH_QWEN3 = 2,   /* q_norm / k_norm RMSNorm over head_dim */
+	ARCH_MISTRAL = 3, /* llama layout; sliding window not supported (refused when smaller than max_position_embeddings) */
+};
+
+struct model_config {
+	enum model_arch arch;
+	char model_type[32];        /* as written in config.json */
+	int64_t vocab_size;         /* V */
+	int64_t hidden_size;        /* C */
+	int64_t intermediate_size;  /* F */
+	int64_t num_layers;         /* L = num_hidden_layers */
+	int64_t num_heads;          /* H = num_attention_heads */
+	int64_t num_kv_heads;       /* KV = num_key_value_heads (default H) */
+	int64_t head_dim;           /* D = head_dim (default C / H) */
+	int64_t max_position_embeddings;
+	double rms_norm_eps;        /* default 1e-6 */
+	double rope_theta;          /* default 10000 */
+	bool tie_word_embeddings;   /* default false */
+	bool attention_bias;        /* q/k/v bias: qwen2 always, llama if "attention_bias" */
+	bool qk_norm;               /* qwen3 */
+	/* rope_scaling {"rope_type"|"type": "llama3", factor, low_freq_factor,
+	 * high_freq_factor, original_max_position_embeddings} */
+	bool rope_llama3;
+	double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+	int64_t rope_original_max_pos;
+	double initializer_range;   /* default 0.02, for random init */
+};
+
+/* Parse the text of a config.json. Unknown model_type, missing required
+ * fields, non-positive sizes, H % KV != 0, odd head_dim, unsupported
+ * rope_scaling type: -EINVAL with a message naming the key. */
+int model_config_parse(const char *json_text, struct model_config *ret,
+		       struct eng_error *err);
+
+/* Serialize back to config.json text (HF keys; for checkpoints). Returns a
+ * malloc'ed string owned by the caller, or NULL on allocation failure. */
+char *model_config_to_json(const struct model_config *cfg);
+
+/* RoPE inverse frequencies inv_freq[D/2] (fp32, as HF computes them,
+ * including llama3 scaling). */
+void model_config_rope_inv_freq(const struct model_config *cfg, float *inv_freq);
+
+#endif
