@@ -190,10 +190,14 @@ struct engine_ops {
 	 * Families whose flag is false are left where they are. */
 	int (*to)(struct engine *e, bool to_device, bool model, bool optimizer,
 		  bool grad, struct eng_error *err);
+	/* Zero the accumulated gradients (leaving TRAIN, after a step). */
+	int (*zero_grad)(struct engine *e, struct eng_error *err);
 	/* Parameter iteration: count, then view i (0-based, stable order). */
 	int64_t (*num_params)(struct engine *e);
 	int (*param)(struct engine *e, int64_t i, struct engine_param_view *ret,
 		     struct eng_error *err);
+	int (*grad)(struct engine *e, int64_t i, struct engine_param_view *ret,
+		    struct eng_error *err);
 	/* `dir` is an absolute path already confined by the caller. */
 	int (*save_checkpoint)(struct engine *e, const char *dir, int64_t global_step,
 			       int max_to_keep, unsigned contents, size_t *ret_bytes,
@@ -224,16 +228,22 @@ void engine_destroy(struct engine *e);  /* accepts NULL */
 
 /* Mode context (verl BaseEngineCtx). Entering TRAIN places model, optimizer
  * and grads on the device; EVAL the model only. Leaving a mode moves to the
- * host what param_offload / optimizer_offload say; leaving TRAIN zeroes
- * grads. disable_auto_offload makes placement changes no-ops. Setting the
- * current mode again is a no-op. */
+ * host what param_offload / optimizer_offload say (grads follow the
+ * parameters); leaving TRAIN zeroes grads. disable_auto_offload makes
+ * placement changes no-ops. Setting the current mode again only updates
+ * disable_auto_offload. Switching TRAIN <-> EVAL leaves the first mode, then
+ * enters the second. */
 int engine_set_mode(struct engine *e, enum engine_mode mode,
 		    bool disable_auto_offload, struct eng_error *err);
 enum engine_mode engine_mode(const struct engine *e);
 
 /* Compute calls. Made while IDLE, they enter the mode they need (TRAIN, or
- * EVAL for forward_only) for the duration of the call and leave it after.
- * forward_backward (not forward_only) while in EVAL fails with -EALREADY. */
+ * EVAL for forward_only) for the duration of the call and leave it after,
+ * with auto-offload. Unlike an explicit SetMode, this per-call context keeps
+ * the gradients: over RPC, ForwardBackward and OptimizerStep are separate
+ * calls (verl's worker runs both inside one context), so zeroing there would
+ * silently drop every gradient. forward_backward (not forward_only) or
+ * optimizer_step while in EVAL fail with -EALREADY. */
 int engine_forward_backward(struct engine *e, const struct engine_batch *b,
 			    struct engine_fb_result *res, struct eng_error *err);
 int engine_optimizer_step(struct engine *e, struct engine_step_result *ret,
@@ -246,6 +256,10 @@ int engine_to(struct engine *e, bool to_device, bool model, bool optimizer,
 int64_t engine_num_params(struct engine *e);
 int engine_param(struct engine *e, int64_t i, struct engine_param_view *ret,
 		 struct eng_error *err);
+/* Gradient of parameter i (same view; host_data = accumulated gradient).
+ * For tests and diagnostics. */
+int engine_grad(struct engine *e, int64_t i, struct engine_param_view *ret,
+		struct eng_error *err);
 int engine_save_checkpoint(struct engine *e, const char *dir, int64_t global_step,
 			   int max_to_keep, unsigned contents, size_t *ret_bytes,
 			   struct eng_error *err);

@@ -1,0 +1,275 @@
+/* engine.c — the engine object: thin engine_*() wrappers over the ops
+ * table holding argument checks and the mode context (verl BaseEngineCtx),
+ * written once for every engine. */
+#include "engine.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct engine {
+	const struct engine_ops *ops;
+	void *impl;
+	enum engine_mode mode;
+	bool no_auto_offload;      /* disable_auto_offload of the current mode */
+	bool param_offload;
+	bool optimizer_offload;
+};
+
+void engine_init_config_defaults(struct engine_init_config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->model_type = "language_model";
+	cfg->backend = "native";
+	cfg->device = "cpu";
+	cfg->seed = 0;
+	cfg->optim.lr = 1e-5;
+	cfg->optim.beta1 = 0.9;
+	cfg->optim.beta2 = 0.999;
+	cfg->optim.eps = 1e-8;
+	cfg->optim.weight_decay = 0.01;
+	cfg->optim.clip_grad = 1.0;
+	cfg->sched.type = LR_SCHEDULE_CONSTANT;
+	cfg->sched.num_cycles = 0.5;
+	cfg->max_tokens_per_micro_batch = 4096;
+}
+
+void *engine_impl(struct engine *e)
+{
+	return e->impl;
+}
+
+void engine_set_impl(struct engine *e, void *impl)
+{
+	e->impl = impl;
+}
+
+int engine_create(const struct engine_init_config *cfg, struct engine **ret,
+		  struct eng_error *err)
+{
+	const struct engine_ops *ops;
+	struct engine *e;
+	int rc;
+
+	rc = engine_registry_lookup(cfg->model_type ? cfg->model_type : "",
+				    cfg->backend ? cfg->backend : "",
+				    cfg->device ? cfg->device : "", &ops, err);
+	if (rc)
+		return rc;
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return eng_fail(err, -ENOMEM, "engine: out of memory");
+	e->ops = ops;
+	e->param_offload = cfg->param_offload;
+	e->optimizer_offload = cfg->optimizer_offload;
+	rc = ops->initialize(e, cfg, err);
+	if (rc == 0)
+		rc = ops->to(e, false, cfg->param_offload, cfg->optimizer_offload,
+			     cfg->param_offload, err);
+	if (rc) {
+		ops->destroy(e);
+		free(e);
+		return rc;
+	}
+	*ret = e;
+	return 0;
+}
+
+void engine_destroy(struct engine *e)
+{
+	if (!e)
+		return;
+	e->ops->destroy(e);
+	free(e);
+}
+
+enum engine_mode engine_mode(const struct engine *e)
+{
+	return e->mode;
+}
+
+/* --- mode context ------------------------------------------------------ */
+
+static int mode_enter(struct engine *e, enum engine_mode mode, bool no_offload,
+		      struct eng_error *err)
+{
+	int rc = 0;
+
+	if (!no_offload && mode == ENGINE_MODE_TRAIN)
+		rc = e->ops->to(e, true, true, true, true, err);
+	else if (!no_offload && mode == ENGINE_MODE_EVAL)
+		rc = e->ops->to(e, true, true, false, false, err);
+	if (rc)
+		return rc;
+	e->mode = mode;
+	e->no_auto_offload = no_offload;
+	return 0;
+}
+
+static int mode_exit(struct engine *e, bool zero_grad, struct eng_error *err)
+{
+	int rc = 0;
+
+	if (zero_grad && e->mode == ENGINE_MODE_TRAIN)
+		rc = e->ops->zero_grad(e, err);
+	if (rc == 0 && !e->no_auto_offload)
+		rc = e->ops->to(e, false, e->param_offload, e->optimizer_offload,
+				e->param_offload, err);
+	e->mode = ENGINE_MODE_IDLE;
+	e->no_auto_offload = false;
+	return rc;
+}
+
+int engine_set_mode(struct engine *e, enum engine_mode mode,
+		    bool disable_auto_offload, struct eng_error *err)
+{
+	int rc;
+
+	if (mode != ENGINE_MODE_IDLE && mode != ENGINE_MODE_TRAIN && mode != ENGINE_MODE_EVAL)
+		return eng_fail(err, -EINVAL, "mode: unknown mode %d", (int)mode);
+	if (mode == e->mode) {
+		e->no_auto_offload = disable_auto_offload;
+		return 0;
+	}
+	if (e->mode != ENGINE_MODE_IDLE) {
+		rc = mode_exit(e, true, err);
+		if (rc)
+			return rc;
+	}
+	if (mode == ENGINE_MODE_IDLE)
+		return 0;
+	return mode_enter(e, mode, disable_auto_offload, err);
+}
+
+/* Run `fn` inside the per-call context when IDLE (see engine.h). */
+struct call_ctx {
+	bool entered;
+};
+
+static int call_begin(struct engine *e, enum engine_mode need, struct call_ctx *c,
+		      struct eng_error *err)
+{
+	c->entered = false;
+	if (e->mode != ENGINE_MODE_IDLE)
+		return 0;
+	c->entered = true;
+	return mode_enter(e, need, false, err);
+}
+
+static int call_end(struct engine *e, const struct call_ctx *c, int rc,
+		    struct eng_error *err)
+{
+	int rc2;
+
+	if (!c->entered)
+		return rc;
+	rc2 = mode_exit(e, false, err);
+	return rc ? rc : rc2;
+}
+
+/* --- compute ----------------------------------------------------------- */
+
+int engine_forward_backward(struct engine *e, const struct engine_batch *b,
+			    struct engine_fb_result *res, struct eng_error *err)
+{
+	struct call_ctx c;
+	int rc;
+
+	if (!b->forward_only && e->mode == ENGINE_MODE_EVAL)
+		return eng_fail(err, -EALREADY,
+				"forward_only: a training forward_backward is not allowed in EVAL mode");
+	if (!b->forward_only && !b->loss_fn)
+		return eng_fail(err, -EINVAL, "loss: a loss is required unless forward_only");
+	if (!(b->temperature >= 0.0f) || !isfinite(b->temperature))
+		return eng_fail(err, -EINVAL, "temperature: must be a finite number > 0");
+	rc = call_begin(e, b->forward_only ? ENGINE_MODE_EVAL : ENGINE_MODE_TRAIN, &c, err);
+	if (rc)
+		return rc;
+	rc = e->ops->forward_backward(e, b, res, err);
+	return call_end(e, &c, rc, err);
+}
+
+int engine_optimizer_step(struct engine *e, struct engine_step_result *ret,
+			  struct eng_error *err)
+{
+	struct call_ctx c;
+	int rc;
+
+	if (e->mode == ENGINE_MODE_EVAL)
+		return eng_fail(err, -EALREADY, "mode: optimizer_step is not allowed in EVAL mode");
+	rc = call_begin(e, ENGINE_MODE_TRAIN, &c, err);
+	if (rc)
+		return rc;
+	rc = e->ops->optimizer_step(e, ret, err);
+	return call_end(e, &c, rc, err);
+}
+
+int engine_lr_scheduler_step(struct engine *e, double *ret_lr, struct eng_error *err)
+{
+	return e->ops->lr_scheduler_step(e, ret_lr, err);
+}
+
+int engine_to(struct engine *e, bool to_device, bool model, bool optimizer,
+	      bool grad, struct eng_error *err)
+{
+	if (!model && (optimizer || grad))
+		return eng_fail(err, -EINVAL,
+				"model: model=false requires optimizer=false and grad=false");
+	return e->ops->to(e, to_device, model, optimizer, grad, err);
+}
+
+int64_t engine_num_params(struct engine *e)
+{
+	return e->ops->num_params(e);
+}
+
+int engine_param(struct engine *e, int64_t i, struct engine_param_view *ret,
+		 struct eng_error *err)
+{
+	if (i < 0 || i >= e->ops->num_params(e))
+		return eng_fail(err, -EINVAL, "index: parameter %lld out of range", (long long)i);
+	return e->ops->param(e, i, ret, err);
+}
+
+int engine_grad(struct engine *e, int64_t i, struct engine_param_view *ret,
+		struct eng_error *err)
+{
+	if (i < 0 || i >= e->ops->num_params(e))
+		return eng_fail(err, -EINVAL, "index: parameter %lld out of range", (long long)i);
+	return e->ops->grad(e, i, ret, err);
+}
+
+int engine_save_checkpoint(struct engine *e, const char *dir, int64_t global_step,
+			   int max_to_keep, unsigned contents, size_t *ret_bytes,
+			   struct eng_error *err)
+{
+	if (!dir || !*dir)
+		return eng_fail(err, -EINVAL, "path: empty checkpoint path");
+	if (contents == 0)
+		contents = CKPT_ALL;
+	if (contents & ~(unsigned)CKPT_ALL)
+		return eng_fail(err, -EINVAL, "contents: unknown flags 0x%x", contents);
+	if (max_to_keep < 0)
+		return eng_fail(err, -EINVAL, "max_to_keep: must be >= 0");
+	return e->ops->save_checkpoint(e, dir, global_step, max_to_keep, contents,
+				       ret_bytes, err);
+}
+
+int engine_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
+			   int64_t *ret_global_step, struct eng_error *err)
+{
+	if (!dir || !*dir)
+		return eng_fail(err, -EINVAL, "path: empty checkpoint path");
+	if (contents == 0)
+		contents = CKPT_ALL;
+	if (contents & ~(unsigned)CKPT_ALL)
+		return eng_fail(err, -EINVAL, "contents: unknown flags 0x%x", contents);
+	return e->ops->load_checkpoint(e, dir, contents, ret_global_step, err);
+}
+
+void engine_status(struct engine *e, struct engine_status *ret)
+{
+	memset(ret, 0, sizeof(*ret));
+	e->ops->status(e, ret);
+	ret->mode = e->mode;
+}

@@ -1,0 +1,509 @@
+/* llama.c — Llama-family forward/backward over the device kernel table.
+ *
+ * Shapes: T tokens, C hidden, H/KV heads, D head dim, QD = H*D, KD = KV*D,
+ * F intermediate, V vocabulary, L layers.
+ *
+ * Per layer l (x_l [T,C] is the residual stream entering the layer):
+ *   ln1  = rmsnorm(x_l) * w.ln1
+ *   q    = ln1 Wq^T (+bq) [T,QD];  k, v = ln1 Wk^T, ln1 Wv^T (+bias) [T,KD]
+ *   q, k = rmsnorm per head (qwen3), then RoPE
+ *   att  = causal attention within each sequence [T,QD]
+ *   xmid = x_l + att Wo^T
+ *   ln2  = rmsnorm(xmid) * w.ln2
+ *   x_{l+1} = xmid + (silu(ln2 Wg^T) * (ln2 Wu^T)) Wd^T
+ * then lnf = rmsnorm(x_L) * w.norm, and either the LM head (chunks of rows:
+ * logits = lnf Wlm^T -> log-prob of the target, entropy; never the whole
+ * [T,V] at once; the backward recomputes each chunk) or the value head.
+ *
+ * Errors: every step goes through a helper that records the first kernel
+ * error in m->rc and makes later steps no-ops; a pass returns m->rc.
+ */
+#include "llama.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Floats per sub-buffer are rounded up to keep 64-byte alignment. */
+static size_t al(size_t n)
+{
+	return (n + 15) & ~(size_t)15;
+}
+
+struct layer_acts {
+	float *x;              /* [T,C] layer input (residual) */
+	float *ln1, *rstd1;    /* [T,C], [T] */
+	float *q, *k, *v;      /* [T,QD], [T,KD], [T,KD] after norm + RoPE */
+	float *qpre, *kpre;    /* [T,QD], [T,KD] before q/k norm (qwen3) */
+	float *qrstd, *krstd;  /* [T*H], [T*KV] (qwen3) */
+	float *att, *lse;      /* [T,QD], [H,T] */
+	float *xmid;           /* [T,C] */
+	float *ln2, *rstd2;    /* [T,C], [T] */
+	float *gate, *up;      /* [T,F], [T,F] */
+};
+
+struct global_acts {
+	float *resid[2];       /* [T,C] forward-only residual ping-pong */
+	float *xL, *lnf, *rstdf; /* [T,C], [T,C], [T] */
+	float *s1, *s2, *s3;   /* [T,F] scratch */
+	float *dx, *dln;       /* [T,C] */
+	float *datt, *dq;      /* [T,QD] */
+	float *dk, *dv;        /* [T,KD] */
+	float *logits;         /* [lm_chunk, V] */
+};
+
+static size_t layer_floats(const struct model_config *c, int64_t T)
+{
+	int64_t QD = c->num_heads * c->head_dim, KD = c->num_kv_heads * c->head_dim;
+	size_t n = 0;
+
+	n += 4 * al(T * c->hidden_size);            /* x, ln1, xmid, ln2 */
+	n += 2 * al(T);                             /* rstd1, rstd2 */
+	n += al(T * QD) * 2 + al(T * KD) * 2;       /* q, att, k, v */
+	n += al(c->num_heads * T);                  /* lse */
+	n += 2 * al(T * c->intermediate_size);      /* gate, up */
+	if (c->qk_norm)
+		n += al(T * QD) + al(T * KD) + al(T * c->num_heads) + al(T * c->num_kv_heads);
+	return n;
+}
+
+static size_t global_floats(const struct model_config *c, int64_t T, int64_t chunk)
+{
+	int64_t QD = c->num_heads * c->head_dim, KD = c->num_kv_heads * c->head_dim;
+	size_t C = al(T * c->hidden_size);
+
+	return 6 * C + al(T) + 3 * al(T * c->intermediate_size) +
+	       2 * al(T * QD) + 2 * al(T * KD) + al(chunk * c->vocab_size);
+}
+
+static int64_t lm_chunk_rows(const struct model_config *c, int64_t T)
+{
+	/* ~16M floats (64 MiB) of logits per chunk, at least 16 rows. */
+	int64_t rows = (16 << 20) / c->vocab_size;
+
+	if (rows < 16)
+		rows = 16;
+	return rows < T ? rows : (T > 0 ? T : 1);
+}
+
+size_t llama_activation_bytes(const struct model_config *cfg, bool value_model,
+			      int64_t T, bool training)
+{
+	int64_t slots = training ? cfg->num_layers : 1;
+
+	return sizeof(float) * (slots * layer_floats(cfg, T) +
+				global_floats(cfg, T, value_model ? 0 : lm_chunk_rows(cfg, T)));
+}
+
+int llama_reserve(struct llama_model *m, int64_t T, bool training,
+		  struct eng_error *err)
+{
+	size_t need = llama_activation_bytes(&m->cfg, m->value_model, T, training) / sizeof(float);
+	float *a;
+
+	if (m->arena && need <= m->arena_floats) {
+		m->cap_tokens = T;
+		m->cap_training = training;
+		m->lm_chunk = lm_chunk_rows(&m->cfg, T);
+		return 0;
+	}
+	a = m->dev->ops->alloc(m->dev, need * sizeof(float));
+	if (!a)
+		return eng_fail(err, -ENOMEM,
+				"activations: cannot allocate %zu MiB for %lld tokens",
+				need * sizeof(float) >> 20, (long long)T);
+	m->dev->ops->free(m->dev, m->arena);
+	m->arena = a;
+	m->arena_floats = need;
+	m->cap_tokens = T;
+	m->cap_training = training;
+	m->lm_chunk = lm_chunk_rows(&m->cfg, T);
+	return 0;
+}
+
+/* Carve the arena for T tokens. Layer slot l (training) or slot 0. */
+static void layer_acts_at(const struct llama_model *m, int64_t T, int64_t slot,
+			  struct layer_acts *a)
+{
+	const struct model_config *c = &m->cfg;
+	int64_t QD = c->num_heads * c->head_dim, KD = c->num_kv_heads * c->head_dim;
+	float *p = m->arena + slot * layer_floats(c, T);
+
+#define TAKE(n) (p += al(n), p - al(n))
+	memset(a, 0, sizeof(*a));
+	a->x = TAKE(T * c->hidden_size);
+	a->ln1 = TAKE(T * c->hidden_size);
+	a->xmid = TAKE(T * c->hidden_size);
+	a->ln2 = TAKE(T * c->hidden_size);
+	a->rstd1 = TAKE(T);
+	a->rstd2 = TAKE(T);
+	a->q = TAKE(T * QD);
+	a->att = TAKE(T * QD);
+	a->k = TAKE(T * KD);
+	a->v = TAKE(T * KD);
+	a->lse = TAKE(c->num_heads * T);
+	a->gate = TAKE(T * c->intermediate_size);
+	a->up = TAKE(T * c->intermediate_size);
+	if (c->qk_norm) {
+		a->qpre = TAKE(T * QD);
+		a->kpre = TAKE(T * KD);
+		a->qrstd = TAKE(T * c->num_heads);
+		a->krstd = TAKE(T * c->num_kv_heads);
+	}
+}
+
+static void global_acts_at(const struct llama_model *m, int64_t T, bool training,
+			   struct global_acts *g)
+{
+	const struct model_config *c = &m->cfg;
+	int64_t QD = c->num_heads * c->head_dim, KD = c->num_kv_heads * c->head_dim;
+	int64_t slots = training ? c->num_layers : 1;
+	float *p = m->arena + slots * layer_floats(c, T);
+
+	g->resid[0] = TAKE(T * c->hidden_size);
+	g->resid[1] = TAKE(T * c->hidden_size);
+	g->xL = TAKE(T * c->hidden_size);
+	g->lnf = TAKE(T * c->hidden_size);
+	g->dx = TAKE(T * c->hidden_size);
+	g->dln = TAKE(T * c->hidden_size);
+	g->rstdf = TAKE(T);
+	g->s1 = TAKE(T * c->intermediate_size);
+	g->s2 = TAKE(T * c->intermediate_size);
+	g->s3 = TAKE(T * c->intermediate_size);
+	g->datt = TAKE(T * QD);
+	g->dq = TAKE(T * QD);
+	g->dk = TAKE(T * KD);
+	g->dv = TAKE(T * KD);
+	g->logits = m->value_model ? NULL : TAKE(m->lm_chunk * c->vocab_size);
+#undef TAKE
+}
+
+/* --- sticky-error wrappers over the kernel table ----------------------- */
+
+/* out[T,nout] (beta) = in[T,nin] W[nout,nin]^T */
+static void lin_fwd(struct llama_model *m, float *out, const float *in,
+		    const float *W, int64_t T, int64_t nout, int64_t nin, float beta)
+{
+	if (!m->rc)
+		m->rc = m->dev->k->gemm(m->dev, false, true, T, nout, nin, in, nin,
+					W, nin, beta, out, nout);
+}
+
+/* din[T,nin] (beta) = dout[T,nout] W[nout,nin] */
+static void lin_bwd_in(struct llama_model *m, float *din, const float *dout,
+		       const float *W, int64_t T, int64_t nout, int64_t nin, float beta)
+{
+	if (!m->rc)
+		m->rc = m->dev->k->gemm(m->dev, false, false, T, nin, nout, dout, nout,
+					W, nin, beta, din, nin);
+}
+
+/* dW[nout,nin] += dout[T,nout]^T in[T,nin] */
+static void lin_bwd_w(struct llama_model *m, float *dW, const float *dout,
+		      const float *in, int64_t T, int64_t nout, int64_t nin)
+{
+	if (!m->rc)
+		m->rc = m->dev->k->gemm(m->dev, true, false, nout, nin, T, dout, nout,
+					in, nin, 1.0f, dW, nin);
+}
+
+static void bias_add(struct llama_model *m, float *x, const float *b, int64_t R, int64_t N)
+{
+	if (!m->rc && b)
+		m->rc = m->dev->k->bias_add(m->dev, x, b, R, N);
+}
+
+static void bias_bwd(struct llama_model *m, float *db, const float *dout, int64_t R, int64_t N)
+{
+	if (!m->rc && db)
+		m->rc = m->dev->k->bias_bwd(m->dev, db, dout, R, N);
+}
+
+static void norm_fwd(struct llama_model *m, float *out, float *rstd, const float *x,
+		     const float *w, int64_t R, int64_t C)
+{
+	if (!m->rc)
+		m->rc = m->dev->k->rmsnorm_fwd(m->dev, out, rstd, x, w, R, C,
+					       (float)m->cfg.rms_norm_eps);
+}
+
+static void norm_bwd(struct llama_model *m, float *dx, float *dw, const float *dout,
+		     const float *x, const float *w, const float *rstd, int64_t R,
+		     int64_t C, float beta)
+{
+	if (!m->rc)
+		m->rc = m->dev->k->rmsnorm_bwd(m->dev, dx, dw, dout, x, w, rstd, R, C, beta);
+}
+
+static void rope(struct llama_model *m, float *x, const int32_t *pos, int64_t T,
+		 int64_t NH, bool inverse)
+{
+	if (!m->rc)
+		m->rc = m->dev->k->rope(m->dev, x, pos, m->inv_freq, T, NH,
+					m->cfg.head_dim, inverse);
+}
+
+static void copy(struct llama_model *m, float *dst, const float *src, int64_t n)
+{
+	if (!m->rc)
+		m->rc = m->dev->ops->copy_d2d(m->dev, dst, src, n * sizeof(float));
+}
+
+/* --- setup -------------------------------------------------------------- */
+
+int llama_init(struct llama_model *m, struct device *dev,
+	       const struct model_config *cfg, bool value_model,
+	       struct eng_error *err)
+{
+	int64_t half = cfg->head_dim / 2;
+	float *host = malloc(half * sizeof(float));
+	int rc;
+
+	if (!host)
+		return eng_fail(err, -ENOMEM, "rope: out of memory");
+	m->dev = dev;
+	m->cfg = *cfg;
+	m->value_model = value_model;
+	m->arena = NULL;
+	m->arena_floats = 0;
+	m->cap_tokens = 0;
+	m->rc = 0;
+	model_config_rope_inv_freq(cfg, host);
+	m->inv_freq = dev->ops->alloc(dev, half * sizeof(float));
+	if (!m->inv_freq) {
+		free(host);
+		return eng_fail(err, -ENOMEM, "rope: out of device memory");
+	}
+	rc = dev->ops->copy_h2d(dev, m->inv_freq, host, half * sizeof(float));
+	free(host);
+	if (rc)
+		return eng_fail(err, rc, "rope: copy to device failed");
+	return 0;
+}
+
+void llama_release(struct llama_model *m)
+{
+	if (!m || !m->dev)
+		return;
+	m->dev->ops->free(m->dev, m->arena);
+	m->dev->ops->free(m->dev, m->inv_freq);
+	m->arena = NULL;
+	m->inv_freq = NULL;
+	m->arena_floats = 0;
+}
+
+/* --- forward ------------------------------------------------------------ */
+
+static void attention_block_fwd(struct llama_model *m, const struct llama_batch *b,
+				const struct layer_weights *w, struct layer_acts *a)
+{
+	const struct model_config *c = &m->cfg;
+	int64_t T = b->T, C = c->hidden_size, H = c->num_heads, KV = c->num_kv_heads;
+	int64_t D = c->head_dim, QD = H * D, KD = KV * D;
+	float *q = c->qk_norm ? a->qpre : a->q, *k = c->qk_norm ? a->kpre : a->k;
+
+	norm_fwd(m, a->ln1, a->rstd1, a->x, w->ln1, T, C);
+	lin_fwd(m, q, a->ln1, w->wq, T, QD, C, 0.0f);
+	bias_add(m, q, w->bq, T, QD);
+	lin_fwd(m, k, a->ln1, w->wk, T, KD, C, 0.0f);
+	bias_add(m, k, w->bk, T, KD);
+	lin_fwd(m, a->v, a->ln1, w->wv, T, KD, C, 0.0f);
+	bias_add(m, a->v, w->bv, T, KD);
+	if (c->qk_norm) {
+		norm_fwd(m, a->q, a->qrstd, a->qpre, w->q_norm, T * H, D);
+		norm_fwd(m, a->k, a->krstd, a->kpre, w->k_norm, T * KV, D);
+	}
+	rope(m, a->q, b->pos, T, H, false);
+	rope(m, a->k, b->pos, T, KV, false);
+	if (!m->rc)
+		m->rc = m->dev->k->attention_fwd(m->dev, a->att, a->lse, a->q, a->k, a->v,
+						 b->cu_seqlens, b->B, T, H, KV, D,
+						 1.0f / sqrtf((float)D));
+	copy(m, a->xmid, a->x, T * C);
+	lin_fwd(m, a->xmid, a->att, w->wo, T, C, QD, 1.0f);
+}
+
+static void mlp_block_fwd(struct llama_model *m, int64_t T, const struct layer_weights *w,
+			  struct layer_acts *a, float *h, float *x_out)
+{
+	const struct model_config *c = &m->cfg;
+	int64_t C = c->hidden_size, F = c->intermediate_size;
+
+	norm_fwd(m, a->ln2, a->rstd2, a->xmid, w->ln2, T, C);
+	lin_fwd(m, a->gate, a->ln2, w->w_gate, T, F, C, 0.0f);
+	lin_fwd(m, a->up, a->ln2, w->w_up, T, F, C, 0.0f);
+	if (!m->rc)
+		m->rc = m->dev->k->swiglu_fwd(m->dev, h, a->gate, a->up, T * F);
+	copy(m, x_out, a->xmid, T * C);
+	lin_fwd(m, x_out, h, w->w_down, T, C, F, 1.0f);
+}
+
+int llama_forward(struct llama_model *m, const struct llama_batch *b,
+		  float inv_temp, bool training, float *row_logp, float *row_ent,
+		  float *row_val)
+{
+	const struct model_config *c = &m->cfg;
+	int64_t T = b->T, C = c->hidden_size, L = c->num_layers;
+	struct global_acts g;
+	struct layer_acts a;
+
+	m->rc = 0;
+	if (T > m->cap_tokens || (training && !m->cap_training))
+		return -EINVAL;   /* caller must llama_reserve first */
+	global_acts_at(m, T, training, &g);
+	layer_acts_at(m, T, 0, &a);
+	if (!training)
+		a.x = g.resid[0];
+	if (!m->rc)
+		m->rc = m->dev->k->embedding_fwd(m->dev, a.x, m->w.wte, b->ids, T, C);
+	for (int64_t l = 0; l < L; l++) {
+		struct layer_acts next;
+		float *x_out;
+
+		if (l + 1 == L) {
+			x_out = g.xL;
+		} else if (training) {
+			layer_acts_at(m, T, l + 1, &next);
+			x_out = next.x;
+		} else {
+			x_out = g.resid[(l + 1) & 1];
+		}
+		attention_block_fwd(m, b, &m->w.layers[l], &a);
+		mlp_block_fwd(m, T, &m->w.layers[l], &a, g.s1, x_out);
+		if (training && l + 1 < L)
+			a = next;
+		else
+			a.x = x_out;
+	}
+	norm_fwd(m, g.lnf, g.rstdf, g.xL, m->w.norm, T, C);
+	if (m->value_model) {
+		lin_fwd(m, row_val, g.lnf, m->w.score, T, 1, C, 0.0f);
+		bias_add(m, row_val, m->w.score_bias, T, 1);
+		return m->rc;
+	}
+	for (int64_t r0 = 0; r0 < T && !m->rc; r0 += m->lm_chunk) {
+		int64_t R = T - r0 < m->lm_chunk ? T - r0 : m->lm_chunk;
+
+		lin_fwd(m, g.logits, g.lnf + r0 * C, m->w.lm_head, R, c->vocab_size, C, 0.0f);
+		if (!m->rc)
+			m->rc = m->dev->k->logprob_fwd(m->dev, row_logp + r0, row_ent + r0,
+						       g.logits, b->targets + r0, R,
+						       c->vocab_size, inv_temp);
+	}
+	return m->rc;
+}
+
+/* --- backward ----------------------------------------------------------- */
+
+/* dlnf[T,C] = d(head)/d(lnf); accumulates head weight gradients. */
+static void head_bwd(struct llama_model *m, const struct llama_batch *b, float inv_temp,
+		     struct global_acts *g, const float *drow_logp,
+		     const float *drow_ent, const float *drow_val)
+{
+	const struct model_config *c = &m->cfg;
+	int64_t T = b->T, C = c->hidden_size, V = c->vocab_size;
+
+	if (m->value_model) {
+		/* row_val = lnf score^T + bias: dlnf = dval score; dscore += dval^T lnf */
+		if (!m->rc)
+			m->rc = m->dev->k->gemm(m->dev, false, false, T, C, 1, drow_val, 1,
+						m->w.score, C, 0.0f, g->dln, C);
+		if (!m->rc)
+			m->rc = m->dev->k->gemm(m->dev, true, false, 1, C, T, drow_val, 1,
+						g->lnf, C, 1.0f, m->g.score, C);
+		bias_bwd(m, m->g.score_bias, drow_val, T, 1);
+		return;
+	}
+	for (int64_t r0 = 0; r0 < T && !m->rc; r0 += m->lm_chunk) {
+		int64_t R = T - r0 < m->lm_chunk ? T - r0 : m->lm_chunk;
+
+		lin_fwd(m, g->logits, g->lnf + r0 * C, m->w.lm_head, R, V, C, 0.0f);
+		if (!m->rc)
+			m->rc = m->dev->k->logprob_bwd(m->dev, g->logits, b->targets + r0,
+						       drow_logp + r0, drow_ent + r0, R, V,
+						       inv_temp);
+		lin_bwd_in(m, g->dln + r0 * C, g->logits, m->w.lm_head, R, V, C, 0.0f);
+		lin_bwd_w(m, m->g.lm_head, g->logits, g->lnf + r0 * C, R, V, C);
+	}
+}
+
+/* g->dx holds dL/dx_{l+1} on entry and dL/dx_l on return. */
+static void layer_bwd(struct llama_model *m, const struct llama_batch *b,
+		      const struct layer_weights *w, struct layer_weights *gw,
+		      struct layer_acts *a, struct global_acts *g)
+{
+	const struct model_config *c = &m->cfg;
+	int64_t T = b->T, C = c->hidden_size, F = c->intermediate_size;
+	int64_t H = c->num_heads, KV = c->num_kv_heads, D = c->head_dim;
+	int64_t QD = H * D, KD = KV * D;
+	float *h = g->s1, *dh = g->s2, *dup = g->s3, *dgate = g->s1;
+
+	/* MLP: x_{l+1} = xmid + h Wd^T; dxmid starts as dx (same buffer). */
+	if (!m->rc)
+		m->rc = m->dev->k->swiglu_fwd(m->dev, h, a->gate, a->up, T * F);
+	lin_bwd_w(m, gw->w_down, g->dx, h, T, C, F);
+	lin_bwd_in(m, dh, g->dx, w->w_down, T, C, F, 0.0f);
+	if (!m->rc)
+		m->rc = m->dev->k->swiglu_bwd(m->dev, dgate, dup, dh, a->gate, a->up, T * F);
+	lin_bwd_w(m, gw->w_gate, dgate, a->ln2, T, F, C);
+	lin_bwd_w(m, gw->w_up, dup, a->ln2, T, F, C);
+	lin_bwd_in(m, g->dln, dgate, w->w_gate, T, F, C, 0.0f);
+	lin_bwd_in(m, g->dln, dup, w->w_up, T, F, C, 1.0f);
+	norm_bwd(m, g->dx, gw->ln2, g->dln, a->xmid, w->ln2, a->rstd2, T, C, 1.0f);
+
+	/* Attention: xmid = x_l + att Wo^T. */
+	lin_bwd_w(m, gw->wo, g->dx, a->att, T, C, QD);
+	lin_bwd_in(m, g->datt, g->dx, w->wo, T, C, QD, 0.0f);
+	if (!m->rc)
+		m->rc = m->dev->k->attention_bwd(m->dev, g->dq, g->dk, g->dv, g->datt,
+						 a->q, a->k, a->v, a->att, a->lse,
+						 b->cu_seqlens, b->B, T, H, KV, D,
+						 1.0f / sqrtf((float)D));
+	rope(m, g->dq, b->pos, T, H, true);
+	rope(m, g->dk, b->pos, T, KV, true);
+	if (c->qk_norm) {
+		/* dq/dk w.r.t. the pre-norm projections, through scratch. */
+		norm_bwd(m, g->datt, gw->q_norm, g->dq, a->qpre, w->q_norm, a->qrstd,
+			 T * H, D, 0.0f);
+		copy(m, g->dq, g->datt, T * QD);
+		norm_bwd(m, g->datt, gw->k_norm, g->dk, a->kpre, w->k_norm, a->krstd,
+			 T * KV, D, 0.0f);
+		copy(m, g->dk, g->datt, T * KD);
+	}
+	bias_bwd(m, gw->bq, g->dq, T, QD);
+	bias_bwd(m, gw->bk, g->dk, T, KD);
+	bias_bwd(m, gw->bv, g->dv, T, KD);
+	lin_bwd_w(m, gw->wq, g->dq, a->ln1, T, QD, C);
+	lin_bwd_w(m, gw->wk, g->dk, a->ln1, T, KD, C);
+	lin_bwd_w(m, gw->wv, g->dv, a->ln1, T, KD, C);
+	lin_bwd_in(m, g->dln, g->dq, w->wq, T, QD, C, 0.0f);
+	lin_bwd_in(m, g->dln, g->dk, w->wk, T, KD, C, 1.0f);
+	lin_bwd_in(m, g->dln, g->dv, w->wv, T, KD, C, 1.0f);
+	norm_bwd(m, g->dx, gw->ln1, g->dln, a->x, w->ln1, a->rstd1, T, C, 1.0f);
+}
+
+int llama_backward(struct llama_model *m, const struct llama_batch *b,
+		   float inv_temp, const float *drow_logp, const float *drow_ent,
+		   const float *drow_val)
+{
+	const struct model_config *c = &m->cfg;
+	int64_t T = b->T, C = c->hidden_size;
+	struct global_acts g;
+
+	m->rc = 0;
+	if (!m->cap_training || T > m->cap_tokens)
+		return -EINVAL;
+	global_acts_at(m, T, true, &g);
+	head_bwd(m, b, inv_temp, &g, drow_logp, drow_ent, drow_val);
+	norm_bwd(m, g.dx, m->g.norm, g.dln, g.xL, m->w.norm, g.rstdf, T, C, 0.0f);
+	for (int64_t l = c->num_layers - 1; l >= 0; l--) {
+		struct layer_acts a;
+
+		layer_acts_at(m, T, l, &a);
+		layer_bwd(m, b, &m->w.layers[l], &m->g.layers[l], &a, &g);
+	}
+	if (!m->rc)
+		m->rc = m->dev->k->embedding_bwd(m->dev, m->g.wte, g.dx, b->ids, T, C,
+						 c->vocab_size);
+	return m->rc;
+}

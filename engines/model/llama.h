@@ -1,0 +1,79 @@
+/* llama.h — forward and backward of a Llama-family decoder over one packed
+ * micro-batch, written once over the device kernel table.
+ *
+ * Row conventions: the model computes one output per token position r of
+ * the micro-batch ("row-aligned"): row_logp[r] = log p(ids[r+1] | ids[..r])
+ * when r+1 is in the same sequence (targets[r] = ids[r+1]), else the row has
+ * no target (targets[r] = -1, row_logp[r] = 0). The engine turns these into
+ * the target-aligned outputs of DESIGN.md §3 (entry t <- row t-1).
+ * Values are row-aligned too: row_val[r] = score · h_final[r] + bias.
+ *
+ * Gradient convention: llama_backward ACCUMULATES (+=) into the gradient
+ * arrays, so micro-batches and calls sum until the optimizer zeroes them.
+ */
+#ifndef ENGINED_MODEL_LLAMA_H
+#define ENGINED_MODEL_LLAMA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../device/device.h"
+#include "config.h"
+#include "params.h"
+
+/* One micro-batch, all arrays in device memory. */
+struct llama_batch {
+	int64_t T;                 /* tokens */
+	int64_t B;                 /* sequences */
+	const int32_t *ids;        /* [T] */
+	const int32_t *pos;        /* [T] position inside its sequence */
+	const int32_t *cu_seqlens; /* [B+1] */
+	const int32_t *targets;    /* [T] next token in the same sequence, or -1 */
+};
+
+struct llama_model {
+	struct device *dev;
+	struct model_config cfg;
+	bool value_model;
+	struct model_weights w;    /* parameters (device) */
+	struct model_weights g;    /* gradients (device), same layout */
+	float *inv_freq;           /* [D/2] device */
+	int64_t lm_chunk;          /* rows per LM-head chunk */
+
+	/* Activation arena (device), sized for `cap_tokens` tokens. */
+	float *arena;
+	size_t arena_floats;
+	int64_t cap_tokens;
+	bool cap_training;
+	int rc;                    /* first kernel error of the running pass */
+};
+
+/* Set up a model over already-bound weights and gradients (layers arrays
+ * owned by the caller). Uploads the RoPE frequencies. */
+int llama_init(struct llama_model *m, struct device *dev,
+	       const struct model_config *cfg, bool value_model,
+	       struct eng_error *err);
+void llama_release(struct llama_model *m);   /* frees arena and inv_freq */
+
+/* Bytes of activations needed for T tokens (training keeps every layer's
+ * activations; forward-only keeps one layer's). */
+size_t llama_activation_bytes(const struct model_config *cfg, bool value_model,
+			      int64_t T, bool training);
+/* Make the arena hold T tokens; -ENOMEM leaves the old arena in place. */
+int llama_reserve(struct llama_model *m, int64_t T, bool training,
+		  struct eng_error *err);
+
+/* Forward. row_logp/row_ent [T] (language model) or row_val [T] (value
+ * model), device memory, overwritten. With training=true the activations are
+ * kept for llama_backward of the same batch. */
+int llama_forward(struct llama_model *m, const struct llama_batch *b,
+		  float inv_temp, bool training, float *row_logp, float *row_ent,
+		  float *row_val);
+/* Backward from row-aligned upstream gradients (device [T]: drow_logp and
+ * drow_ent for language models, drow_val for value models);
+ * accumulates into m->g. */
+int llama_backward(struct llama_model *m, const struct llama_batch *b,
+		   float inv_temp, const float *drow_logp, const float *drow_ent,
+		   const float *drow_val);
+
+#endif

@@ -1,0 +1,149 @@
+/* params.c — parameter table of the Llama family (see params.h). */
+#include "params.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct table_builder {
+	struct param_table *t;
+	int64_t cap;
+	int rc;
+};
+
+static void add(struct table_builder *b, const char *name, int ndim, int64_t d0,
+		int64_t d1, bool ones, bool zero)
+{
+	struct param_table *t = b->t;
+	struct param_entry *e;
+
+	if (b->rc)
+		return;
+	if (t->count == b->cap) {
+		int64_t cap = b->cap ? 2 * b->cap : 64;
+		struct param_entry *n = realloc(t->entries, cap * sizeof(*n));
+
+		if (!n) {
+			b->rc = -ENOMEM;
+			return;
+		}
+		t->entries = n;
+		b->cap = cap;
+	}
+	e = &t->entries[t->count++];
+	memset(e, 0, sizeof(*e));
+	snprintf(e->name, sizeof(e->name), "%s", name);
+	e->ndim = ndim;
+	e->shape[0] = d0;
+	e->shape[1] = ndim > 1 ? d1 : 1;
+	e->numel = d0 * (ndim > 1 ? d1 : 1);
+	e->offset = t->total;
+	e->init_ones = ones;
+	e->init_zero = zero;
+	t->total += e->numel;
+}
+
+int param_table_build(const struct model_config *cfg, bool value_model,
+		      struct param_table *ret, struct eng_error *err)
+{
+	struct param_table t = {0};
+	struct table_builder b = {.t = &t};
+	int64_t C = cfg->hidden_size, F = cfg->intermediate_size;
+	int64_t QD = cfg->num_heads * cfg->head_dim;
+	int64_t KD = cfg->num_kv_heads * cfg->head_dim;
+	char n[96];
+
+	add(&b, "model.embed_tokens.weight", 2, cfg->vocab_size, C, false, false);
+	for (int64_t l = 0; l < cfg->num_layers; l++) {
+#define P(suffix) (snprintf(n, sizeof(n), "model.layers.%lld." suffix, (long long)l), n)
+		add(&b, P("input_layernorm.weight"), 1, C, 0, true, false);
+		add(&b, P("self_attn.q_proj.weight"), 2, QD, C, false, false);
+		if (cfg->attention_bias)
+			add(&b, P("self_attn.q_proj.bias"), 1, QD, 0, false, true);
+		add(&b, P("self_attn.k_proj.weight"), 2, KD, C, false, false);
+		if (cfg->attention_bias)
+			add(&b, P("self_attn.k_proj.bias"), 1, KD, 0, false, true);
+		add(&b, P("self_attn.v_proj.weight"), 2, KD, C, false, false);
+		if (cfg->attention_bias)
+			add(&b, P("self_attn.v_proj.bias"), 1, KD, 0, false, true);
+		if (cfg->qk_norm) {
+			add(&b, P("self_attn.q_norm.weight"), 1, cfg->head_dim, 0, true, false);
+			add(&b, P("self_attn.k_norm.weight"), 1, cfg->head_dim, 0, true, false);
+		}
+		add(&b, P("self_attn.o_proj.weight"), 2, C, QD, false, false);
+		add(&b, P("post_attention_layernorm.weight"), 1, C, 0, true, false);
+		add(&b, P("mlp.gate_proj.weight"), 2, F, C, false, false);
+		add(&b, P("mlp.up_proj.weight"), 2, F, C, false, false);
+		add(&b, P("mlp.down_proj.weight"), 2, C, F, false, false);
+#undef P
+	}
+	add(&b, "model.norm.weight", 1, C, 0, true, false);
+	if (value_model) {
+		add(&b, "score.weight", 2, 1, C, false, false);
+		add(&b, "score.bias", 1, 1, 0, false, true);
+	} else if (!cfg->tie_word_embeddings) {
+		add(&b, "lm_head.weight", 2, cfg->vocab_size, C, false, false);
+	}
+	if (b.rc) {
+		free(t.entries);
+		return eng_fail(err, b.rc, "parameter table: out of memory");
+	}
+	*ret = t;
+	return 0;
+}
+
+void param_table_free(struct param_table *t)
+{
+	if (!t)
+		return;
+	free(t->entries);
+	memset(t, 0, sizeof(*t));
+}
+
+int64_t param_table_find(const struct param_table *t, const char *name)
+{
+	for (int64_t i = 0; i < t->count; i++)
+		if (!strcmp(t->entries[i].name, name))
+			return i;
+	return -1;
+}
+
+static float *at(const struct param_table *t, float *base, const char *name)
+{
+	int64_t i = param_table_find(t, name);
+
+	return i < 0 ? NULL : base + t->entries[i].offset;
+}
+
+void model_weights_bind(const struct param_table *t, const struct model_config *cfg,
+			float *base, struct model_weights *ret)
+{
+	char n[96];
+
+	ret->wte = at(t, base, "model.embed_tokens.weight");
+	ret->norm = at(t, base, "model.norm.weight");
+	ret->score = at(t, base, "score.weight");
+	ret->score_bias = at(t, base, "score.bias");
+	ret->lm_head = at(t, base, "lm_head.weight");
+	if (!ret->lm_head && !ret->score)
+		ret->lm_head = ret->wte;   /* tied */
+	for (int64_t l = 0; l < cfg->num_layers; l++) {
+		struct layer_weights *w = &ret->layers[l];
+#define G(suffix) (snprintf(n, sizeof(n), "model.layers.%lld." suffix, (long long)l), at(t, base, n))
+		w->ln1 = G("input_layernorm.weight");
+		w->wq = G("self_attn.q_proj.weight");
+		w->bq = G("self_attn.q_proj.bias");
+		w->wk = G("self_attn.k_proj.weight");
+		w->bk = G("self_attn.k_proj.bias");
+		w->wv = G("self_attn.v_proj.weight");
+		w->bv = G("self_attn.v_proj.bias");
+		w->q_norm = G("self_attn.q_norm.weight");
+		w->k_norm = G("self_attn.k_norm.weight");
+		w->wo = G("self_attn.o_proj.weight");
+		w->ln2 = G("post_attention_layernorm.weight");
+		w->w_gate = G("mlp.gate_proj.weight");
+		w->w_up = G("mlp.up_proj.weight");
+		w->w_down = G("mlp.down_proj.weight");
+#undef G
+	}
+}

@@ -1,0 +1,72 @@
+/* params.h — the parameter table of a Llama-family model.
+ *
+ * Every parameter lives in one flat fp32 array (one allocation per state
+ * family: parameters, gradients, Adam first and second moments all share
+ * this layout). The table gives each tensor its Hugging Face name, shape and
+ * offset; `struct model_weights` resolves the offsets against a base
+ * pointer, so the same code addresses parameters and gradients.
+ */
+#ifndef ENGINED_MODEL_PARAMS_H
+#define ENGINED_MODEL_PARAMS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "config.h"
+
+struct param_entry {
+	char name[96];        /* HF name, e.g. model.layers.3.mlp.up_proj.weight */
+	int ndim;
+	int64_t shape[2];
+	int64_t numel;
+	int64_t offset;       /* element offset into the flat array */
+	bool init_ones;       /* RMSNorm weights start at 1 */
+	bool init_zero;       /* biases start at 0 */
+};
+
+struct param_table {
+	struct param_entry *entries;
+	int64_t count;
+	int64_t total;        /* elements in the flat array */
+};
+
+/* Pointers into one flat array laid out by a param_table. NULL for tensors
+ * the architecture does not have. */
+struct layer_weights {
+	float *ln1;           /* [C] input_layernorm */
+	float *wq, *bq;       /* [H*D, C], [H*D] */
+	float *wk, *bk;       /* [KV*D, C], [KV*D] */
+	float *wv, *bv;       /* [KV*D, C], [KV*D] */
+	float *q_norm;        /* [D] (qwen3) */
+	float *k_norm;        /* [D] (qwen3) */
+	float *wo;            /* [C, H*D] */
+	float *ln2;           /* [C] post_attention_layernorm */
+	float *w_gate;        /* [F, C] */
+	float *w_up;          /* [F, C] */
+	float *w_down;        /* [C, F] */
+};
+
+struct model_weights {
+	float *wte;                    /* [V, C] model.embed_tokens */
+	struct layer_weights *layers;  /* [L] */
+	float *norm;                   /* [C] model.norm */
+	float *lm_head;                /* [V, C]; == wte when tied; NULL for value models */
+	float *score;                  /* [1, C] value head; NULL for language models */
+	float *score_bias;             /* [1] */
+};
+
+/* Build the table for cfg; value_model replaces lm_head by score.{weight,bias}.
+ * The caller frees with param_table_free. */
+int param_table_build(const struct model_config *cfg, bool value_model,
+		      struct param_table *ret, struct eng_error *err);
+void param_table_free(struct param_table *t);
+
+/* Index of a name, or -1. */
+int64_t param_table_find(const struct param_table *t, const char *name);
+
+/* Resolve pointers against `base` (a flat array of t->total floats).
+ * ret->layers must point to an array of cfg->num_layers. */
+void model_weights_bind(const struct param_table *t, const struct model_config *cfg,
+			float *base, struct model_weights *ret);
+
+#endif

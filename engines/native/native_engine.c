@@ -1,0 +1,753 @@
+/* native_engine.c — engine_ops of the native engine: initialization (random
+ * or from a Hugging Face directory), forward/backward over planned
+ * micro-batches, AdamW with global-norm clipping, LR schedule, placement,
+ * parameter views and status. Checkpoints are in native_ckpt.c.
+ *
+ * Random init (seeded, documented in README): every matrix and embedding
+ * ~ N(0, initializer_range^2) drawn in parameter-table order from the
+ * engine RNG, RMSNorm weights 1, biases 0 (transformers' _init_weights).
+ */
+#include "native_engine.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../batch/planner.h"
+#include "../io/safetensors.h"
+#include "../optim/schedule.h"
+
+static struct native *N(struct engine *e)
+{
+	return engine_impl(e);
+}
+
+double native_current_lr(const struct native *n)
+{
+	return n->optim.lr * lr_schedule_factor(&n->sched, n->sched_step);
+}
+
+/* --- memory ------------------------------------------------------------ */
+
+static void *dalloc(struct native *n, size_t bytes)
+{
+	return n->dev->ops->alloc(n->dev, bytes ? bytes : 1);
+}
+
+static void dfree(struct native *n, void *p)
+{
+	n->dev->ops->free(n->dev, p);
+}
+
+static void io_release(struct native *n)
+{
+	struct native_io *io = &n->io;
+
+	dfree(n, io->ids);
+	dfree(n, io->pos);
+	dfree(n, io->targets);
+	dfree(n, io->cu_seqlens);
+	dfree(n, io->rows);
+	dfree(n, io->drows);
+	memset(io, 0, sizeof(*io));
+}
+
+/* Make the micro-batch scratch hold T tokens and B sequences. */
+static int io_reserve(struct native *n, int64_t T, int64_t B, struct eng_error *err)
+{
+	struct native_io io = {0};
+
+	if (T <= n->io.cap_tokens && B <= n->io.cap_seqs)
+		return 0;
+	if (T < n->io.cap_tokens)
+		T = n->io.cap_tokens;
+	if (B < n->io.cap_seqs)
+		B = n->io.cap_seqs;
+	io.cap_tokens = T;
+	io.cap_seqs = B;
+	io.ids = dalloc(n, T * sizeof(int32_t));
+	io.pos = dalloc(n, T * sizeof(int32_t));
+	io.targets = dalloc(n, T * sizeof(int32_t));
+	io.cu_seqlens = dalloc(n, (B + 1) * sizeof(int32_t));
+	io.rows = dalloc(n, 3 * T * sizeof(float));
+	io.drows = dalloc(n, 3 * T * sizeof(float));
+	if (!io.ids || !io.pos || !io.targets || !io.cu_seqlens || !io.rows || !io.drows) {
+		struct native_io old = n->io;
+
+		n->io = io;
+		io_release(n);
+		n->io = old;
+		return eng_fail(err, -ENOMEM, "micro-batch buffers: out of memory for %lld tokens",
+				(long long)T);
+	}
+	io_release(n);
+	n->io = io;
+	return 0;
+}
+
+static void native_destroy(struct engine *e)
+{
+	struct native *n = N(e);
+
+	if (!n)
+		return;
+	if (n->dev) {
+		llama_release(&n->model);
+		io_release(n);
+		dfree(n, n->params);
+		dfree(n, n->grads);
+		dfree(n, n->exp_avg);
+		dfree(n, n->exp_avg_sq);
+		n->dev->ops->close(n->dev);
+	}
+	free(n->stage);
+	free(n->wl);
+	free(n->gl);
+	param_table_free(&n->table);
+	free(n);
+	engine_set_impl(e, NULL);
+}
+
+/* --- initialization ---------------------------------------------------- */
+
+static int validate_optim(const struct engine_optim_config *o, struct eng_error *err)
+{
+	if (!(o->lr >= 0) || !isfinite(o->lr))
+		return eng_fail(err, -EINVAL, "optimizer.lr: must be a finite number >= 0");
+	if (!(o->beta1 >= 0 && o->beta1 < 1))
+		return eng_fail(err, -EINVAL, "optimizer.beta1: must be in [0, 1)");
+	if (!(o->beta2 >= 0 && o->beta2 < 1))
+		return eng_fail(err, -EINVAL, "optimizer.beta2: must be in [0, 1)");
+	if (!(o->eps > 0) || !isfinite(o->eps))
+		return eng_fail(err, -EINVAL, "optimizer.eps: must be a finite number > 0");
+	if (!(o->weight_decay >= 0) || !isfinite(o->weight_decay))
+		return eng_fail(err, -EINVAL, "optimizer.weight_decay: must be a finite number >= 0");
+	if (isnan(o->clip_grad))
+		return eng_fail(err, -EINVAL, "optimizer.clip_grad: must be a number");
+	return 0;
+}
+
+static char *read_text_file(const char *path, struct eng_error *err, int *rc)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL;
+	long len;
+
+	*rc = 0;
+	if (!f) {
+		*rc = eng_fail(err, errno == ENOENT ? -ENOENT : -EIO, "model_path: cannot open %s: %s",
+			       path, strerror(errno));
+		return NULL;
+	}
+	if (fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) >= 0 && len < (64 << 20) &&
+	    fseek(f, 0, SEEK_SET) == 0 && (buf = malloc(len + 1)) &&
+	    fread(buf, 1, len, f) == (size_t)len) {
+		buf[len] = '\0';
+	} else {
+		free(buf);
+		buf = NULL;
+		*rc = eng_fail(err, -EIO, "model_path: cannot read %s", path);
+	}
+	fclose(f);
+	return buf;
+}
+
+static void random_init(struct native *n, float *host)
+{
+	float std = (float)n->cfg.initializer_range;
+
+	for (int64_t i = 0; i < n->table.count; i++) {
+		const struct param_entry *p = &n->table.entries[i];
+		float *x = host + p->offset;
+
+		if (p->init_ones) {
+			for (int64_t j = 0; j < p->numel; j++)
+				x[j] = 1.0f;
+		} else if (p->init_zero) {
+			memset(x, 0, p->numel * sizeof(float));
+		} else {
+			rng_normal_fill(&n->rng, x, p->numel, 0.0f, std);
+		}
+	}
+}
+
+/* Load every tensor of the table from a HF directory into host[total].
+ * Tied models have no lm_head.weight; a value model may lack score.* (a
+ * critic initialized from an actor): those keep their random init. */
+static int load_hf_weights(struct native *n, const char *dir, float *host,
+			   struct eng_error *err)
+{
+	struct st_reader *r;
+	int rc;
+
+	rc = st_reader_open(dir, &r, err);
+	if (rc)
+		return rc;
+	for (int64_t i = 0; i < n->table.count && !rc; i++) {
+		const struct param_entry *p = &n->table.entries[i];
+		const struct st_tensor_info *t = st_reader_find(r, p->name);
+
+		if (!t) {
+			if (n->value_model && !strncmp(p->name, "score.", 6))
+				continue;
+			rc = eng_fail(err, -EINVAL, "model_path: tensor %s missing from %s",
+				      p->name, dir);
+			break;
+		}
+		if (t->ndim != p->ndim || t->shape[0] != p->shape[0] ||
+		    (p->ndim > 1 && t->shape[1] != p->shape[1])) {
+			rc = eng_fail(err, -EINVAL,
+				      "model_path: tensor %s has shape [%lld, %lld], config says [%lld, %lld]",
+				      p->name, (long long)t->shape[0],
+				      (long long)(t->ndim > 1 ? t->shape[1] : 0),
+				      (long long)p->shape[0], (long long)(p->ndim > 1 ? p->shape[1] : 0));
+			break;
+		}
+		rc = st_reader_read_f32(r, p->name, host + p->offset, p->numel, err);
+	}
+	st_reader_close(r);
+	return rc;
+}
+
+/* Upload host[total] into the parameter family. */
+static int upload_params(struct native *n, const float *host, struct eng_error *err)
+{
+	int rc = n->dev->ops->copy_h2d(n->dev, n->params, host, n->table.total * sizeof(float));
+
+	return rc ? eng_fail(err, rc, "parameters: copy to device failed") : 0;
+}
+
+static int native_initialize(struct engine *e, const struct engine_init_config *cfg,
+			     struct eng_error *err)
+{
+	const struct engine_ops *ops_self;
+	const struct device_ops *dops;
+	struct native *n;
+	char *json = NULL;
+	float *host = NULL;
+	size_t bytes;
+	int rc;
+
+	rc = engine_registry_lookup(cfg->model_type, cfg->backend, cfg->device, &ops_self, err);
+	if (rc)
+		return rc;
+	if (!cfg->hf_config_json == !cfg->model_path)
+		return eng_fail(err, -EINVAL,
+				"model: exactly one of hf_config_json and model_path is required");
+	rc = validate_optim(&cfg->optim, err);
+	if (rc)
+		return rc;
+	rc = lr_schedule_validate(&cfg->sched, err);
+	if (rc)
+		return rc;
+	if (cfg->max_tokens_per_micro_batch <= 0)
+		return eng_fail(err, -EINVAL, "max_tokens_per_micro_batch: must be > 0");
+	dops = device_find(cfg->device);
+	if (!dops)
+		return eng_fail(err, -ENODEV, "device: %s is not built into this binary (built: %s)",
+				cfg->device, device_names());
+
+	n = calloc(1, sizeof(*n));
+	if (!n)
+		return eng_fail(err, -ENOMEM, "engine: out of memory");
+	engine_set_impl(e, n);
+	snprintf(n->key, sizeof(n->key), "%s/%s/%s", cfg->model_type, cfg->backend, cfg->device);
+	n->value_model = !strcmp(cfg->model_type, "value_model");
+	n->optim = cfg->optim;
+	n->sched = cfg->sched;
+	n->seed = cfg->seed;
+	rng_seed(&n->rng, cfg->seed);
+	n->default_budget = cfg->max_tokens_per_micro_batch;
+
+	if (cfg->model_path) {
+		char path[4096];
+
+		snprintf(path, sizeof(path), "%s/config.json", cfg->model_path);
+		json = read_text_file(path, err, &rc);
+		if (!json)
+			return rc;
+	}
+	rc = model_config_parse(json ? json : cfg->hf_config_json, &n->cfg, err);
+	free(json);
+	if (rc)
+		return rc;
+	rc = param_table_build(&n->cfg, n->value_model, &n->table, err);
+	if (rc)
+		return rc;
+
+	rc = dops->open(&n->dev, cfg->threads, cfg->bf16_matmul ? MATMUL_BF16 : MATMUL_FP32);
+	if (rc) {
+		n->dev = NULL;
+		return eng_fail(err, rc, "device %s: open failed", cfg->device);
+	}
+	bytes = n->table.total * sizeof(float);
+	n->params = dalloc(n, bytes);
+	n->grads = dalloc(n, bytes);
+	n->exp_avg = dalloc(n, bytes);
+	n->exp_avg_sq = dalloc(n, bytes);
+	n->wl = calloc(n->cfg.num_layers, sizeof(*n->wl));
+	n->gl = calloc(n->cfg.num_layers, sizeof(*n->gl));
+	if (!n->params || !n->grads || !n->exp_avg || !n->exp_avg_sq || !n->wl || !n->gl)
+		return eng_fail(err, -ENOMEM,
+				"parameters: cannot allocate 4 x %zu MiB for %lld parameters",
+				bytes >> 20, (long long)n->table.total);
+	if ((rc = n->dev->ops->memset0(n->dev, n->grads, bytes)) ||
+	    (rc = n->dev->ops->memset0(n->dev, n->exp_avg, bytes)) ||
+	    (rc = n->dev->ops->memset0(n->dev, n->exp_avg_sq, bytes)))
+		return eng_fail(err, rc, "device: memset failed");
+
+	host = n->dev->ops->host_memory ? n->params : malloc(bytes);
+	if (!host)
+		return eng_fail(err, -ENOMEM, "parameters: out of host memory");
+	random_init(n, host);
+	rc = cfg->model_path ? load_hf_weights(n, cfg->model_path, host, err) : 0;
+	if (rc == 0 && host != n->params)
+		rc = upload_params(n, host, err);
+	if (host != n->params)
+		free(host);
+	if (rc)
+		return rc;
+
+	n->model.w.layers = n->wl;
+	n->model.g.layers = n->gl;
+	model_weights_bind(&n->table, &n->cfg, n->params, &n->model.w);
+	model_weights_bind(&n->table, &n->cfg, n->grads, &n->model.g);
+	rc = llama_init(&n->model, n->dev, &n->cfg, n->value_model, err);
+	if (rc)
+		return rc;
+	n->place = (struct engine_placement){true, true, true};
+	return 0;
+}
+
+/* --- forward / backward ------------------------------------------------ */
+
+static int validate_batch(struct native *n, const struct engine_batch *b,
+			  struct eng_error *err)
+{
+	int64_t sum = 0;
+
+	if (b->n <= 0 || !b->input_ids)
+		return eng_fail(err, -EINVAL, "input_ids: empty batch");
+	if (b->num_seqs <= 0 || !b->seq_lens)
+		return eng_fail(err, -EINVAL, "seq_lens: at least one sequence is required");
+	for (int32_t i = 0; i < b->num_seqs; i++) {
+		if (b->seq_lens[i] <= 0)
+			return eng_fail(err, -EINVAL, "seq_lens[%d]: length %d must be >= 1",
+					i, b->seq_lens[i]);
+		sum += b->seq_lens[i];
+	}
+	if (sum != b->n)
+		return eng_fail(err, -EINVAL, "seq_lens: lengths sum to %lld but input_ids has %lld tokens",
+				(long long)sum, (long long)b->n);
+	for (int64_t t = 0; t < b->n; t++)
+		if (b->input_ids[t] < 0 || b->input_ids[t] >= n->cfg.vocab_size)
+			return eng_fail(err, -EINVAL,
+					"input_ids[%lld]: token %d outside the vocabulary [0, %lld)",
+					(long long)t, b->input_ids[t], (long long)n->cfg.vocab_size);
+	for (int i = 0; i < 8; i++) {
+		const float *x = b->check_finite[i];
+
+		if (!x)
+			continue;
+		for (int64_t t = 0; t < b->n; t++)
+			if (!isfinite(x[t]))
+				return eng_fail(err, -EINVAL, "%s[%lld]: value is not finite",
+						b->check_finite_name[i] ? b->check_finite_name[i] : "input",
+						(long long)t);
+	}
+	return 0;
+}
+
+/* Host-side description of one micro-batch. */
+struct mb_host {
+	int64_t T;
+	int32_t B;
+	int32_t *ids, *pos, *targets, *cu, *seq_lens, *seq_index; /* [T] / [B+1] / [B] */
+	int64_t *token_index;                                   /* [T] */
+	float *out;                                             /* [3, T] target-aligned outputs */
+	float *dout;                                            /* [3, T] loss gradients */
+	float *rows;                                            /* [3, T] row-aligned */
+};
+
+static void mb_host_free(struct mb_host *h)
+{
+	free(h->ids);
+	free(h->pos);
+	free(h->targets);
+	free(h->cu);
+	free(h->seq_lens);
+	free(h->seq_index);
+	free(h->token_index);
+	free(h->out);
+	free(h->dout);
+	free(h->rows);
+}
+
+static int mb_host_alloc(struct mb_host *h, int64_t T, int64_t B)
+{
+	memset(h, 0, sizeof(*h));
+	h->ids = malloc(T * sizeof(int32_t));
+	h->pos = malloc(T * sizeof(int32_t));
+	h->targets = malloc(T * sizeof(int32_t));
+	h->cu = malloc((B + 1) * sizeof(int32_t));
+	h->seq_lens = malloc(B * sizeof(int32_t));
+	h->seq_index = malloc(B * sizeof(int32_t));
+	h->token_index = malloc(T * sizeof(int64_t));
+	h->out = malloc(3 * T * sizeof(float));
+	h->dout = malloc(3 * T * sizeof(float));
+	h->rows = malloc(3 * T * sizeof(float));
+	if (!h->ids || !h->pos || !h->targets || !h->cu || !h->seq_lens || !h->seq_index ||
+	    !h->token_index || !h->out || !h->dout || !h->rows) {
+		mb_host_free(h);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+/* Gather micro-batch `k` of the plan from the request. */
+static void mb_gather(const struct engine_batch *b, const struct mb_plan *p, int32_t k,
+		      struct mb_host *h)
+{
+	int64_t t = 0;
+
+	h->B = p->mb_start[k + 1] - p->mb_start[k];
+	h->cu[0] = 0;
+	for (int32_t j = 0; j < h->B; j++) {
+		int32_t s = p->seq_order[p->mb_start[k] + j];
+		int64_t off = p->seq_offset[s];
+		int32_t len = b->seq_lens[s];
+
+		h->seq_index[j] = s;
+		h->seq_lens[j] = len;
+		for (int32_t i = 0; i < len; i++, t++) {
+			h->ids[t] = b->input_ids[off + i];
+			h->pos[t] = i;
+			h->token_index[t] = off + i;
+			h->targets[t] = i + 1 < len ? b->input_ids[off + i + 1] : -1;
+		}
+		h->cu[j + 1] = (int32_t)t;
+	}
+	h->T = t;
+}
+
+/* rows (row-aligned: row r predicts token r+1) -> target-aligned out:
+ * out[t] = rows[t-1] inside a sequence, 0 at each sequence start. */
+static void rows_to_targets(const struct mb_host *h, const float *rows, float *out)
+{
+	for (int32_t j = 0; j < h->B; j++) {
+		int64_t s = h->cu[j], e = h->cu[j + 1];
+
+		out[s] = 0.0f;
+		for (int64_t t = s + 1; t < e; t++)
+			out[t] = rows[t - 1];
+	}
+}
+
+/* The transpose: rows[r] = d[r+1] inside a sequence, 0 on its last row. */
+static void targets_to_rows(const struct mb_host *h, const float *d, float *rows)
+{
+	for (int32_t j = 0; j < h->B; j++) {
+		int64_t s = h->cu[j], e = h->cu[j + 1];
+
+		for (int64_t t = s; t + 1 < e; t++)
+			rows[t] = d[t + 1];
+		rows[e - 1] = 0.0f;
+	}
+}
+
+static int upload_mb(struct native *n, const struct mb_host *h)
+{
+	const struct device_ops *o = n->dev->ops;
+	int rc;
+
+	if ((rc = o->copy_h2d(n->dev, n->io.ids, h->ids, h->T * sizeof(int32_t))) ||
+	    (rc = o->copy_h2d(n->dev, n->io.pos, h->pos, h->T * sizeof(int32_t))) ||
+	    (rc = o->copy_h2d(n->dev, n->io.targets, h->targets, h->T * sizeof(int32_t))))
+		return rc;
+	return o->copy_h2d(n->dev, n->io.cu_seqlens, h->cu, (h->B + 1) * sizeof(int32_t));
+}
+
+static int run_micro_batch(struct native *n, const struct engine_batch *b,
+			   struct engine_fb_result *res, struct mb_host *h,
+			   float inv_temp, struct eng_error *err)
+{
+	const struct device_ops *o = n->dev->ops;
+	int64_t T = h->T, cap = n->io.cap_tokens;
+	struct llama_batch lb = {
+		.T = T, .B = h->B, .ids = n->io.ids, .pos = n->io.pos,
+		.cu_seqlens = n->io.cu_seqlens, .targets = n->io.targets,
+	};
+	float *rows = n->io.rows, *drows = n->io.drows;
+	float *out_logp = h->out, *out_ent = h->out + T, *out_val = h->out + 2 * T;
+	struct engine_loss_io io;
+	int rc;
+
+	rc = upload_mb(n, h);
+	if (rc)
+		return eng_fail(err, rc, "device: copy of micro-batch inputs failed");
+	rc = llama_forward(&n->model, &lb, inv_temp, !b->forward_only, rows, rows + cap,
+			   rows + 2 * cap);
+	if (rc)
+		return eng_fail(err, rc, "forward: device kernel failed (%s)", eng_strerror(rc));
+	if (n->value_model) {
+		rc = o->copy_d2h(n->dev, h->rows + 2 * T, rows + 2 * cap, T * sizeof(float));
+		memset(out_logp, 0, 2 * T * sizeof(float));
+		rows_to_targets(h, h->rows + 2 * T, out_val);
+	} else {
+		if (!(rc = o->copy_d2h(n->dev, h->rows, rows, T * sizeof(float))))
+			rc = o->copy_d2h(n->dev, h->rows + T, rows + cap, T * sizeof(float));
+		rows_to_targets(h, h->rows, out_logp);
+		rows_to_targets(h, h->rows + T, out_ent);
+		memset(out_val, 0, T * sizeof(float));
+	}
+	if (rc)
+		return eng_fail(err, rc, "device: copy of outputs failed");
+
+	for (int64_t t = 0; t < T; t++) {
+		int64_t dst = h->token_index[t];
+
+		if (res->log_probs)
+			res->log_probs[dst] = out_logp[t];
+		if (res->entropy)
+			res->entropy[dst] = out_ent[t];
+		if (res->values && n->value_model)
+			res->values[dst] = out_val[t];
+	}
+	if (!b->loss_fn)
+		return 0;
+
+	memset(h->dout, 0, 3 * T * sizeof(float));
+	io = (struct engine_loss_io){
+		.n = T, .num_seqs = h->B, .seq_lens = h->seq_lens, .seq_index = h->seq_index,
+		.token_index = h->token_index, .log_probs = out_logp, .entropy = out_ent,
+		.values = n->value_model ? out_val : NULL, .d_log_probs = h->dout,
+		.d_entropy = h->dout + T, .d_values = n->value_model ? h->dout + 2 * T : NULL,
+		.forward_only = b->forward_only,
+	};
+	rc = b->loss_fn(b->loss_ctx, &io, err);
+	if (rc)
+		return rc;
+	if (b->forward_only)
+		return 0;
+
+	for (int k = 0; k < 3; k++)
+		targets_to_rows(h, h->dout + k * T, h->rows + k * T);
+	for (int k = 0; k < 3 && !rc; k++)
+		rc = o->copy_h2d(n->dev, drows + k * cap, h->rows + k * T, T * sizeof(float));
+	if (rc)
+		return eng_fail(err, rc, "device: copy of loss gradients failed");
+	rc = llama_backward(&n->model, &lb, inv_temp, drows, drows + cap, drows + 2 * cap);
+	if (rc)
+		return eng_fail(err, rc, "backward: device kernel failed (%s)", eng_strerror(rc));
+	return 0;
+}
+
+static int native_forward_backward(struct engine *e, const struct engine_batch *b,
+				   struct engine_fb_result *res, struct eng_error *err)
+{
+	struct native *n = N(e);
+	int64_t budget = b->max_tokens_per_micro_batch > 0 ? b->max_tokens_per_micro_batch
+							   : n->default_budget;
+	float temp = b->temperature > 0 ? b->temperature : 1.0f;
+	struct mb_plan plan = {0};
+	struct mb_host h;
+	int64_t max_T = 0, max_B = 0;
+	int rc;
+
+	rc = validate_batch(n, b, err);
+	if (rc)
+		return rc;
+	rc = mb_plan_make(b->seq_lens, b->num_seqs, budget, &plan, err);
+	if (rc)
+		return rc;
+	for (int32_t k = 0; k < plan.num_micro_batches; k++) {
+		if (plan.mb_tokens[k] > max_T)
+			max_T = plan.mb_tokens[k];
+		if (plan.mb_start[k + 1] - plan.mb_start[k] > max_B)
+			max_B = plan.mb_start[k + 1] - plan.mb_start[k];
+	}
+	/* Everything the call needs is reserved before any state changes, so
+	 * that a failure here leaves gradients untouched. */
+	rc = llama_reserve(&n->model, max_T, !b->forward_only, err);
+	if (rc == 0)
+		rc = io_reserve(n, max_T, max_B, err);
+	if (rc == 0 && mb_host_alloc(&h, max_T, max_B))
+		rc = eng_fail(err, -ENOMEM, "micro-batch: out of host memory");
+	if (rc) {
+		mb_plan_free(&plan);
+		return rc;
+	}
+	for (int32_t k = 0; k < plan.num_micro_batches && !rc; k++) {
+		mb_gather(b, &plan, k, &h);
+		rc = run_micro_batch(n, b, res, &h, 1.0f / temp, err);
+	}
+	res->num_micro_batches = plan.num_micro_batches;
+	mb_host_free(&h);
+	mb_plan_free(&plan);
+	return rc;
+}
+
+/* --- optimizer --------------------------------------------------------- */
+
+static int native_zero_grad(struct engine *e, struct eng_error *err)
+{
+	struct native *n = N(e);
+	int rc = n->dev->ops->memset0(n->dev, n->grads, n->table.total * sizeof(float));
+
+	return rc ? eng_fail(err, rc, "device: zeroing gradients failed") : 0;
+}
+
+static int native_optimizer_step(struct engine *e, struct engine_step_result *ret,
+				 struct eng_error *err)
+{
+	struct native *n = N(e);
+	const struct kernel_table *k = n->dev->k;
+	double sumsq = 0, norm, lr = native_current_lr(n);
+	float coef = 1.0f;
+	int rc;
+
+	rc = k->sumsq(n->dev, &sumsq, n->grads, n->table.total);
+	if (rc)
+		return eng_fail(err, rc, "optimizer: gradient norm failed");
+	norm = sqrt(sumsq);
+	memset(ret, 0, sizeof(*ret));
+	ret->grad_norm = norm;
+	ret->lr = lr;
+	if (!isfinite(norm)) {
+		/* verl: a non-finite norm skips the update and drops the grads. */
+		ret->skipped = true;
+		ret->step = n->optim_step;
+		return native_zero_grad(e, err);
+	}
+	/* torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6),
+	 * clamped to 1, computed in fp32. */
+	if (n->optim.clip_grad > 0) {
+		float c = (float)n->optim.clip_grad / ((float)norm + 1e-6f);
+
+		coef = c < 1.0f ? c : 1.0f;
+	}
+	n->optim_step++;
+	rc = k->adamw(n->dev, n->params, n->grads, n->exp_avg, n->exp_avg_sq, n->table.total,
+		      (float)lr, (float)n->optim.beta1, (float)n->optim.beta2,
+		      (float)n->optim.eps, (float)n->optim.weight_decay, n->optim_step, coef);
+	if (rc) {
+		n->optim_step--;
+		return eng_fail(err, rc, "optimizer: AdamW kernel failed");
+	}
+	ret->step = n->optim_step;
+	return native_zero_grad(e, err);
+}
+
+static int native_lr_scheduler_step(struct engine *e, double *ret_lr, struct eng_error *err)
+{
+	struct native *n = N(e);
+
+	n->sched_step++;
+	*ret_lr = native_current_lr(n);
+	return 0;
+}
+
+/* --- placement, parameters, status -------------------------------------- */
+
+static int native_to(struct engine *e, bool to_device, bool model, bool optimizer,
+		     bool grad, struct eng_error *err)
+{
+	struct native *n = N(e);
+
+	/* On a host-memory device the state already lives in host memory: only
+	 * the reported placement changes. Devices with their own memory (CUDA)
+	 * move the families through host staging (issue 6). */
+	if (!n->dev->ops->host_memory)
+		return eng_fail(err, -ENODEV, "to: offload is not implemented for device %s",
+				n->dev->ops->name);
+	if (model)
+		n->place.model = to_device;
+	if (optimizer)
+		n->place.optimizer = to_device;
+	if (grad)
+		n->place.grad = to_device;
+	return 0;
+}
+
+static int64_t native_num_params(struct engine *e)
+{
+	return N(e)->table.count;
+}
+
+static int view(struct native *n, const float *family, int64_t i,
+		struct engine_param_view *ret, struct eng_error *err)
+{
+	const struct param_entry *p = &n->table.entries[i];
+	const float *src = family + p->offset;
+
+	if (!n->dev->ops->host_memory) {
+		float *s = realloc(n->stage, p->numel * sizeof(float));
+		int rc;
+
+		if (!s)
+			return eng_fail(err, -ENOMEM, "%s: out of host memory", p->name);
+		n->stage = s;
+		rc = n->dev->ops->copy_d2h(n->dev, s, src, p->numel * sizeof(float));
+		if (rc)
+			return eng_fail(err, rc, "%s: copy from device failed", p->name);
+		src = s;
+	}
+	memset(ret, 0, sizeof(*ret));
+	ret->name = p->name;
+	ret->ndim = p->ndim;
+	ret->shape[0] = p->shape[0];
+	ret->shape[1] = p->shape[1];
+	ret->numel = p->numel;
+	ret->host_data = src;
+	return 0;
+}
+
+static int native_param(struct engine *e, int64_t i, struct engine_param_view *ret,
+			struct eng_error *err)
+{
+	return view(N(e), N(e)->params, i, ret, err);
+}
+
+static int native_grad(struct engine *e, int64_t i, struct engine_param_view *ret,
+		       struct eng_error *err)
+{
+	return view(N(e), N(e)->grads, i, ret, err);
+}
+
+static void native_status(struct engine *e, struct engine_status *ret)
+{
+	struct native *n = N(e);
+	size_t fam = n->table.total * sizeof(float);
+
+	snprintf(ret->key, sizeof(ret->key), "%s", n->key);
+	ret->initialized = true;
+	ret->placement = n->place;
+	ret->step = n->optim_step;
+	ret->sched_step = n->sched_step;
+	ret->lr = native_current_lr(n);
+	ret->num_parameters = n->table.total;
+	ret->device_memory = n->dev->ops->mem_in_use(n->dev);
+	ret->host_memory = n->dev->ops->host_memory ? 0 : 4 * fam;
+}
+
+#define NATIVE_OPS(mt, dv)                                      \
+	{                                                       \
+		.model_type = mt, .backend = "native", .device = dv, \
+		.initialize = native_initialize,                \
+		.forward_backward = native_forward_backward,    \
+		.optimizer_step = native_optimizer_step,        \
+		.lr_scheduler_step = native_lr_scheduler_step,  \
+		.to = native_to,                                \
+		.zero_grad = native_zero_grad,                  \
+		.num_params = native_num_params,                \
+		.param = native_param,                          \
+		.grad = native_grad,                            \
+		.save_checkpoint = native_save_checkpoint,      \
+		.load_checkpoint = native_load_checkpoint,      \
+		.status = native_status,                        \
+		.destroy = native_destroy,                      \
+	}
+
+const struct engine_ops native_lm_cpu_ops = NATIVE_OPS("language_model", "cpu");
+const struct engine_ops native_value_cpu_ops = NATIVE_OPS("value_model", "cpu");
