@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# deploy/setup.sh — set up a fresh Debian 12 machine for engined and build it.
+#
+# Installs the Debian packages the build and the tests need (apt-get; root or
+# sudo), then configures and builds into ./build. Safe to run again: it only
+# installs what is missing and rebuilds what changed.
+#   ENGINED_BUILD_DIR   build directory (default: build)
+#   CI=true             warnings become errors (-Dwerror=true)
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+build_dir=${ENGINED_BUILD_DIR:-build}
+
+packages=(
+  build-essential meson ninja-build pkg-config
+  libdnnl-dev          # oneDNN: every CPU matmul
+  libjansson-dev       # JSON: HF config.json, safetensors headers, engine_state.json
+  libxxhash-dev        # XXH64 checksums of checkpoint files
+  check                # unit tests
+  python3-torch python3-numpy   # the independent torch reference of the tests
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+werror=false
+[ "${CI:-}" = "true" ] && werror=true
+if [ -d "$build_dir" ]; then
+  meson configure "$build_dir" -Dwerror=$werror >/dev/null
+else
+  meson setup "$build_dir" -Dwerror=$werror
+fi
+ninja -C "$build_dir"
