@@ -89,8 +89,8 @@ void engine_init_config_defaults(struct engine_init_config *cfg);
 
 /* The loss seam. The engine calls `fn` once per micro-batch after the
  * forward pass with the model outputs in micro-batch order; the loss writes
- * dL/d(output) per token (the engine zeroed those arrays) and adds its
- * scalar contribution to *loss. token_index[i] is the position of micro-batch
+ * dL/d(output) per token (the engine zeroed those arrays) and keeps its
+ * scalar value and metrics in its own context. token_index[i] is the position of micro-batch
  * token i in the request, so the loss can read the request's per-token
  * arrays (mask, advantages, ...). The loss library (engines/loss) provides
  * one implementation; tests provide others. */

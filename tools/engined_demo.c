@@ -1,6 +1,7 @@
 /* engined_demo.c — a short end-to-end run of the engine library without
  * the daemon: a tiny Llama learns to continue counting sequences
- * (t, t+1, t+2, ... mod V) with a token-mean cross-entropy, then saves a
+ * (t, t+1, t+2, ... mod V) with the loss library's `sft` loss (token-mean
+ * cross-entropy through the engine's loss seam), then saves a
  * checkpoint, reloads it into a fresh engine and checks that both give the
  * same log-probabilities.
  *
@@ -14,6 +15,7 @@
 #include <sys/stat.h>
 
 #include "engine.h"
+#include "loss/loss_engine.h"
 
 #define VOCAB 64
 #define SEQS 8
@@ -25,29 +27,6 @@ static const char *const DEMO_CONFIG =
 	" \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
 	" \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0,"
 	" \"tie_word_embeddings\": true}";
-
-/* Token-mean cross-entropy over predicted tokens (not sequence starts). */
-struct ce {
-	double loss;
-	int64_t count;     /* predicted tokens in the whole call */
-};
-
-static int ce_loss(void *ctx, struct engine_loss_io *io, struct eng_error *err)
-{
-	struct ce *c = ctx;
-	int64_t t = 0;
-
-	(void)err;
-	for (int32_t s = 0; s < io->num_seqs; s++) {
-		for (int32_t i = 0; i < io->seq_lens[s]; i++, t++) {
-			if (i == 0)
-				continue;
-			c->loss -= io->log_probs[t] / (double)c->count;
-			io->d_log_probs[t] = -1.0f / (float)c->count;
-		}
-	}
-	return 0;
-}
 
 static void make_batch(int32_t *ids, int32_t *lens, unsigned *seed)
 {
@@ -83,6 +62,7 @@ int main(int argc, char **argv)
 	const char *root = "./var/checkpoints";
 	int steps = 60;
 	struct engine_init_config cfg;
+	struct loss_spec spec;
 	struct eng_error err = {0};
 	struct engine *e, *f;
 	int32_t ids[SEQS * LEN], lens[SEQS];
@@ -122,26 +102,38 @@ int main(int argc, char **argv)
 	}
 	if (engine_set_mode(e, ENGINE_MODE_TRAIN, false, &err))
 		goto fail;
+	if (loss_spec_init(&spec, "sft", &err) ||
+	    loss_spec_set(&spec, "loss_agg_mode", "token-mean", &err))
+		goto fail;
 	for (int s = 0; s < steps; s++) {
-		struct ce c = {.count = SEQS * (LEN - 1)};
+		struct loss_request req = {.n = SEQS * LEN, .num_seqs = SEQS, .seq_lens = lens};
 		struct engine_batch b = {.n = SEQS * LEN, .input_ids = ids, .num_seqs = SEQS,
 					 .seq_lens = lens, .temperature = 1.0f,
-					 .loss_fn = ce_loss, .loss_ctx = &c};
+					 .loss_fn = loss_engine_fn};
 		struct engine_fb_result r = {0};
 		struct engine_step_result sr;
-		double lr;
+		struct loss_engine_ctx lc;
+		struct loss_metric metrics[LOSS_M_COUNT];
+		double lr, loss;
 
 		make_batch(ids, lens, &seed);
-		if (engine_forward_backward(e, &b, &r, &err) ||
-		    engine_optimizer_step(e, &sr, &err) ||
-		    engine_lr_scheduler_step(e, &lr, &err))
+		if (loss_engine_ctx_init(&lc, &spec, &req, &err))
+			goto fail;
+		b.loss_ctx = &lc;
+		if (engine_forward_backward(e, &b, &r, &err)) {
+			loss_engine_ctx_destroy(&lc);
+			goto fail;
+		}
+		loss_engine_ctx_result(&lc, &loss, metrics);
+		loss_engine_ctx_destroy(&lc);
+		if (engine_optimizer_step(e, &sr, &err) || engine_lr_scheduler_step(e, &lr, &err))
 			goto fail;
 		if (s == 0)
-			first = c.loss;
-		last = c.loss;
+			first = loss;
+		last = loss;
 		if (s % 10 == 0 || s == steps - 1)
 			printf("step %3d  loss %.4f  grad_norm %.4f  lr %.2e  micro_batches %d\n",
-			       s, c.loss, sr.grad_norm, sr.lr, r.num_micro_batches);
+			       s, loss, sr.grad_norm, sr.lr, r.num_micro_batches);
 	}
 	if (engine_set_mode(e, ENGINE_MODE_IDLE, false, &err))
 		goto fail;

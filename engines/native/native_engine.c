@@ -4,8 +4,8 @@
  * parameter views and status. Checkpoints are in native_ckpt.c.
  *
  * Random init (seeded, documented in README): every matrix and embedding
- * ~ N(0, initializer_range^2) drawn in parameter-table order from the
- * engine RNG, RMSNorm weights 1, biases 0 (transformers' _init_weights).
+ * ~ N(0, initializer_range^2), RMSNorm weights 1, biases 0 (transformers'
+ * _init_weights); see random_init for how the draws are made.
  */
 #include "native_engine.h"
 
@@ -153,21 +153,38 @@ static char *read_text_file(const char *path, struct eng_error *err, int *rc)
 	return buf;
 }
 
+/* Random init in fixed chunks of RANDOM_INIT_CHUNK elements. Chunk j of
+ * parameter i draws from its own generator seeded with
+ * seed ^ (i << 40) ^ j (expanded by splitmix64 in rng_seed), so the values
+ * depend only on the seed, not on the thread count, and the chunks of a
+ * tensor are filled in parallel. */
+#define RANDOM_INIT_CHUNK (1 << 20)
+
 static void random_init(struct native *n, float *host)
 {
 	float std = (float)n->cfg.initializer_range;
 
 	for (int64_t i = 0; i < n->table.count; i++) {
 		const struct param_entry *p = &n->table.entries[i];
-		float *x = host + p->offset;
+		int64_t nchunks = (p->numel + RANDOM_INIT_CHUNK - 1) / RANDOM_INIT_CHUNK;
 
-		if (p->init_ones) {
-			for (int64_t j = 0; j < p->numel; j++)
-				x[j] = 1.0f;
-		} else if (p->init_zero) {
-			memset(x, 0, p->numel * sizeof(float));
-		} else {
-			rng_normal_fill(&n->rng, x, p->numel, 0.0f, std);
+#pragma omp parallel for schedule(dynamic, 1) if (nchunks > 1)
+		for (int64_t j = 0; j < nchunks; j++) {
+			int64_t start = j * RANDOM_INIT_CHUNK;
+			int64_t len = p->numel - start < RANDOM_INIT_CHUNK ? p->numel - start
+									    : RANDOM_INIT_CHUNK;
+			float *x = host + p->offset + start;
+			struct rng r;
+
+			if (p->init_ones) {
+				for (int64_t q = 0; q < len; q++)
+					x[q] = 1.0f;
+			} else if (p->init_zero) {
+				memset(x, 0, len * sizeof(float));
+			} else {
+				rng_seed(&r, n->seed ^ ((uint64_t)i << 40) ^ (uint64_t)j);
+				rng_normal_fill(&r, x, len, 0.0f, std);
+			}
 		}
 	}
 }
