@@ -231,6 +231,34 @@ int engine_param(struct engine *e, int64_t i, struct engine_param_view *ret,
 	return e->ops->param(e, i, ret, err);
 }
 
+size_t engine_dtype_size(enum engine_dtype dtype)
+{
+	switch (dtype) {
+	case ENGINE_DTYPE_F32: return 4;
+	case ENGINE_DTYPE_BF16: return 2;
+	case ENGINE_DTYPE_F16: return 2;
+	default: return 0;
+	}
+}
+
+int engine_param_copy(struct engine *e, int64_t i, enum engine_dtype dtype,
+		      int64_t start, int64_t count, void *dst, struct eng_error *err)
+{
+	struct engine_param_view v;
+	int rc;
+
+	if (!engine_dtype_size(dtype))
+		return eng_fail(err, -EINVAL, "dtype: unsupported dtype %d", (int)dtype);
+	rc = engine_param(e, i, &v, err);
+	if (rc)
+		return rc;
+	if (start < 0 || count < 0 || start + count > v.numel)
+		return eng_fail(err, -EINVAL, "%s: slice [%lld, %lld) outside %lld elements",
+				v.name, (long long)start, (long long)(start + count),
+				(long long)v.numel);
+	return e->ops->param_copy(e, i, dtype, start, count, dst, err);
+}
+
 int engine_grad(struct engine *e, int64_t i, struct engine_param_view *ret,
 		struct eng_error *err)
 {

@@ -198,6 +198,8 @@ struct engine_ops {
 		     struct eng_error *err);
 	int (*grad)(struct engine *e, int64_t i, struct engine_param_view *ret,
 		    struct eng_error *err);
+	int (*param_copy)(struct engine *e, int64_t i, enum engine_dtype dtype,
+			  int64_t start, int64_t count, void *dst, struct eng_error *err);
 	/* `dir` is an absolute path already confined by the caller. */
 	int (*save_checkpoint)(struct engine *e, const char *dir, int64_t global_step,
 			       int max_to_keep, unsigned contents, size_t *ret_bytes,
@@ -256,6 +258,14 @@ int engine_to(struct engine *e, bool to_device, bool model, bool optimizer,
 int64_t engine_num_params(struct engine *e);
 int engine_param(struct engine *e, int64_t i, struct engine_param_view *ret,
 		 struct eng_error *err);
+/* Copy elements [start, start + count) of parameter i, converted to `dtype`
+ * (bf16 / f16 rounded to nearest even by the device), into host memory
+ * dst (count * element size bytes). For weight streaming: the conversion
+ * runs on the device, and only the slice asked for is copied. */
+int engine_param_copy(struct engine *e, int64_t i, enum engine_dtype dtype,
+		      int64_t start, int64_t count, void *dst, struct eng_error *err);
+/* Bytes per element of a dtype (4 or 2); 0 for an unknown dtype. */
+size_t engine_dtype_size(enum engine_dtype dtype);
 /* Gradient of parameter i (same view; host_data = accumulated gradient).
  * For tests and diagnostics. */
 int engine_grad(struct engine *e, int64_t i, struct engine_param_view *ret,

@@ -732,6 +732,35 @@ static int native_grad(struct engine *e, int64_t i, struct engine_param_view *re
 	return view(N(e), N(e)->grads, i, ret, err);
 }
 
+/* Convert on the device (into a scratch allocation unless the device's
+ * memory is host memory), then copy the slice to dst. */
+static int native_param_copy(struct engine *e, int64_t i, enum engine_dtype dtype,
+			     int64_t start, int64_t count, void *dst, struct eng_error *err)
+{
+	struct native *n = N(e);
+	const struct param_entry *p = &n->table.entries[i];
+	const float *src = n->params + p->offset + start;
+	const struct device_ops *o = n->dev->ops;
+	void *tmp;
+	int rc;
+
+	if (dtype == ENGINE_DTYPE_F32) {
+		rc = o->copy_d2h(n->dev, dst, src, count * sizeof(float));
+		return rc ? eng_fail(err, rc, "%s: copy from device failed", p->name) : 0;
+	}
+	/* host-memory devices convert straight into dst */
+	tmp = o->host_memory ? dst : dalloc(n, count * sizeof(uint16_t));
+	if (!tmp)
+		return eng_fail(err, -ENOMEM, "%s: out of device memory for conversion", p->name);
+	rc = dtype == ENGINE_DTYPE_BF16 ? n->dev->k->to_bf16(n->dev, tmp, src, count)
+					: n->dev->k->to_f16(n->dev, tmp, src, count);
+	if (rc == 0 && tmp != dst)
+		rc = o->copy_d2h(n->dev, dst, tmp, count * sizeof(uint16_t));
+	if (tmp != dst)
+		dfree(n, tmp);
+	return rc ? eng_fail(err, rc, "%s: conversion failed", p->name) : 0;
+}
+
 static void native_status(struct engine *e, struct engine_status *ret)
 {
 	struct native *n = N(e);
@@ -760,6 +789,7 @@ static void native_status(struct engine *e, struct engine_status *ret)
 		.num_params = native_num_params,                \
 		.param = native_param,                          \
 		.grad = native_grad,                            \
+		.param_copy = native_param_copy,                \
 		.save_checkpoint = native_save_checkpoint,      \
 		.load_checkpoint = native_load_checkpoint,      \
 		.status = native_status,                        \

@@ -5,6 +5,7 @@
  * itself are checked against torch in tests/parity. */
 #include <math.h>
 
+#include "io/safetensors.h"
 #include "test_helpers.h"
 
 #define V 97
@@ -439,6 +440,36 @@ START_TEST(schedule_through_engine)
 }
 END_TEST
 
+/* Converted slices equal the host conversion of the fp32 parameters. */
+START_TEST(param_copy_converts)
+{
+	struct engine *e = make_engine(TINY_QWEN2, "language_model", 12, 1e-3);
+	struct engine_param_view v;
+	struct eng_error err = {0};
+	uint16_t h[64];
+	float f[64];
+
+	ck_assert_int_eq(engine_param(e, 0, &v, &err), 0);
+	ck_assert_str_eq(v.name, "model.embed_tokens.weight");
+	ck_assert_int_eq(engine_param_copy(e, 0, ENGINE_DTYPE_BF16, 100, 64, h, &err), 0);
+	for (int j = 0; j < 64; j++)
+		ck_assert_uint_eq(h[j], f32_to_bf16(v.host_data[100 + j]));
+	ck_assert_int_eq(engine_param_copy(e, 0, ENGINE_DTYPE_F16, 7, 64, h, &err), 0);
+	for (int j = 0; j < 64; j++)
+		ck_assert_uint_eq(h[j], f32_to_f16(v.host_data[7 + j]));
+	ck_assert_int_eq(engine_param_copy(e, 0, ENGINE_DTYPE_F32, 0, 64, f, &err), 0);
+	ck_assert_mem_eq(f, v.host_data, sizeof(f));
+	ck_assert_int_eq(engine_param_copy(e, 0, ENGINE_DTYPE_F32, v.numel - 10, 64, f, &err),
+			 -EINVAL);
+	ck_assert_msg(strstr(err.msg, "model.embed_tokens.weight"), "%s", err.msg);
+	eng_error_clear(&err);
+	ck_assert_int_eq(engine_param_copy(e, 0, (enum engine_dtype)9, 0, 1, f, &err), -EINVAL);
+	ck_assert_int_eq(engine_param_copy(e, engine_num_params(e), ENGINE_DTYPE_F32, 0, 1, f, &err),
+			 -EINVAL);
+	engine_destroy(e);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("engine");
@@ -454,6 +485,7 @@ int main(void)
 	tcase_add_test(tc, adamw_first_step_with_clipping);
 	tcase_add_test(tc, nonfinite_norm_skips);
 	tcase_add_test(tc, schedule_through_engine);
+	tcase_add_test(tc, param_copy_converts);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
