@@ -2,7 +2,8 @@
 # deploy/setup.sh — set up a fresh Debian 12 machine for engined and build it.
 #
 # Installs the Debian packages the build and the tests need (apt-get; root or
-# sudo), then configures and builds into ./build. Safe to run again: it only
+# sudo), configures and builds into ./build, and makes build/venv-pypi (the
+# Python client with current grpcio from PyPI). Safe to run again: it only
 # installs what is missing and rebuilds what changed.
 #   ENGINED_BUILD_DIR   build directory (default: build)
 #   CI=true             warnings become errors (-Dwerror=true)
@@ -16,8 +17,13 @@ packages=(
   libdnnl-dev          # oneDNN: every CPU matmul
   libjansson-dev       # JSON: HF config.json, safetensors headers, engine_state.json
   libxxhash-dev        # XXH64 checksums of checkpoint files
+  libgrpc-dev          # gRPC C core: the daemon's server and the C client
+  libprotobuf-c-dev protobuf-c-compiler   # C messages generated from proto/ at build time
+  libuv1-dev           # the daemon's signal / timer loop
+  protobuf-compiler    # Python stubs of the client package
   check                # unit tests
-  python3-torch python3-numpy   # the independent torch reference of the tests
+  python3-grpcio python3-protobuf python3-numpy python3-venv   # Python client, tests
+  python3-torch        # the independent torch reference of the tests
 )
 
 missing=()
@@ -39,3 +45,10 @@ else
   meson setup "$build_dir" -Dwerror=$werror
 fi
 ninja -C "$build_dir"
+
+# The Python client against current grpcio/protobuf from PyPI (and grpclib,
+# safetensors for the interoperability tests), beside Debian's versions.
+# Skipped with ENGINED_NO_PYPI=1 (offline); its tests then report "skipped".
+if [ "${ENGINED_NO_PYPI:-0}" != "1" ]; then
+  tests/integration/setup_venv.sh "$build_dir"
+fi

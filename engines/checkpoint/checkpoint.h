@@ -10,13 +10,18 @@
  * and `<parent>/latest` holds the name of the newest checkpoint.
  *
  * Writing: files go to `<parent>/.<name>.tmp-<pid>/`, each fsync'ed, the
- * directory is fsync'ed and renamed over `<name>` (an existing one is moved
- * aside and removed after the rename), the parent fsync'ed, then `latest` is
- * replaced atomically (write temp + fsync + rename). A crash at any point
- * leaves the previous checkpoint and `latest` intact.
+ * directory is fsync'ed and renamed over `<name>` (an existing one is
+ * swapped out atomically with renameat2(RENAME_EXCHANGE) and removed after
+ * the swap), the parent fsync'ed, then `latest` is replaced atomically
+ * (write temp + fsync + rename). A crash at any point leaves the previous
+ * checkpoint and `latest` intact. Temporary entries of dead writers
+ * (`.<name>.tmp-<pid>`, `.<name>.del-<pid>`) are ignored by ckpt_open and
+ * rotation and removed by the next ckpt_writer_begin in the same parent.
  * Rotation: after a save, checkpoints in the parent that carry a valid
- * engine_state.json are ordered by their recorded global_step; all but the
- * newest max_to_keep (> 0) are removed. Derived from the disk only.
+ * engine_state.json with an integer "global_step" are ordered by it; the
+ * one just written and the newest max_to_keep - 1 others are kept, the rest
+ * removed. Derived from the disk only. engine_state.json's "files" member
+ * maps each file name to {"bytes": n, "xxh64": "<16 hex digits>"}.
  */
 #ifndef ENGINED_CHECKPOINT_H
 #define ENGINED_CHECKPOINT_H
@@ -24,6 +29,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include <jansson.h>
 
 #include "../err.h"
 
@@ -34,7 +41,9 @@ struct ckpt_writer;
  * via ckpt_writer_path(). */
 int ckpt_writer_begin(const char *dir, struct ckpt_writer **ret, struct eng_error *err);
 /* Path of file `name` inside the temporary directory (static per writer,
- * valid until the next call). */
+ * valid until the next call; NULL only if `name` is longer than NAME_MAX
+ * and memory runs out). Another writer of the same directory in this
+ * process makes ckpt_writer_begin fail with -EALREADY. */
 const char *ckpt_writer_path(struct ckpt_writer *w, const char *name);
 /* Record a written file (its bytes and xxh64) for engine_state.json. The
  * file must already be fsync'ed. */
@@ -47,7 +56,7 @@ int ckpt_writer_put(struct ckpt_writer *w, const char *name, const void *data,
  * with a "files" member added, fsync, rename into place, update `latest`,
  * rotate to max_to_keep (<= 0: keep all). Frees the writer either way;
  * on failure the temporary directory is removed. ret_bytes: total bytes. */
-int ckpt_writer_commit(struct ckpt_writer *w, void *state_json, int max_to_keep,
+int ckpt_writer_commit(struct ckpt_writer *w, json_t *state_json, int max_to_keep,
 		       uint64_t *ret_bytes, struct eng_error *err);
 void ckpt_writer_abort(struct ckpt_writer *w);   /* accepts NULL */
 
@@ -58,6 +67,6 @@ void ckpt_writer_abort(struct ckpt_writer *w);   /* accepts NULL */
  * XXH64: a mismatch is -EBADMSG naming the file; a missing file -ENOENT (a
  * listed one missing: -EBADMSG). *ret_dir (malloc'ed) is the resolved
  * checkpoint directory. */
-int ckpt_open(const char *dir, void **ret_state, char **ret_dir, struct eng_error *err);
+int ckpt_open(const char *dir, json_t **ret_state, char **ret_dir, struct eng_error *err);
 
 #endif

@@ -85,6 +85,12 @@ float bf16_to_f32(uint16_t h);
 /* fp32 -> IEEE binary16 bits, round to nearest even, overflow to inf. */
 uint16_t f32_to_f16(float x);
 float f16_to_f32(uint16_t h);
+/* The same conversions over arrays (vectorized; src and dst must not
+ * overlap). */
+void f32_to_bf16_n(const float *src, uint16_t *dst, size_t n);
+void bf16_to_f32_n(const uint16_t *src, float *dst, size_t n);
+void f32_to_f16_n(const float *src, uint16_t *dst, size_t n);
+void f16_to_f32_n(const uint16_t *src, float *dst, size_t n);
 
 /* XXH64 (seed 0) of a whole file, streaming. */
 int file_xxh64(const char *path, uint64_t *ret, struct eng_error *err);

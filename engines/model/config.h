@@ -29,7 +29,7 @@ struct model_config {
 	double rms_norm_eps;        /* default 1e-6 */
 	double rope_theta;          /* default 10000 */
 	bool tie_word_embeddings;   /* default false */
-	bool attention_bias;        /* q/k/v bias: qwen2 always, llama if "attention_bias" */
+	bool attention_bias;        /* q/k/v bias: qwen2 always, llama/qwen3 if "attention_bias" */
 	bool qk_norm;               /* qwen3 */
 	/* rope_scaling {"rope_type"|"type": "llama3", factor, low_freq_factor,
 	 * high_freq_factor, original_max_position_embeddings} */
@@ -37,6 +37,9 @@ struct model_config {
 	double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
 	int64_t rope_original_max_pos;
 	double initializer_range;   /* default 0.02, for random init */
+	/* o_proj bias: HF gives llama and qwen3 a bias on o_proj too when
+	 * "attention_bias" is true (qwen2: q/k/v only; mistral: never). */
+	bool o_proj_bias;
 };
 
 /* Parse the text of a config.json. Unknown model_type, missing required

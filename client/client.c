@@ -1,0 +1,366 @@
+/* client.c — libengined-client (see engined_client.h): protobuf-c encoding
+ * and the weight-stream reassembly over transport.h. */
+#include "engined_client.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grpc/health/v1/health.pb-c.h"
+#include "transport.h"
+
+#define SVC "/engined.v1.TrainingEngine/"
+
+struct ec_client {
+	struct ect_channel *ch;
+	int64_t timeout_ms;
+};
+
+static const char *const code_names[] = {
+	"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+	"NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+	"FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED",
+	"INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
+};
+
+const char *ec_code_name(int code)
+{
+	if (code < 0 || code > EC_UNAUTHENTICATED)
+		return "?";
+	return code_names[code];
+}
+
+static int set_st(struct ec_status *st, int code, const char *msg)
+{
+	if (st) {
+		st->code = code;
+		snprintf(st->message, sizeof(st->message), "%s", msg ? msg : "");
+	}
+	return code;
+}
+
+int ec_connect(const char *target, struct ec_client **ret, struct ec_status *st)
+{
+	struct ec_client *c = calloc(1, sizeof(*c));
+	char msg[ECT_MSG_MAX] = "";
+	int r;
+
+	if (!c)
+		return set_st(st, EC_RESOURCE_EXHAUSTED, "out of memory");
+	r = ect_open(target, 1LL << 30, &c->ch, msg);
+	if (r) {
+		free(c);
+		return set_st(st, r, msg);
+	}
+	*ret = c;
+	return set_st(st, 0, "");
+}
+
+void ec_close(struct ec_client *c)
+{
+	if (!c)
+		return;
+	ect_close(c->ch);
+	free(c);
+}
+
+void ec_set_timeout_ms(struct ec_client *c, int64_t ms)
+{
+	c->timeout_ms = ms;
+}
+
+void ec_free(void *reply)
+{
+	if (reply)
+		protobuf_c_message_free_unpacked(reply, NULL);
+}
+
+int ec_call_raw(struct ec_client *c, const char *method, const void *req, size_t len,
+		uint8_t **ret, size_t *ret_len, struct ec_status *st)
+{
+	char msg[ECT_MSG_MAX] = "";
+	int r = ect_unary(c->ch, method, req, len, c->timeout_ms, ret, ret_len, msg);
+
+	return set_st(st, r, msg);
+}
+
+static int call_msg(struct ec_client *c, const char *method, const ProtobufCMessage *req,
+		    const ProtobufCMessageDescriptor *resp_desc, void **ret,
+		    struct ec_status *st)
+{
+	size_t len = protobuf_c_message_get_packed_size(req), rlen = 0;
+	uint8_t *buf = malloc(len ? len : 1), *resp = NULL;
+	ProtobufCMessage *m;
+	int r;
+
+	if (!buf)
+		return set_st(st, EC_RESOURCE_EXHAUSTED, "out of memory");
+	protobuf_c_message_pack(req, buf);
+	r = ec_call_raw(c, method, buf, len, &resp, &rlen, st);
+	free(buf);
+	if (r)
+		return r;
+	m = protobuf_c_message_unpack(resp_desc, NULL, rlen, resp);
+	free(resp);
+	if (!m)
+		return set_st(st, EC_INTERNAL, "cannot decode the reply");
+	*ret = m;
+	return 0;
+}
+
+int ec_initialize(struct ec_client *c, const Engined__V1__InitializeRequest *req,
+		  Engined__V1__InitializeResponse **ret, struct ec_status *st)
+{
+	return call_msg(c, SVC "Initialize", &req->base,
+			&engined__v1__initialize_response__descriptor, (void **)ret, st);
+}
+
+int ec_set_mode(struct ec_client *c, const Engined__V1__SetModeRequest *req,
+		Engined__V1__SetModeResponse **ret, struct ec_status *st)
+{
+	return call_msg(c, SVC "SetMode", &req->base,
+			&engined__v1__set_mode_response__descriptor, (void **)ret, st);
+}
+
+int ec_forward_backward(struct ec_client *c, const Engined__V1__ForwardBackwardRequest *req,
+			Engined__V1__ForwardBackwardResponse **ret, struct ec_status *st)
+{
+	return call_msg(c, SVC "ForwardBackward", &req->base,
+			&engined__v1__forward_backward_response__descriptor, (void **)ret, st);
+}
+
+int ec_optimizer_step(struct ec_client *c, Engined__V1__OptimizerStepResponse **ret,
+		      struct ec_status *st)
+{
+	Engined__V1__OptimizerStepRequest req = ENGINED__V1__OPTIMIZER_STEP_REQUEST__INIT;
+
+	return call_msg(c, SVC "OptimizerStep", &req.base,
+			&engined__v1__optimizer_step_response__descriptor, (void **)ret, st);
+}
+
+int ec_lr_scheduler_step(struct ec_client *c, Engined__V1__LrSchedulerStepResponse **ret,
+			 struct ec_status *st)
+{
+	Engined__V1__LrSchedulerStepRequest req = ENGINED__V1__LR_SCHEDULER_STEP_REQUEST__INIT;
+
+	return call_msg(c, SVC "LrSchedulerStep", &req.base,
+			&engined__v1__lr_scheduler_step_response__descriptor, (void **)ret, st);
+}
+
+int ec_to_device(struct ec_client *c, const Engined__V1__ToDeviceRequest *req,
+		 Engined__V1__ToDeviceResponse **ret, struct ec_status *st)
+{
+	return call_msg(c, SVC "ToDevice", &req->base,
+			&engined__v1__to_device_response__descriptor, (void **)ret, st);
+}
+
+int ec_save_checkpoint(struct ec_client *c, const Engined__V1__SaveCheckpointRequest *req,
+		       Engined__V1__SaveCheckpointResponse **ret, struct ec_status *st)
+{
+	return call_msg(c, SVC "SaveCheckpoint", &req->base,
+			&engined__v1__save_checkpoint_response__descriptor, (void **)ret, st);
+}
+
+int ec_load_checkpoint(struct ec_client *c, const Engined__V1__LoadCheckpointRequest *req,
+		       Engined__V1__LoadCheckpointResponse **ret, struct ec_status *st)
+{
+	return call_msg(c, SVC "LoadCheckpoint", &req->base,
+			&engined__v1__load_checkpoint_response__descriptor, (void **)ret, st);
+}
+
+int ec_get_status(struct ec_client *c, Engined__V1__GetStatusResponse **ret,
+		  struct ec_status *st)
+{
+	Engined__V1__GetStatusRequest req = ENGINED__V1__GET_STATUS_REQUEST__INIT;
+
+	return call_msg(c, SVC "GetStatus", &req.base,
+			&engined__v1__get_status_response__descriptor, (void **)ret, st);
+}
+
+int ec_health_check(struct ec_client *c, const char *service, int *ret_serving,
+		    struct ec_status *st)
+{
+	Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+	Grpc__Health__V1__HealthCheckResponse *resp = NULL;
+	int r;
+
+	req.service = (char *)(service ? service : "");
+	r = call_msg(c, "/grpc.health.v1.Health/Check", &req.base,
+		     &grpc__health__v1__health_check_response__descriptor, (void **)&resp, st);
+	if (r)
+		return r;
+	*ret_serving = (int)resp->status;
+	ec_free(resp);
+	return 0;
+}
+
+void ec_tensor_1d(Engined__V1__Tensor *t, Engined__V1__DType dtype, int64_t *shape_n,
+		  const void *data, size_t nbytes)
+{
+	engined__v1__tensor__init(t);
+	t->dtype = dtype;
+	t->n_shape = 1;
+	t->shape = shape_n;
+	t->data.data = (uint8_t *)data;
+	t->data.len = nbytes;
+}
+
+/* --- weights -------------------------------------------------------------- */
+
+struct partial {
+	char *name;
+	Engined__V1__DType dtype;
+	int ndim;
+	int64_t shape[8];
+	uint8_t *data;
+	int64_t nbytes, filled;
+};
+
+struct ec_weights {
+	struct ect_stream *s;
+	Engined__V1__ParamBucket *bucket;  /* being consumed */
+	size_t next_slice;
+	struct partial cur;                /* tensor being assembled */
+	struct partial out;                /* last handed out */
+	bool ended;
+	int64_t bytes, messages;
+};
+
+int ec_weights_open(struct ec_client *c, const Engined__V1__GetPerTensorParamRequest *req,
+		    struct ec_weights **ret, struct ec_status *st)
+{
+	struct ec_weights *w = calloc(1, sizeof(*w));
+	size_t len = protobuf_c_message_get_packed_size(&req->base);
+	uint8_t *buf = malloc(len ? len : 1);
+	char msg[ECT_MSG_MAX] = "";
+	int r;
+
+	if (!w || !buf) {
+		free(w);
+		free(buf);
+		return set_st(st, EC_RESOURCE_EXHAUSTED, "out of memory");
+	}
+	protobuf_c_message_pack(&req->base, buf);
+	r = ect_stream_open(c->ch, SVC "GetPerTensorParam", buf, len, c->timeout_ms,
+			    &w->s, msg);
+	free(buf);
+	if (r) {
+		free(w);
+		return set_st(st, r, msg);
+	}
+	*ret = w;
+	return set_st(st, 0, "");
+}
+
+static void partial_free(struct partial *p)
+{
+	free(p->name);
+	free(p->data);
+	memset(p, 0, sizeof(*p));
+}
+
+int ec_weights_next(struct ec_weights *w, struct ec_tensor *ret, int *ret_done,
+		    struct ec_status *st)
+{
+	char msg[ECT_MSG_MAX] = "";
+
+	partial_free(&w->out);
+	for (;;) {
+		Engined__V1__TensorSlice *sl;
+		uint8_t *m = NULL;
+		size_t mlen = 0;
+		int r;
+
+		if (w->bucket && w->next_slice < w->bucket->n_slices) {
+			sl = w->bucket->slices[w->next_slice++];
+			if (sl->tensor_offset == 0) {
+				partial_free(&w->cur);
+				w->cur.name = strdup(sl->name);
+				w->cur.dtype = sl->dtype;
+				w->cur.ndim = sl->n_shape > 8 ? 8 : (int)sl->n_shape;
+				for (int k = 0; k < w->cur.ndim; k++)
+					w->cur.shape[k] = sl->shape[k];
+				w->cur.nbytes = sl->tensor_bytes;
+				w->cur.data = malloc(sl->tensor_bytes ? (size_t)sl->tensor_bytes : 1);
+				if (!w->cur.name || !w->cur.data)
+					return set_st(st, EC_RESOURCE_EXHAUSTED, "out of memory");
+			}
+			if (!w->cur.data || strcmp(w->cur.name, sl->name) ||
+			    sl->tensor_offset != w->cur.filled ||
+			    sl->tensor_offset + sl->length > w->cur.nbytes ||
+			    sl->data_offset < 0 ||
+			    (size_t)(sl->data_offset + sl->length) > w->bucket->data.len)
+				return set_st(st, EC_DATA_LOSS, "inconsistent TensorSlice in stream");
+			memcpy(w->cur.data + sl->tensor_offset,
+			       w->bucket->data.data + sl->data_offset, (size_t)sl->length);
+			w->cur.filled += sl->length;
+			if (w->cur.filled == w->cur.nbytes) {
+				w->out = w->cur;
+				memset(&w->cur, 0, sizeof(w->cur));
+				ret->name = w->out.name;
+				ret->dtype = w->out.dtype;
+				ret->ndim = w->out.ndim;
+				memcpy(ret->shape, w->out.shape, sizeof(ret->shape));
+				ret->data = w->out.data;
+				ret->nbytes = (size_t)w->out.nbytes;
+				*ret_done = 0;
+				return set_st(st, 0, "");
+			}
+			continue;
+		}
+		if (w->bucket) {
+			bool last = w->bucket->last;
+
+			ec_free(w->bucket);
+			w->bucket = NULL;
+			if (last)
+				w->ended = true;
+		}
+		if (w->ended) {
+			r = ect_stream_next(w->s, &m, &mlen, msg);
+			if (r == 1) {
+				free(m);
+				return set_st(st, EC_DATA_LOSS, "message after the last bucket");
+			}
+			if (r)
+				return set_st(st, r, msg);
+			*ret_done = 1;
+			return set_st(st, 0, "");
+		}
+		r = ect_stream_next(w->s, &m, &mlen, msg);
+		if (r == 0)
+			return set_st(st, EC_DATA_LOSS, "stream ended without a last bucket");
+		if (r != 1)
+			return set_st(st, r, msg);
+		w->bucket = engined__v1__param_bucket__unpack(NULL, mlen, m);
+		free(m);
+		if (!w->bucket)
+			return set_st(st, EC_DATA_LOSS, "cannot decode a ParamBucket");
+		w->next_slice = 0;
+		w->bytes += (int64_t)w->bucket->data.len;
+		w->messages++;
+	}
+}
+
+int64_t ec_weights_bytes(const struct ec_weights *w)
+{
+	return w->bytes;
+}
+
+int64_t ec_weights_messages(const struct ec_weights *w)
+{
+	return w->messages;
+}
+
+void ec_weights_close(struct ec_weights *w)
+{
+	if (!w)
+		return;
+	ect_stream_close(w->s);
+	ec_free(w->bucket);
+	partial_free(&w->cur);
+	partial_free(&w->out);
+	free(w);
+}

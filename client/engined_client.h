@@ -1,0 +1,102 @@
+/* engined_client.h — libengined-client: a small synchronous C API for
+ * engined (proto package engined.v1, service TrainingEngine).
+ *
+ * One function per RPC. Requests and replies are the protobuf-c messages
+ * generated from proto/engined/v1/engine.proto; a reply handed out in
+ * *ret is owned by the caller (free it with ec_free).
+ *
+ * Every function returns a gRPC status code: 0 (OK) or > 0, with the
+ * server's message (which names the offending field) in st->message. On
+ * failure *ret is untouched. A client may be used by one thread at a time.
+ */
+#ifndef ENGINED_CLIENT_H
+#define ENGINED_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engined/v1/engine.pb-c.h"
+
+/* gRPC status codes, for comparisons. */
+enum {
+	EC_OK = 0, EC_CANCELLED = 1, EC_UNKNOWN = 2, EC_INVALID_ARGUMENT = 3,
+	EC_DEADLINE_EXCEEDED = 4, EC_NOT_FOUND = 5, EC_ALREADY_EXISTS = 6,
+	EC_PERMISSION_DENIED = 7, EC_RESOURCE_EXHAUSTED = 8,
+	EC_FAILED_PRECONDITION = 9, EC_ABORTED = 10, EC_OUT_OF_RANGE = 11,
+	EC_UNIMPLEMENTED = 12, EC_INTERNAL = 13, EC_UNAVAILABLE = 14,
+	EC_DATA_LOSS = 15, EC_UNAUTHENTICATED = 16,
+};
+
+struct ec_status {
+	int code;
+	char message[512];
+};
+
+struct ec_client;
+
+/* target: "127.0.0.1:50051", "unix:/run/engined.sock". The connection is
+ * made lazily; an unreachable daemon shows as UNAVAILABLE on the first call. */
+int ec_connect(const char *target, struct ec_client **ret, struct ec_status *st);
+void ec_close(struct ec_client *c);                  /* accepts NULL */
+/* Deadline of each later call in ms; <= 0: none (the default is 0). */
+void ec_set_timeout_ms(struct ec_client *c, int64_t ms);
+const char *ec_code_name(int code);                  /* "INVALID_ARGUMENT" */
+void ec_free(void *reply);                           /* accepts NULL */
+
+int ec_initialize(struct ec_client *c, const Engined__V1__InitializeRequest *req,
+		  Engined__V1__InitializeResponse **ret, struct ec_status *st);
+int ec_set_mode(struct ec_client *c, const Engined__V1__SetModeRequest *req,
+		Engined__V1__SetModeResponse **ret, struct ec_status *st);
+int ec_forward_backward(struct ec_client *c, const Engined__V1__ForwardBackwardRequest *req,
+			Engined__V1__ForwardBackwardResponse **ret, struct ec_status *st);
+int ec_optimizer_step(struct ec_client *c, Engined__V1__OptimizerStepResponse **ret,
+		      struct ec_status *st);
+int ec_lr_scheduler_step(struct ec_client *c, Engined__V1__LrSchedulerStepResponse **ret,
+			 struct ec_status *st);
+int ec_to_device(struct ec_client *c, const Engined__V1__ToDeviceRequest *req,
+		 Engined__V1__ToDeviceResponse **ret, struct ec_status *st);
+int ec_save_checkpoint(struct ec_client *c, const Engined__V1__SaveCheckpointRequest *req,
+		       Engined__V1__SaveCheckpointResponse **ret, struct ec_status *st);
+int ec_load_checkpoint(struct ec_client *c, const Engined__V1__LoadCheckpointRequest *req,
+		       Engined__V1__LoadCheckpointResponse **ret, struct ec_status *st);
+int ec_get_status(struct ec_client *c, Engined__V1__GetStatusResponse **ret,
+		  struct ec_status *st);
+/* grpc.health.v1.Health/Check; *ret_serving: 1 SERVING, 2 NOT_SERVING. */
+int ec_health_check(struct ec_client *c, const char *service, int *ret_serving,
+		    struct ec_status *st);
+/* Any method with raw request bytes (tests, tools); *ret is malloc'ed. */
+int ec_call_raw(struct ec_client *c, const char *method, const void *req, size_t len,
+		uint8_t **ret, size_t *ret_len, struct ec_status *st);
+
+/* --- weights: GetPerTensorParam as an iterator of whole tensors -------- */
+
+struct ec_weights;
+
+struct ec_tensor {
+	const char *name;
+	Engined__V1__DType dtype;
+	int ndim;
+	int64_t shape[8];
+	const uint8_t *data;   /* little-endian; valid until the next ec_weights_next */
+	size_t nbytes;
+};
+
+int ec_weights_open(struct ec_client *c, const Engined__V1__GetPerTensorParamRequest *req,
+		    struct ec_weights **ret, struct ec_status *st);
+/* Returns 0 with the next tensor in *ret and *ret_done = 0; 0 with
+ * *ret_done = 1 at the end; a status code (> 0) when the stream failed. */
+int ec_weights_next(struct ec_weights *w, struct ec_tensor *ret, int *ret_done,
+		    struct ec_status *st);
+/* Bytes of tensor data received so far and messages (for progress). */
+int64_t ec_weights_bytes(const struct ec_weights *w);
+int64_t ec_weights_messages(const struct ec_weights *w);
+/* Cancels the stream when it has not ended. Accepts NULL. */
+void ec_weights_close(struct ec_weights *w);
+
+/* --- helpers ---------------------------------------------------------- */
+
+/* A Tensor over caller memory (borrowed; nothing is copied). shape[0] = n. */
+void ec_tensor_1d(Engined__V1__Tensor *t, Engined__V1__DType dtype, int64_t *shape_n,
+		  const void *data, size_t nbytes);
+
+#endif

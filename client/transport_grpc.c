@@ -1,0 +1,311 @@
+/* transport_grpc.c — transport.h on the gRPC C core: each blocking call
+ * has its own pluck completion queue (pluck and next cannot share one). */
+#include "transport.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/support/time.h>
+
+#define CODE_RESOURCE_EXHAUSTED 8
+#define CODE_INTERNAL 13
+#define CODE_UNAVAILABLE 14
+
+struct ect_channel {
+	grpc_channel *channel;
+};
+
+struct ect_stream {
+	grpc_call *call;
+	grpc_completion_queue *cq;
+	grpc_metadata_array md_initial, md_trailing;
+	grpc_status_code status;
+	grpc_slice details;
+	bool ended;       /* status received */
+	int tag;          /* distinct addresses for pluck */
+};
+
+static gpr_timespec deadline_of(int64_t timeout_ms)
+{
+	if (timeout_ms <= 0)
+		return gpr_inf_future(GPR_CLOCK_MONOTONIC);
+	return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+			    gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
+}
+
+static void set_msg(char msg[ECT_MSG_MAX], const char *s, size_t len)
+{
+	if (len >= ECT_MSG_MAX)
+		len = ECT_MSG_MAX - 1;
+	memcpy(msg, s, len);
+	msg[len] = '\0';
+}
+
+static int bb_copy(grpc_byte_buffer *bb, uint8_t **ret, size_t *ret_len)
+{
+	grpc_byte_buffer_reader rd;
+	grpc_slice s;
+	size_t len = grpc_byte_buffer_length(bb), off = 0;
+	uint8_t *buf = malloc(len ? len : 1);
+
+	if (!buf)
+		return -ENOMEM;
+	if (!grpc_byte_buffer_reader_init(&rd, bb)) {
+		free(buf);
+		return -EIO;
+	}
+	while (grpc_byte_buffer_reader_next(&rd, &s)) {
+		size_t n = GRPC_SLICE_LENGTH(s);
+
+		if (off + n <= len)
+			memcpy(buf + off, GRPC_SLICE_START_PTR(s), n);
+		off += n;
+		grpc_slice_unref(s);
+	}
+	grpc_byte_buffer_reader_destroy(&rd);
+	*ret = buf;
+	*ret_len = len;
+	return 0;
+}
+
+int ect_open(const char *target, int64_t max_recv_bytes, struct ect_channel **ret,
+	     char msg[ECT_MSG_MAX])
+{
+	struct ect_channel *ch = calloc(1, sizeof(*ch));
+	grpc_channel_credentials *creds;
+	grpc_arg args[2];
+	grpc_channel_args ca;
+
+	if (!ch) {
+		set_msg(msg, "out of memory", 13);
+		return CODE_RESOURCE_EXHAUSTED;
+	}
+	grpc_init();
+	memset(args, 0, sizeof(args));
+	args[0].type = GRPC_ARG_INTEGER;
+	args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+	args[0].value.integer = max_recv_bytes > 0 && max_recv_bytes < INT32_MAX ?
+				(int)max_recv_bytes : 1 << 30;
+	args[1].type = GRPC_ARG_INTEGER;
+	args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+	args[1].value.integer = -1;
+	ca.num_args = 2;
+	ca.args = args;
+	creds = grpc_insecure_credentials_create();
+	ch->channel = grpc_channel_create(target, creds, &ca);
+	grpc_channel_credentials_release(creds);
+	if (!ch->channel) {
+		free(ch);
+		grpc_shutdown();
+		snprintf(msg, ECT_MSG_MAX, "cannot create a channel to %s", target);
+		return CODE_UNAVAILABLE;
+	}
+	*ret = ch;
+	return 0;
+}
+
+void ect_close(struct ect_channel *ch)
+{
+	if (!ch)
+		return;
+	grpc_channel_destroy(ch->channel);
+	free(ch);
+	grpc_shutdown();
+}
+
+static void cq_destroy(grpc_completion_queue *cq)
+{
+	grpc_completion_queue_shutdown(cq);
+	while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME),
+					   NULL).type != GRPC_QUEUE_SHUTDOWN)
+		;
+	grpc_completion_queue_destroy(cq);
+}
+
+static grpc_call *call_new(struct ect_channel *ch, grpc_completion_queue *cq,
+			   const char *method, int64_t timeout_ms)
+{
+	grpc_slice m = grpc_slice_from_static_string(method);
+
+	return grpc_channel_create_call(ch->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+					m, NULL, deadline_of(timeout_ms), NULL);
+}
+
+int ect_unary(struct ect_channel *ch, const char *method, const void *req, size_t len,
+	      int64_t timeout_ms, uint8_t **ret_resp, size_t *ret_len,
+	      char msg[ECT_MSG_MAX])
+{
+	grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+	grpc_call *call = call_new(ch, cq, method, timeout_ms);
+	grpc_metadata_array md_initial, md_trailing;
+	grpc_byte_buffer *send_bb, *recv_bb = NULL;
+	grpc_status_code status = GRPC_STATUS_UNKNOWN;
+	grpc_slice details = grpc_empty_slice(), s;
+	grpc_op ops[6];
+	grpc_event ev;
+	int tag = 0, r;
+
+	s = grpc_slice_from_copied_buffer(req, len);
+	send_bb = grpc_raw_byte_buffer_create(&s, 1);
+	grpc_slice_unref(s);
+	grpc_metadata_array_init(&md_initial);
+	grpc_metadata_array_init(&md_trailing);
+	memset(ops, 0, sizeof(ops));
+	ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+	ops[1].op = GRPC_OP_SEND_MESSAGE;
+	ops[1].data.send_message.send_message = send_bb;
+	ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+	ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+	ops[3].data.recv_initial_metadata.recv_initial_metadata = &md_initial;
+	ops[4].op = GRPC_OP_RECV_MESSAGE;
+	ops[4].data.recv_message.recv_message = &recv_bb;
+	ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+	ops[5].data.recv_status_on_client.trailing_metadata = &md_trailing;
+	ops[5].data.recv_status_on_client.status = &status;
+	ops[5].data.recv_status_on_client.status_details = &details;
+	if (grpc_call_start_batch(call, ops, 6, &tag, NULL) != GRPC_CALL_OK) {
+		set_msg(msg, "start_batch failed", 18);
+		r = CODE_INTERNAL;
+		goto out;
+	}
+	ev = grpc_completion_queue_pluck(cq, &tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+	(void)ev;
+	r = (int)status;
+	set_msg(msg, (const char *)GRPC_SLICE_START_PTR(details), GRPC_SLICE_LENGTH(details));
+	if (r == 0) {
+		if (!recv_bb) {
+			set_msg(msg, "reply without a message", 23);
+			r = CODE_INTERNAL;
+		} else if (bb_copy(recv_bb, ret_resp, ret_len) < 0) {
+			set_msg(msg, "out of memory", 13);
+			r = CODE_RESOURCE_EXHAUSTED;
+		}
+	}
+out:
+	if (recv_bb)
+		grpc_byte_buffer_destroy(recv_bb);
+	grpc_byte_buffer_destroy(send_bb);
+	grpc_slice_unref(details);
+	grpc_metadata_array_destroy(&md_initial);
+	grpc_metadata_array_destroy(&md_trailing);
+	grpc_call_unref(call);
+	cq_destroy(cq);
+	return r;
+}
+
+int ect_stream_open(struct ect_channel *ch, const char *method, const void *req,
+		    size_t len, int64_t timeout_ms, struct ect_stream **ret,
+		    char msg[ECT_MSG_MAX])
+{
+	struct ect_stream *st = calloc(1, sizeof(*st));
+	grpc_byte_buffer *send_bb;
+	grpc_slice s;
+	grpc_op ops[4];
+
+	if (!st) {
+		set_msg(msg, "out of memory", 13);
+		return CODE_RESOURCE_EXHAUSTED;
+	}
+	st->cq = grpc_completion_queue_create_for_pluck(NULL);
+	st->call = call_new(ch, st->cq, method, timeout_ms);
+	st->details = grpc_empty_slice();
+	grpc_metadata_array_init(&st->md_initial);
+	grpc_metadata_array_init(&st->md_trailing);
+	s = grpc_slice_from_copied_buffer(req, len);
+	send_bb = grpc_raw_byte_buffer_create(&s, 1);
+	grpc_slice_unref(s);
+	memset(ops, 0, sizeof(ops));
+	ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+	ops[1].op = GRPC_OP_SEND_MESSAGE;
+	ops[1].data.send_message.send_message = send_bb;
+	ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+	ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+	ops[3].data.recv_initial_metadata.recv_initial_metadata = &st->md_initial;
+	if (grpc_call_start_batch(st->call, ops, 4, &st->tag, NULL) != GRPC_CALL_OK) {
+		grpc_byte_buffer_destroy(send_bb);
+		st->ended = true;
+		ect_stream_close(st);
+		set_msg(msg, "start_batch failed", 18);
+		return CODE_INTERNAL;
+	}
+	grpc_completion_queue_pluck(st->cq, &st->tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+	grpc_byte_buffer_destroy(send_bb);
+	*ret = st;
+	return 0;
+}
+
+/* Receive the final status (after the last message or a cancel). */
+static int stream_finish(struct ect_stream *st, char msg[ECT_MSG_MAX])
+{
+	grpc_op op;
+
+	if (!st->ended) {
+		memset(&op, 0, sizeof(op));
+		op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+		op.data.recv_status_on_client.trailing_metadata = &st->md_trailing;
+		op.data.recv_status_on_client.status = &st->status;
+		op.data.recv_status_on_client.status_details = &st->details;
+		if (grpc_call_start_batch(st->call, &op, 1, &st->tag, NULL) == GRPC_CALL_OK)
+			grpc_completion_queue_pluck(st->cq, &st->tag,
+						    gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+		else
+			st->status = GRPC_STATUS_INTERNAL;
+		st->ended = true;
+	}
+	if (msg)
+		set_msg(msg, (const char *)GRPC_SLICE_START_PTR(st->details),
+			GRPC_SLICE_LENGTH(st->details));
+	return (int)st->status;
+}
+
+int ect_stream_next(struct ect_stream *st, uint8_t **ret_msg, size_t *ret_len,
+		    char msg[ECT_MSG_MAX])
+{
+	grpc_byte_buffer *bb = NULL;
+	grpc_op op;
+	int r;
+
+	if (st->ended)
+		return stream_finish(st, msg);
+	memset(&op, 0, sizeof(op));
+	op.op = GRPC_OP_RECV_MESSAGE;
+	op.data.recv_message.recv_message = &bb;
+	if (grpc_call_start_batch(st->call, &op, 1, &st->tag, NULL) != GRPC_CALL_OK)
+		return stream_finish(st, msg);
+	grpc_completion_queue_pluck(st->cq, &st->tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+	if (!bb)
+		return stream_finish(st, msg);
+	r = bb_copy(bb, ret_msg, ret_len);
+	grpc_byte_buffer_destroy(bb);
+	if (r < 0) {
+		grpc_call_cancel(st->call, NULL);
+		stream_finish(st, NULL);
+		set_msg(msg, "out of memory", 13);
+		return CODE_RESOURCE_EXHAUSTED;
+	}
+	return 1;
+}
+
+void ect_stream_close(struct ect_stream *st)
+{
+	if (!st)
+		return;
+	if (!st->ended) {
+		grpc_call_cancel(st->call, NULL);
+		stream_finish(st, NULL);
+	}
+	grpc_slice_unref(st->details);
+	grpc_metadata_array_destroy(&st->md_initial);
+	grpc_metadata_array_destroy(&st->md_trailing);
+	grpc_call_unref(st->call);
+	cq_destroy(st->cq);
+	free(st);
+}

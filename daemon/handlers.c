@@ -1,0 +1,771 @@
+/* handlers.c — validate and run functions of the unary RPCs.
+ *
+ * validate_*() run on a poller thread and only read the request and the
+ * daemon's configuration: whatever they reject never reaches the engine.
+ * run_*() run on the engine thread (or inline for GetStatus / Health) and
+ * leave the packed reply in the job. Messages name the request field.
+ */
+#include "daemon.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engined/v1/engine.pb-c.h"
+#include "grpc/health/v1/health.pb-c.h"
+#include "fb_loss.h"
+#include "model/config.h"
+#include "paths.h"
+#include "presets.h"
+
+#ifndef ENGINED_VERSION
+#define ENGINED_VERSION "unknown"
+#endif
+
+/* --- helpers ------------------------------------------------------------- */
+
+static Engined__V1__Mode mode_to_proto(enum engine_mode m)
+{
+	switch (m) {
+	case ENGINE_MODE_TRAIN: return ENGINED__V1__MODE__MODE_TRAIN;
+	case ENGINE_MODE_EVAL: return ENGINED__V1__MODE__MODE_EVAL;
+	default: return ENGINED__V1__MODE__MODE_IDLE;
+	}
+}
+
+static void placement_to_proto(const struct engine_placement *p,
+			       Engined__V1__Placement *out)
+{
+	engined__v1__placement__init(out);
+	out->model = p->model;
+	out->optimizer = p->optimizer;
+	out->grad = p->grad;
+}
+
+static int parse_contents(char **items, size_t n, const char *field,
+			  unsigned *ret, struct eng_error *err)
+{
+	unsigned c = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		if (strcmp(items[i], "model") == 0)
+			c |= CKPT_MODEL;
+		else if (strcmp(items[i], "optimizer") == 0)
+			c |= CKPT_OPTIMIZER;
+		else if (strcmp(items[i], "extra") == 0)
+			c |= CKPT_EXTRA;
+		else
+			return eng_fail(err, -EINVAL,
+					"%s[%zu]: unknown '%s' (model, optimizer, extra)",
+					field, i, items[i]);
+	}
+	*ret = c ? c : CKPT_ALL;
+	return 0;
+}
+
+static bool finite_nonneg(double x)
+{
+	return isfinite(x) && x >= 0.0;
+}
+
+/* --- Initialize ---------------------------------------------------------- */
+
+struct init_prep {
+	struct engine_init_config cfg;
+	char *model_path;             /* confined, owned */
+};
+
+static void init_prep_free(void *p)
+{
+	struct init_prep *ip = p;
+
+	if (!ip)
+		return;
+	free(ip->model_path);
+	free(ip);
+}
+
+int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	const Engined__V1__InitializeRequest *q = (const void *)j->req;
+	const struct engine_ops *ops;
+	struct model_config mc;
+	struct init_prep *ip;
+	struct engine_init_config *c;
+	int sources = 0, r;
+
+	ip = calloc(1, sizeof(*ip));
+	if (!ip)
+		return -ENOMEM;
+	j->prep = ip;
+	j->prep_free = init_prep_free;
+	c = &ip->cfg;
+	engine_init_config_defaults(c);
+
+	if (q->model_type[0]) {
+		if (strcmp(q->model_type, "language_model") && strcmp(q->model_type, "value_model"))
+			return eng_fail(err, -EINVAL,
+					"model_type: unknown '%s' (language_model, value_model)",
+					q->model_type);
+		c->model_type = q->model_type;
+	}
+	if (q->backend[0])
+		c->backend = q->backend;
+	if (q->device[0])
+		c->device = q->device;
+	r = engine_registry_lookup(c->model_type, c->backend, c->device, &ops, err);
+	if (r < 0)
+		return r;
+
+	sources = (q->hf_config_json[0] != 0) + (q->model_path[0] != 0) + (q->preset[0] != 0);
+	if (sources != 1)
+		return eng_fail(err, -EINVAL,
+				"hf_config_json, model_path, preset: exactly one must be set (%d given)",
+				sources);
+	if (q->preset[0]) {
+		c->hf_config_json = preset_config_json(q->preset);
+		if (!c->hf_config_json)
+			return eng_fail(err, -EINVAL, "preset: unknown '%s' (%s)", q->preset,
+					preset_names());
+	} else if (q->hf_config_json[0]) {
+		c->hf_config_json = q->hf_config_json;
+	} else {
+		r = path_confine(d->cfg.model_root, q->model_path, "model_path", true,
+				 &ip->model_path, err);
+		if (r < 0)
+			return r;
+		c->model_path = ip->model_path;
+	}
+	if (c->hf_config_json) {
+		struct eng_error perr;
+
+		eng_error_clear(&perr);
+		r = model_config_parse(c->hf_config_json, &mc, &perr);
+		if (r < 0)
+			return eng_fail(err, r, "%s: %s",
+					q->preset[0] ? "preset" : "hf_config_json", perr.msg);
+	}
+	c->seed = q->seed;
+	if (q->optimizer) {
+		const Engined__V1__OptimizerConfig *o = q->optimizer;
+
+		if (!finite_nonneg(o->lr))
+			return eng_fail(err, -EINVAL, "optimizer.lr: must be finite and >= 0");
+		if (!finite_nonneg(o->beta1) || o->beta1 >= 1.0)
+			return eng_fail(err, -EINVAL, "optimizer.beta1: must be in [0, 1)");
+		if (!finite_nonneg(o->beta2) || o->beta2 >= 1.0)
+			return eng_fail(err, -EINVAL, "optimizer.beta2: must be in [0, 1)");
+		if (!finite_nonneg(o->eps))
+			return eng_fail(err, -EINVAL, "optimizer.eps: must be finite and >= 0");
+		if (!finite_nonneg(o->weight_decay))
+			return eng_fail(err, -EINVAL,
+					"optimizer.weight_decay: must be finite and >= 0");
+		if (!isfinite(o->clip_grad))
+			return eng_fail(err, -EINVAL, "optimizer.clip_grad: must be finite");
+		if (o->lr > 0)
+			c->optim.lr = o->lr;
+		if (o->beta1 > 0)
+			c->optim.beta1 = o->beta1;
+		if (o->beta2 > 0)
+			c->optim.beta2 = o->beta2;
+		if (o->eps > 0)
+			c->optim.eps = o->eps;
+		if (o->weight_decay > 0)
+			c->optim.weight_decay = o->weight_decay;
+		if (o->clip_grad != 0)
+			c->optim.clip_grad = o->clip_grad;
+	}
+	if (q->lr_scheduler) {
+		const Engined__V1__LrSchedulerConfig *s = q->lr_scheduler;
+
+		if (!s->type[0] || strcmp(s->type, "constant") == 0)
+			c->sched.type = LR_SCHEDULE_CONSTANT;
+		else if (strcmp(s->type, "cosine") == 0)
+			c->sched.type = LR_SCHEDULE_COSINE;
+		else if (strcmp(s->type, "linear") == 0)
+			c->sched.type = LR_SCHEDULE_LINEAR;
+		else
+			return eng_fail(err, -EINVAL,
+					"lr_scheduler.type: unknown '%s' (constant, cosine, linear)",
+					s->type);
+		if (s->warmup_steps < 0)
+			return eng_fail(err, -EINVAL, "lr_scheduler.warmup_steps: must be >= 0");
+		if (s->total_steps < 0)
+			return eng_fail(err, -EINVAL, "lr_scheduler.total_steps: must be >= 0");
+		if (!finite_nonneg(s->min_lr_ratio) || s->min_lr_ratio > 1.0)
+			return eng_fail(err, -EINVAL, "lr_scheduler.min_lr_ratio: must be in [0, 1]");
+		if (!finite_nonneg(s->num_cycles))
+			return eng_fail(err, -EINVAL,
+					"lr_scheduler.num_cycles: must be finite and >= 0");
+		c->sched.warmup_steps = s->warmup_steps;
+		c->sched.total_steps = s->total_steps;
+		c->sched.min_lr_ratio = s->min_lr_ratio;
+		if (s->num_cycles > 0)
+			c->sched.num_cycles = s->num_cycles;
+	}
+	if (q->offload) {
+		c->param_offload = q->offload->param_offload;
+		c->optimizer_offload = q->offload->optimizer_offload;
+	}
+	if (q->max_tokens_per_micro_batch < 0)
+		return eng_fail(err, -EINVAL, "max_tokens_per_micro_batch: must be >= 0");
+	if (q->max_tokens_per_micro_batch > 0)
+		c->max_tokens_per_micro_batch = q->max_tokens_per_micro_batch;
+	else if (d->cfg.default_micro_batch_tokens > 0)
+		c->max_tokens_per_micro_batch = d->cfg.default_micro_batch_tokens;
+	if (q->dist && q->dist->world_size > 1)
+		return eng_fail(err, -ENODEV,
+				"dist.world_size: %d processes requested; this build runs one",
+				q->dist->world_size);
+	if (q->dist && (q->dist->rank < 0 || q->dist->world_size < 0 ||
+			(q->dist->world_size <= 1 && q->dist->rank != 0)))
+		return eng_fail(err, -EINVAL, "dist.rank: must be 0 for a single process");
+	c->threads = d->cfg.threads;
+	c->bf16_matmul = q->bf16_matmul;
+	return 0;
+}
+
+int h_run_initialize(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	struct init_prep *ip = j->prep;
+	Engined__V1__InitializeResponse resp = ENGINED__V1__INITIALIZE_RESPONSE__INIT;
+	struct engine_status st;
+	struct engine *e = NULL, *old = d->engine;
+	int r;
+
+	/* A failed Initialize leaves the previous engine as it was; on
+	 * success the old one is replaced. Zero-copy slices of a finished
+	 * stream may still point at the old parameters. */
+	r = engine_create(&ip->cfg, &e, err);
+	if (r < 0)
+		return r;
+	stream_wait_released(d);
+	d->engine = e;
+	engine_destroy(old);
+	d->num_tensors = engine_num_params(e);
+	engine_status(e, &st);
+	resp.engine_key = st.key;
+	resp.num_parameters = st.num_parameters;
+	resp.num_tensors = d->num_tensors;
+	return job_set_reply(j, &resp.base);
+}
+
+/* --- SetMode ------------------------------------------------------------- */
+
+static int mode_from_proto(Engined__V1__Mode m, enum engine_mode *ret)
+{
+	switch (m) {
+	case ENGINED__V1__MODE__MODE_IDLE: *ret = ENGINE_MODE_IDLE; return 0;
+	case ENGINED__V1__MODE__MODE_TRAIN: *ret = ENGINE_MODE_TRAIN; return 0;
+	case ENGINED__V1__MODE__MODE_EVAL: *ret = ENGINE_MODE_EVAL; return 0;
+	default: return -EINVAL;
+	}
+}
+
+int h_validate_set_mode(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	const Engined__V1__SetModeRequest *q = (const void *)j->req;
+	enum engine_mode m;
+
+	if (mode_from_proto(q->mode, &m) < 0)
+		return eng_fail(err, -EINVAL,
+				"mode: must be MODE_IDLE, MODE_TRAIN or MODE_EVAL (got %d)",
+				(int)q->mode);
+	return 0;
+}
+
+int h_run_set_mode(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	const Engined__V1__SetModeRequest *q = (const void *)j->req;
+	Engined__V1__SetModeResponse resp = ENGINED__V1__SET_MODE_RESPONSE__INIT;
+	Engined__V1__Placement pl;
+	struct engine_status st;
+	enum engine_mode m = ENGINE_MODE_IDLE;
+	int r;
+
+	(void)mode_from_proto(q->mode, &m);
+	r = engine_set_mode(d->engine, m, q->disable_auto_offload, err);
+	if (r < 0)
+		return r;
+	engine_status(d->engine, &st);
+	placement_to_proto(&st.placement, &pl);
+	resp.mode = mode_to_proto(st.mode);
+	resp.placement = &pl;
+	return job_set_reply(j, &resp.base);
+}
+
+/* --- ForwardBackward ----------------------------------------------------- */
+
+/* An optional per-token tensor: absent when NULL or entirely empty;
+ * otherwise FLOAT32 [n] with finite values. *ret_data points into the
+ * request (protobuf-c copies bytes into malloc'ed, aligned memory). */
+static int per_token_f32(const Engined__V1__Tensor *t, const char *field, int64_t n,
+			 const float **ret_data, struct eng_error *err)
+{
+	const float *v;
+
+	*ret_data = NULL;
+	if (!t || (t->dtype == ENGINED__V1__DTYPE__DTYPE_UNSPECIFIED &&
+		   t->n_shape == 0 && t->data.len == 0))
+		return 0;
+	if (t->dtype != ENGINED__V1__DTYPE__FLOAT32)
+		return eng_fail(err, -EINVAL, "%s: dtype %d, expected FLOAT32", field,
+				(int)t->dtype);
+	if (t->n_shape > 1 || (t->n_shape == 1 && t->shape[0] != n))
+		return eng_fail(err, -EINVAL, "%s: shape must be [%lld] (input_ids length)",
+				field, (long long)n);
+	if (t->data.len != (size_t)n * 4)
+		return eng_fail(err, -EINVAL,
+				"%s: %zu bytes of data, expected %lld (FLOAT32 [%lld])",
+				field, t->data.len, (long long)n * 4, (long long)n);
+	if (((uintptr_t)t->data.data & 3) != 0)
+		return eng_fail(err, -EINVAL, "%s: misaligned data", field);
+	v = (const float *)t->data.data;
+	for (int64_t i = 0; i < n; i++)
+		if (!isfinite(v[i]))
+			return eng_fail(err, -EINVAL, "%s[%lld]: not a finite number (%g)",
+					field, (long long)i, (double)v[i]);
+	*ret_data = v;
+	return 0;
+}
+
+int h_validate_forward_backward(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	const Engined__V1__ForwardBackwardRequest *q = (const void *)j->req;
+	const Engined__V1__Tensor *ids = q->input_ids;
+	struct fb_prep *p;
+	int64_t n, sum = 0;
+	int r;
+
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	j->prep = p;
+	j->prep_free = fb_prep_free;
+
+	if (!ids || ids->data.len == 0)
+		return eng_fail(err, -EINVAL, "input_ids: required (INT32 [N], N >= 1)");
+	if (ids->dtype != ENGINED__V1__DTYPE__INT32)
+		return eng_fail(err, -EINVAL, "input_ids: dtype %d, expected INT32",
+				(int)ids->dtype);
+	if (ids->data.len % 4)
+		return eng_fail(err, -EINVAL, "input_ids: %zu bytes is not a whole number of INT32",
+				ids->data.len);
+	n = (int64_t)(ids->data.len / 4);
+	if (ids->n_shape > 1 || (ids->n_shape == 1 && ids->shape[0] != n))
+		return eng_fail(err, -EINVAL, "input_ids: shape must be [%lld] (packed, 1-D)",
+				(long long)n);
+	if (((uintptr_t)ids->data.data & 3) != 0)
+		return eng_fail(err, -EINVAL, "input_ids: misaligned data");
+	p->n = n;
+	p->input_ids = (const int32_t *)ids->data.data;
+	for (int64_t i = 0; i < n; i++)
+		if (p->input_ids[i] < 0)
+			return eng_fail(err, -EINVAL, "input_ids[%lld]: negative token id %d",
+					(long long)i, p->input_ids[i]);
+	if (q->n_seq_lens == 0)
+		return eng_fail(err, -EINVAL, "seq_lens: required (sum = %lld)", (long long)n);
+	if (q->n_seq_lens > INT32_MAX)
+		return eng_fail(err, -EINVAL, "seq_lens: too many sequences");
+	for (size_t i = 0; i < q->n_seq_lens; i++) {
+		if (q->seq_lens[i] < 1)
+			return eng_fail(err, -EINVAL, "seq_lens[%zu]: %d, must be >= 1", i,
+					q->seq_lens[i]);
+		sum += q->seq_lens[i];
+	}
+	if (sum != n)
+		return eng_fail(err, -EINVAL,
+				"seq_lens: sum %lld != input_ids length %lld", (long long)sum,
+				(long long)n);
+	p->num_seqs = (int32_t)q->n_seq_lens;
+	p->seq_lens = q->seq_lens;
+
+	r = per_token_f32(q->loss_mask, "loss_mask", n, &p->in[FB_IN_LOSS_MASK], err);
+	if (!r)
+		r = per_token_f32(q->old_log_probs, "old_log_probs", n,
+				  &p->in[FB_IN_OLD_LOG_PROBS], err);
+	if (!r)
+		r = per_token_f32(q->ref_log_probs, "ref_log_probs", n,
+				  &p->in[FB_IN_REF_LOG_PROBS], err);
+	if (!r)
+		r = per_token_f32(q->advantages, "advantages", n, &p->in[FB_IN_ADVANTAGES], err);
+	if (!r)
+		r = per_token_f32(q->returns, "returns", n, &p->in[FB_IN_RETURNS], err);
+	if (!r)
+		r = per_token_f32(q->old_values, "old_values", n, &p->in[FB_IN_OLD_VALUES], err);
+	if (!r)
+		r = per_token_f32(q->is_weights, "is_weights", n, &p->in[FB_IN_IS_WEIGHTS], err);
+	if (!r)
+		r = per_token_f32(q->token_weights, "token_weights", n,
+				  &p->in[FB_IN_TOKEN_WEIGHTS], err);
+	if (r < 0)
+		return r;
+	if (!isfinite(q->temperature) || q->temperature < 0.0f)
+		return eng_fail(err, -EINVAL, "temperature: must be finite and > 0 (0 = 1)");
+	p->temperature = q->temperature > 0.0f ? q->temperature : 1.0f;
+	if (q->max_tokens_per_micro_batch < 0)
+		return eng_fail(err, -EINVAL, "max_tokens_per_micro_batch: must be >= 0");
+	p->forward_only = q->forward_only;
+
+	if (q->loss && q->loss->name[0]) {
+		bool value_model;
+
+		pthread_mutex_lock(&d->lock);
+		value_model = strncmp(d->snap.key, "value_model/", 12) == 0;
+		pthread_mutex_unlock(&d->lock);
+		r = fb_prep_loss(p, q->loss, value_model, err);
+		if (r < 0)
+			return r;
+	} else if (!q->forward_only) {
+		return eng_fail(err, -EINVAL, "loss.name: required unless forward_only");
+	}
+	return 0;
+}
+
+int h_run_forward_backward(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	const Engined__V1__ForwardBackwardRequest *q = (const void *)j->req;
+	struct fb_prep *p = j->prep;
+	Engined__V1__ForwardBackwardResponse resp = ENGINED__V1__FORWARD_BACKWARD_RESPONSE__INIT;
+	Engined__V1__Tensor t_lp = ENGINED__V1__TENSOR__INIT;
+	Engined__V1__Tensor t_ent = ENGINED__V1__TENSOR__INIT;
+	Engined__V1__Tensor t_val = ENGINED__V1__TENSOR__INIT;
+	Engined__V1__ForwardBackwardResponse__MetricsEntry ment[FB_MAX_METRICS];
+	Engined__V1__ForwardBackwardResponse__MetricsEntry *mptr[FB_MAX_METRICS];
+	struct engine_batch b;
+	struct engine_fb_result res;
+	struct loss_engine_ctx lc;
+	struct loss_request lreq;
+	double loss = 0;
+	int64_t shape_n = p->n;
+	float *lp = NULL, *ent = NULL, *val = NULL;
+	int r, nm;
+
+	memset(&b, 0, sizeof(b));
+	memset(&res, 0, sizeof(res));
+	b.n = p->n;
+	b.input_ids = p->input_ids;
+	b.num_seqs = p->num_seqs;
+	b.seq_lens = p->seq_lens;
+	b.temperature = p->temperature;
+	b.forward_only = p->forward_only;
+	b.max_tokens_per_micro_batch = q->max_tokens_per_micro_batch;
+	memset(&lc, 0, sizeof(lc));
+	if (p->has_loss) {
+		fb_loss_request(p, &lreq);
+		r = loss_engine_ctx_init(&lc, &p->spec, &lreq, err);
+		if (r < 0)
+			return r;
+		b.loss_fn = loss_engine_fn;
+		b.loss_ctx = &lc;
+	}
+	if (q->return_log_probs && !(lp = malloc((size_t)p->n * sizeof(float))))
+		goto nomem;
+	if (q->return_entropy && !(ent = malloc((size_t)p->n * sizeof(float))))
+		goto nomem;
+	if (q->return_values && !(val = calloc((size_t)p->n, sizeof(float))))
+		goto nomem;
+	res.log_probs = lp;
+	res.entropy = ent;
+	res.values = val;
+	r = engine_forward_backward(d->engine, &b, &res, err);
+	if (r < 0)
+		goto out;
+
+	resp.num_micro_batches = res.num_micro_batches;
+	if (lp) {
+		t_lp.dtype = ENGINED__V1__DTYPE__FLOAT32;
+		t_lp.n_shape = 1;
+		t_lp.shape = &shape_n;
+		t_lp.data.data = (uint8_t *)lp;
+		t_lp.data.len = (size_t)p->n * 4;
+		resp.log_probs = &t_lp;
+	}
+	if (ent) {
+		t_ent = t_lp;
+		t_ent.data.data = (uint8_t *)ent;
+		t_ent.dtype = ENGINED__V1__DTYPE__FLOAT32;
+		t_ent.n_shape = 1;
+		t_ent.shape = &shape_n;
+		t_ent.data.len = (size_t)p->n * 4;
+		resp.entropy = &t_ent;
+	}
+	if (val) {
+		t_val.dtype = ENGINED__V1__DTYPE__FLOAT32;
+		t_val.n_shape = 1;
+		t_val.shape = &shape_n;
+		t_val.data.data = (uint8_t *)val;
+		t_val.data.len = (size_t)p->n * 4;
+		resp.values = &t_val;
+	}
+	nm = p->has_loss ? fb_loss_metrics(&lc, &loss, ment, FB_MAX_METRICS) : 0;
+	resp.loss = loss;
+	for (int i = 0; i < nm; i++)
+		mptr[i] = &ment[i];
+	resp.n_metrics = (size_t)nm;
+	resp.metrics = mptr;
+	r = job_set_reply(j, &resp.base);
+	goto out;
+nomem:
+	r = eng_fail(err, -ENOMEM, "out of memory for %lld per-token outputs",
+		     (long long)p->n);
+out:
+	free(lp);
+	free(ent);
+	free(val);
+	loss_engine_ctx_destroy(&lc);
+	return r;
+}
+
+/* --- OptimizerStep / LrSchedulerStep ------------------------------------- */
+
+int h_run_optimizer_step(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	Engined__V1__OptimizerStepResponse resp = ENGINED__V1__OPTIMIZER_STEP_RESPONSE__INIT;
+	struct engine_step_result sr;
+	int r;
+
+	memset(&sr, 0, sizeof(sr));
+	r = engine_optimizer_step(d->engine, &sr, err);
+	if (r < 0)
+		return r;
+	resp.grad_norm = sr.grad_norm;
+	resp.skipped = sr.skipped;
+	resp.lr = sr.lr;
+	resp.step = sr.step;
+	return job_set_reply(j, &resp.base);
+}
+
+int h_run_lr_scheduler_step(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	Engined__V1__LrSchedulerStepResponse resp = ENGINED__V1__LR_SCHEDULER_STEP_RESPONSE__INIT;
+	double lr = 0;
+	int r;
+
+	r = engine_lr_scheduler_step(d->engine, &lr, err);
+	if (r < 0)
+		return r;
+	resp.lr = lr;
+	return job_set_reply(j, &resp.base);
+}
+
+/* --- ToDevice ------------------------------------------------------------ */
+
+int h_validate_to_device(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	const Engined__V1__ToDeviceRequest *q = (const void *)j->req;
+
+	if (strcmp(q->device, "cpu") && strcmp(q->device, "host") &&
+	    strcmp(q->device, "cuda") && strcmp(q->device, "device"))
+		return eng_fail(err, -EINVAL,
+				"device: unknown '%s' (cpu or host: offload; cuda or device: load)",
+				q->device);
+	if (!q->model && (q->optimizer || q->grad))
+		return eng_fail(err, -EINVAL,
+				"model: model=false requires optimizer=false and grad=false");
+	return 0;
+}
+
+int h_run_to_device(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	const Engined__V1__ToDeviceRequest *q = (const void *)j->req;
+	Engined__V1__ToDeviceResponse resp = ENGINED__V1__TO_DEVICE_RESPONSE__INIT;
+	Engined__V1__Placement pl;
+	struct engine_status st;
+	bool to_device = !strcmp(q->device, "cuda") || !strcmp(q->device, "device");
+	int r;
+
+	if (!strcmp(q->device, "cuda")) {
+		engine_status(d->engine, &st);
+		if (!strstr(st.key, "/cuda"))
+			return eng_fail(err, -ENODEV,
+					"device: 'cuda' but the engine is %s", st.key);
+	}
+	stream_wait_released(d);
+	r = engine_to(d->engine, to_device, q->model, q->optimizer, q->grad, err);
+	if (r < 0)
+		return r;
+	engine_status(d->engine, &st);
+	placement_to_proto(&st.placement, &pl);
+	resp.placement = &pl;
+	return job_set_reply(j, &resp.base);
+}
+
+/* --- checkpoints --------------------------------------------------------- */
+
+struct ckpt_prep {
+	char *rel;       /* normalized relative path, owned */
+	unsigned contents;
+};
+
+static void ckpt_prep_free(void *p)
+{
+	struct ckpt_prep *c = p;
+
+	if (!c)
+		return;
+	free(c->rel);
+	free(c);
+}
+
+static int ckpt_prep_new(struct job *j, const char *path, char **contents,
+			 size_t n_contents, bool must_exist, struct daemon *d,
+			 struct eng_error *err)
+{
+	struct ckpt_prep *c = calloc(1, sizeof(*c));
+	char *abs = NULL;
+	int r;
+
+	if (!c)
+		return -ENOMEM;
+	j->prep = c;
+	j->prep_free = ckpt_prep_free;
+	r = parse_contents(contents, n_contents, "contents", &c->contents, err);
+	if (r < 0)
+		return r;
+	r = path_confine(d->cfg.checkpoint_root, path, "path", must_exist, &abs, err);
+	if (r < 0)
+		return r;
+	free(abs);
+	c->rel = paths_normalize(path);
+	return c->rel ? 0 : -ENOMEM;
+}
+
+int h_validate_save_checkpoint(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	const Engined__V1__SaveCheckpointRequest *q = (const void *)j->req;
+
+	if (q->global_step < 0)
+		return eng_fail(err, -EINVAL, "global_step: must be >= 0");
+	if (q->max_to_keep < 0)
+		return eng_fail(err, -EINVAL, "max_to_keep: must be >= 0");
+	return ckpt_prep_new(j, q->path, q->contents, q->n_contents, false, d, err);
+}
+
+int h_run_save_checkpoint(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	const Engined__V1__SaveCheckpointRequest *q = (const void *)j->req;
+	struct ckpt_prep *c = j->prep;
+	Engined__V1__SaveCheckpointResponse resp = ENGINED__V1__SAVE_CHECKPOINT_RESPONSE__INIT;
+	char *abs = NULL;
+	size_t bytes = 0;
+	int r;
+
+	/* Confine again: the tree may have changed since validation. */
+	r = path_confine(d->cfg.checkpoint_root, c->rel, "path", false, &abs, err);
+	if (r < 0)
+		return r;
+	r = paths_make_parents(abs, err);
+	if (r == 0)
+		r = engine_save_checkpoint(d->engine, abs, q->global_step, q->max_to_keep,
+					   c->contents, &bytes, err);
+	free(abs);
+	if (r < 0)
+		return r;
+	resp.path = c->rel;
+	resp.bytes = (int64_t)bytes;
+	return job_set_reply(j, &resp.base);
+}
+
+int h_validate_load_checkpoint(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	const Engined__V1__LoadCheckpointRequest *q = (const void *)j->req;
+
+	return ckpt_prep_new(j, q->path, q->contents, q->n_contents, true, d, err);
+}
+
+int h_run_load_checkpoint(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	struct ckpt_prep *c = j->prep;
+	Engined__V1__LoadCheckpointResponse resp = ENGINED__V1__LOAD_CHECKPOINT_RESPONSE__INIT;
+	char *abs = NULL;
+	int64_t step = 0;
+	int r;
+
+	r = path_confine(d->cfg.checkpoint_root, c->rel, "path", true, &abs, err);
+	if (r < 0)
+		return r;
+	stream_wait_released(d);
+	r = engine_load_checkpoint(d->engine, abs, c->contents, &step, err);
+	free(abs);
+	if (r < 0)
+		return r;
+	resp.global_step = step;
+	return job_set_reply(j, &resp.base);
+}
+
+/* --- inline: GetStatus, Health ------------------------------------------- */
+
+static int64_t rss_bytes(void)
+{
+	long pages = 0, rss = 0;
+	FILE *f = fopen("/proc/self/statm", "r");
+
+	if (!f)
+		return 0;
+	if (fscanf(f, "%ld %ld", &pages, &rss) != 2)
+		rss = 0;
+	fclose(f);
+	return (int64_t)rss * sysconf(_SC_PAGESIZE);
+}
+
+int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	Engined__V1__GetStatusResponse resp = ENGINED__V1__GET_STATUS_RESPONSE__INIT;
+	Engined__V1__Placement pl;
+	Engined__V1__Memory mem = ENGINED__V1__MEMORY__INIT;
+	struct engine_status st;
+	char current[48] = "";
+	struct timespec now;
+	bool busy;
+	int64_t queued;
+
+	pthread_mutex_lock(&d->lock);
+	st = d->snap;
+	busy = d->busy;
+	queued = d->queued;
+	if (d->current_job)
+		snprintf(current, sizeof(current), "%s", d->current_job);
+	pthread_mutex_unlock(&d->lock);
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	resp.engine_key = st.key;
+	resp.initialized = st.initialized;
+	resp.mode = mode_to_proto(st.mode);
+	placement_to_proto(&st.placement, &pl);
+	resp.placement = &pl;
+	resp.step = st.step;
+	resp.sched_step = st.sched_step;
+	resp.lr = st.lr;
+	resp.num_parameters = st.num_parameters;
+	mem.device_bytes = (int64_t)st.device_memory;
+	mem.host_bytes = (int64_t)st.host_memory;
+	mem.rss_bytes = rss_bytes();
+	resp.memory = &mem;
+	resp.version = (char *)ENGINED_VERSION;
+	resp.uptime = (double)(now.tv_sec - d->started.tv_sec) +
+		      (double)(now.tv_nsec - d->started.tv_nsec) * 1e-9;
+	resp.busy = busy;
+	resp.current_job = current;
+	resp.queued_jobs = queued;
+	return job_set_reply(j, &resp.base);
+}
+
+int h_run_health_check(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	const Grpc__Health__V1__HealthCheckRequest *q = (const void *)j->req;
+	Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+	bool stopping;
+
+	if (q->service[0] && strcmp(q->service, "engined.v1.TrainingEngine"))
+		return eng_fail(err, -ENOENT, "service: unknown '%s'", q->service);
+	pthread_mutex_lock(&d->lock);
+	stopping = d->stopping;
+	pthread_mutex_unlock(&d->lock);
+	resp.status = stopping ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING :
+				 GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+	return job_set_reply(j, &resp.base);
+}

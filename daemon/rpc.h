@@ -1,0 +1,121 @@
+/* rpc.h — the daemon's view of gRPC: calls come in, replies go out.
+ *
+ * This is the only interface between the daemon and the gRPC C core; all
+ * grpc_* calls live in rpc_grpc.c (the C-core API is not promised stable
+ * between releases, so it is kept in one small module).
+ *
+ * Threads: poller threads deliver new calls through `on_call` and must not
+ * block there. Any thread may reply. A call is owned by whoever received it
+ * from on_call until it calls one of rpc_reply*() — exactly once — which
+ * hands the call back (the struct may be freed at any time after).
+ *
+ * Streaming (server streaming only): the owner starts at most one send at a
+ * time with rpc_stream_send() and waits for it with rpc_stream_wait(); the
+ * data of each piece is borrowed until its `release` callback runs (from
+ * any thread, possibly after the call is over), which makes zero-copy sends
+ * possible.
+ */
+#ifndef ENGINED_DAEMON_RPC_H
+#define ENGINED_DAEMON_RPC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* gRPC status codes (the numbers are fixed by the gRPC protocol). */
+enum rpc_code {
+	RPC_OK = 0,
+	RPC_CANCELLED = 1,
+	RPC_UNKNOWN = 2,
+	RPC_INVALID_ARGUMENT = 3,
+	RPC_DEADLINE_EXCEEDED = 4,
+	RPC_NOT_FOUND = 5,
+	RPC_ALREADY_EXISTS = 6,
+	RPC_PERMISSION_DENIED = 7,
+	RPC_RESOURCE_EXHAUSTED = 8,
+	RPC_FAILED_PRECONDITION = 9,
+	RPC_ABORTED = 10,
+	RPC_OUT_OF_RANGE = 11,
+	RPC_UNIMPLEMENTED = 12,
+	RPC_INTERNAL = 13,
+	RPC_UNAVAILABLE = 14,
+	RPC_DATA_LOSS = 15,
+	RPC_UNAUTHENTICATED = 16,
+};
+
+const char *rpc_code_name(enum rpc_code code);  /* "INVALID_ARGUMENT" */
+
+struct rpc_server;
+struct rpc_call;
+
+struct rpc_server_config {
+	const char *listen;            /* "127.0.0.1:50051", "unix:/path" */
+	int64_t max_recv_bytes;        /* request size limit */
+	int64_t max_send_bytes;        /* reply / stream message size limit */
+	int pollers;                   /* completion-queue threads, >= 1 */
+	int max_concurrent_streams;
+};
+
+/* Registered method paths ("/engined.v1.TrainingEngine/GetStatus"), index
+ * = method id passed to on_call. A call to any other path is answered
+ * UNIMPLEMENTED by this module. */
+struct rpc_method_reg {
+	const char *path;
+	bool server_streaming;
+};
+
+/* Delivered on a poller thread: `req` (len bytes) is the request message,
+ * borrowed for the duration of the callback; has_message is false when the
+ * client sent none. The callee owns `call` from here on. */
+typedef void (*rpc_on_call_fn)(void *ctx, struct rpc_call *call, int method,
+			       const uint8_t *req, size_t len, bool has_message);
+
+/* Create the server, bind, start `cfg->pollers` threads. On failure writes
+ * a message into errbuf and returns a negative errno; *ret untouched. */
+int rpc_server_start(const struct rpc_server_config *cfg,
+		     const struct rpc_method_reg *methods, int n_methods,
+		     rpc_on_call_fn on_call, void *ctx,
+		     struct rpc_server **ret, char *errbuf, size_t errlen);
+/* Port actually bound (TCP), 0 for unix sockets. */
+int rpc_server_port(const struct rpc_server *s);
+/* Stop accepting calls (new ones get UNAVAILABLE from gRPC); calls in
+ * progress continue. Idempotent. */
+void rpc_server_shutdown(struct rpc_server *s);
+/* After rpc_server_shutdown: wait up to grace_ms for the calls in progress
+ * to finish, cancel the rest, stop the pollers, free everything. */
+void rpc_server_destroy(struct rpc_server *s, int grace_ms);
+
+/* --- one call ---------------------------------------------------------- */
+
+/* Unary reply with a packed message (copied). Hands the call back. */
+void rpc_reply(struct rpc_call *c, const void *msg, size_t len);
+/* Status-only reply (any code; RPC_OK ends a stream). `msg` is copied.
+ * Hands the call back. */
+void rpc_reply_status(struct rpc_call *c, enum rpc_code code, const char *msg);
+
+struct rpc_piece {
+	const void *data;
+	size_t len;
+	void (*release)(void *user);   /* may be NULL: data is static/copied */
+	void *user;
+};
+
+/* Start sending one stream message made of pieces[0..n) concatenated.
+ * Each piece's release runs once gRPC no longer needs its data (also when
+ * this fails). Returns 0, -EBUSY when a send is already in flight, or
+ * -ECANCELED when the call is over (client cancel, deadline, disconnect). */
+int rpc_stream_send(struct rpc_call *c, const struct rpc_piece *pieces, int n);
+/* Block until the send in flight completes: 0 when it did, -ECANCELED when
+ * the call ended first. Returns at once when no send is in flight. */
+int rpc_stream_wait(struct rpc_call *c);
+
+/* True once the client cancelled, the deadline passed or the peer left. */
+bool rpc_call_cancelled(struct rpc_call *c);
+/* "ipv4:127.0.0.1:40000"; valid while the call is owned. */
+const char *rpc_call_peer(const struct rpc_call *c);
+/* Method path, as registered (or as requested for unknown methods). */
+const char *rpc_call_method(const struct rpc_call *c);
+/* Monotonic seconds since the call arrived. */
+double rpc_call_elapsed(const struct rpc_call *c);
+
+#endif

@@ -1,0 +1,837 @@
+/* rpc_grpc.c — rpc.h on top of the gRPC C core (grpc/grpc.h).
+ *
+ * The only file of the daemon that calls grpc_*. Life of a call:
+ *   accept slot (one request_registered_call posted per slot, re-armed on
+ *   each new call) -> struct rpc_call with a refcount: one reference for
+ *   the owner (released by rpc_reply*), one for the RECV_CLOSE_ON_SERVER
+ *   batch posted at accept (completes when the call is over, tells whether
+ *   it was cancelled), one per batch in flight. The last reference unrefs
+ *   the grpc_call.
+ * Several poller threads may see events of one call at once, and the
+ * engine thread sends on streams: every field of a call is under its lock,
+ * and start_batch is only called with that lock held.
+ */
+#include "rpc.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+
+#include "log.h"
+
+#define SLOTS_PER_METHOD 4
+#define GENERIC_SLOTS 2
+#define MAX_POLLERS 8
+
+enum tag_kind {
+	TAG_ACCEPT,        /* obj: struct accept_slot (registered method) */
+	TAG_ACCEPT_GENERIC,/* obj: struct accept_slot (any other method) */
+	TAG_CLOSE,         /* obj: struct rpc_call */
+	TAG_SEND,          /* obj: struct rpc_call, one stream message */
+	TAG_FINISH,        /* obj: struct rpc_call, the status batch */
+	TAG_SHUTDOWN,      /* obj: struct rpc_server */
+};
+
+struct tag {
+	enum tag_kind kind;
+	void *obj;
+};
+
+struct accept_slot {
+	struct tag tag;
+	struct rpc_server *srv;
+	int method;                 /* -1: generic */
+	grpc_call *call;
+	gpr_timespec deadline;
+	grpc_metadata_array md;
+	grpc_byte_buffer *payload;
+	grpc_call_details details;  /* generic only */
+};
+
+struct rpc_call {
+	struct rpc_server *srv;
+	grpc_call *call;
+	int method;
+	char *method_path;          /* malloc'ed */
+	char *peer;                 /* gpr_malloc'ed */
+	struct timespec t0;
+
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int refs;
+	int close_cancelled;        /* written by RECV_CLOSE_ON_SERVER */
+	bool closed;
+	bool initial_md_sent;
+	bool send_pending;
+	bool send_failed;
+	bool finished;              /* status sent (owner gave the call back) */
+	grpc_byte_buffer *send_bb;
+	grpc_byte_buffer *reply_bb;
+	grpc_slice status_details;
+	bool has_status_details;
+	struct tag close_tag, send_tag, finish_tag;
+};
+
+struct rpc_server {
+	grpc_server *server;
+	grpc_completion_queue *cq;
+	const struct rpc_method_reg *methods;
+	int n_methods;
+	void **method_handles;
+	rpc_on_call_fn on_call;
+	void *ctx;
+	int port;
+	int n_pollers;
+	pthread_t pollers[MAX_POLLERS];
+
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool shutting_down;
+	bool shutdown_done;
+	int live_calls;             /* rpc_call structs not yet freed */
+	struct tag shutdown_tag;
+	struct accept_slot *slots;  /* n_methods * SLOTS_PER_METHOD + GENERIC_SLOTS */
+	int n_slots;
+};
+
+static const char *const code_names[] = {
+	"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+	"NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+	"FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED",
+	"INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
+};
+
+const char *rpc_code_name(enum rpc_code code)
+{
+	if ((int)code < 0 || (int)code > RPC_UNAUTHENTICATED)
+		return "?";
+	return code_names[code];
+}
+
+/* --- accepting ----------------------------------------------------------- */
+
+static int slot_post(struct accept_slot *s)
+{
+	struct rpc_server *srv = s->srv;
+	grpc_call_error e;
+
+	s->tag.obj = s;
+	s->call = NULL;
+	s->payload = NULL;
+	grpc_metadata_array_init(&s->md);
+	if (s->method >= 0) {
+		s->tag.kind = TAG_ACCEPT;
+		e = grpc_server_request_registered_call(srv->server,
+				srv->method_handles[s->method], &s->call, &s->deadline,
+				&s->md, &s->payload, srv->cq, srv->cq, &s->tag);
+	} else {
+		s->tag.kind = TAG_ACCEPT_GENERIC;
+		grpc_call_details_init(&s->details);
+		e = grpc_server_request_call(srv->server, &s->call, &s->details,
+				&s->md, srv->cq, srv->cq, &s->tag);
+	}
+	if (e != GRPC_CALL_OK) {
+		log_msg(LOG_LVL_ERROR, "rpc: cannot post an accept (grpc_call_error %d)", e);
+		return -EIO;
+	}
+	return 0;
+}
+
+static void slot_reset(struct accept_slot *s)
+{
+	grpc_metadata_array_destroy(&s->md);
+	if (s->method < 0)
+		grpc_call_details_destroy(&s->details);
+	if (s->payload)
+		grpc_byte_buffer_destroy(s->payload);
+	s->payload = NULL;
+}
+
+static void call_unref_locked_release(struct rpc_call *c);
+
+static void call_free(struct rpc_call *c)
+{
+	struct rpc_server *srv = c->srv;
+
+	grpc_call_unref(c->call);
+	if (c->has_status_details)
+		grpc_slice_unref(c->status_details);
+	if (c->send_bb)
+		grpc_byte_buffer_destroy(c->send_bb);
+	if (c->reply_bb)
+		grpc_byte_buffer_destroy(c->reply_bb);
+	gpr_free(c->peer);
+	free(c->method_path);
+	pthread_cond_destroy(&c->cond);
+	pthread_mutex_destroy(&c->lock);
+	free(c);
+
+	pthread_mutex_lock(&srv->lock);
+	srv->live_calls--;
+	pthread_cond_broadcast(&srv->cond);
+	pthread_mutex_unlock(&srv->lock);
+}
+
+/* Drop one reference; called with c->lock held, returns with it released. */
+static void call_unref_locked_release(struct rpc_call *c)
+{
+	bool last = --c->refs == 0;
+
+	pthread_mutex_unlock(&c->lock);
+	if (last)
+		call_free(c);
+}
+
+static struct rpc_call *call_new(struct rpc_server *srv, grpc_call *gc,
+				 int method, const char *path, size_t path_len)
+{
+	struct rpc_call *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return NULL;
+	c->method_path = strndup(path, path_len);
+	if (!c->method_path) {
+		free(c);
+		return NULL;
+	}
+	c->srv = srv;
+	c->call = gc;
+	c->method = method;
+	c->peer = grpc_call_get_peer(gc);
+	clock_gettime(CLOCK_MONOTONIC, &c->t0);
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_cond_init(&c->cond, NULL);
+	c->close_tag = (struct tag){ TAG_CLOSE, c };
+	c->send_tag = (struct tag){ TAG_SEND, c };
+	c->finish_tag = (struct tag){ TAG_FINISH, c };
+	pthread_mutex_lock(&srv->lock);
+	srv->live_calls++;
+	pthread_mutex_unlock(&srv->lock);
+	return c;
+}
+
+/* Copy a received message into one malloc'ed buffer (caller frees). */
+static int read_payload(grpc_byte_buffer *bb, uint8_t **ret, size_t *ret_len)
+{
+	grpc_byte_buffer_reader rd;
+	grpc_slice s;
+	size_t len = grpc_byte_buffer_length(bb), off = 0;
+	uint8_t *buf = malloc(len ? len : 1);
+
+	if (!buf)
+		return -ENOMEM;
+	if (!grpc_byte_buffer_reader_init(&rd, bb)) {
+		free(buf);
+		return -EIO;
+	}
+	while (grpc_byte_buffer_reader_next(&rd, &s)) {
+		size_t n = GRPC_SLICE_LENGTH(s);
+
+		if (off + n <= len)
+			memcpy(buf + off, GRPC_SLICE_START_PTR(s), n);
+		off += n;
+		grpc_slice_unref(s);
+	}
+	grpc_byte_buffer_reader_destroy(&rd);
+	if (off != len) {
+		free(buf);
+		return -EIO;
+	}
+	*ret = buf;
+	*ret_len = len;
+	return 0;
+}
+
+/* Post RECV_CLOSE_ON_SERVER (plus `extra` ops); holds one reference. */
+static int call_post_close(struct rpc_call *c, grpc_op *extra, size_t n_extra)
+{
+	grpc_op ops[4];
+	size_t n = 0;
+	grpc_call_error e;
+
+	memset(ops, 0, sizeof(ops));
+	for (size_t i = 0; i < n_extra; i++)
+		ops[n++] = extra[i];
+	ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+	ops[n].data.recv_close_on_server.cancelled = &c->close_cancelled;
+	n++;
+	e = grpc_call_start_batch(c->call, ops, n, &c->close_tag, NULL);
+	if (e != GRPC_CALL_OK) {
+		log_msg(LOG_LVL_ERROR, "rpc: %s: start_batch(close) failed (%d)",
+			c->method_path, e);
+		return -EIO;
+	}
+	return 0;
+}
+
+static void on_accept(struct rpc_server *srv, struct accept_slot *s)
+{
+	const struct rpc_method_reg *m = &srv->methods[s->method];
+	struct rpc_call *c;
+	uint8_t *buf = NULL;
+	size_t len = 0;
+	bool has_msg = s->payload != NULL;
+	int r = 0;
+
+	c = call_new(srv, s->call, s->method, m->path, strlen(m->path));
+	if (c && has_msg)
+		r = read_payload(s->payload, &buf, &len);
+	if (!c || r < 0) {
+		grpc_call_cancel_with_status(s->call, GRPC_STATUS_RESOURCE_EXHAUSTED,
+					     "out of memory reading the request", NULL);
+		if (c)
+			call_free(c);
+		else
+			grpc_call_unref(s->call);
+		free(buf);
+		slot_reset(s);
+		return;
+	}
+	slot_reset(s);
+
+	/* Re-arm before running the handler so that accepting never stalls. */
+	pthread_mutex_lock(&srv->lock);
+	if (!srv->shutting_down)
+		(void)slot_post(s);
+	pthread_mutex_unlock(&srv->lock);
+
+	c->refs = 2;  /* owner + close batch */
+	pthread_mutex_lock(&c->lock);
+	if (call_post_close(c, NULL, 0) < 0)
+		c->refs--;
+	pthread_mutex_unlock(&c->lock);
+
+	srv->on_call(srv->ctx, c, c->method, buf, len, has_msg);
+	free(buf);
+}
+
+/* A method nobody registered: UNIMPLEMENTED at once. */
+static void on_accept_generic(struct rpc_server *srv, struct accept_slot *s)
+{
+	struct rpc_call *c;
+	grpc_call *gc = s->call;
+	grpc_op ops[2];
+	const char *path = (const char *)GRPC_SLICE_START_PTR(s->details.method);
+	size_t path_len = GRPC_SLICE_LENGTH(s->details.method);
+	char msg[300];
+
+	c = call_new(srv, gc, -1, path, path_len);
+	slot_reset(s);
+	pthread_mutex_lock(&srv->lock);
+	if (!srv->shutting_down)
+		(void)slot_post(s);
+	pthread_mutex_unlock(&srv->lock);
+	if (!c) {
+		grpc_call_cancel_with_status(gc, GRPC_STATUS_UNIMPLEMENTED,
+					     "unknown method", NULL);
+		grpc_call_unref(gc);
+		return;
+	}
+	snprintf(msg, sizeof(msg), "unknown method %s", c->method_path);
+	c->status_details = grpc_slice_from_copied_string(msg);
+	c->has_status_details = true;
+	c->finished = true;
+	memset(ops, 0, sizeof(ops));
+	ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+	ops[1].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+	ops[1].data.send_status_from_server.status = GRPC_STATUS_UNIMPLEMENTED;
+	ops[1].data.send_status_from_server.status_details = &c->status_details;
+	c->refs = 1;
+	pthread_mutex_lock(&c->lock);
+	if (call_post_close(c, ops, 2) < 0) {
+		call_unref_locked_release(c);
+		return;
+	}
+	pthread_mutex_unlock(&c->lock);
+	log_msg(LOG_LVL_INFO, "rpc %s peer=%s status=UNIMPLEMENTED", c->method_path,
+		c->peer ? c->peer : "?");
+}
+
+/* --- pollers ------------------------------------------------------------- */
+
+static void handle_event(struct rpc_server *srv, grpc_event ev)
+{
+	struct tag *t = ev.tag;
+	struct accept_slot *s;
+	struct rpc_call *c;
+
+	switch (t->kind) {
+	case TAG_ACCEPT:
+	case TAG_ACCEPT_GENERIC:
+		s = t->obj;
+		if (!ev.success) {
+			/* Shutdown: the slot is not re-armed. */
+			slot_reset(s);
+			return;
+		}
+		if (t->kind == TAG_ACCEPT)
+			on_accept(srv, s);
+		else
+			on_accept_generic(srv, s);
+		return;
+	case TAG_CLOSE:
+		c = t->obj;
+		pthread_mutex_lock(&c->lock);
+		c->closed = true;
+		pthread_cond_broadcast(&c->cond);
+		call_unref_locked_release(c);
+		return;
+	case TAG_SEND:
+		c = t->obj;
+		pthread_mutex_lock(&c->lock);
+		c->send_pending = false;
+		if (!ev.success)
+			c->send_failed = true;
+		if (c->send_bb) {
+			/* Drops our hold on the slices; each piece's release runs
+			 * once gRPC has let go too. */
+			grpc_byte_buffer_destroy(c->send_bb);
+			c->send_bb = NULL;
+		}
+		pthread_cond_broadcast(&c->cond);
+		call_unref_locked_release(c);
+		return;
+	case TAG_FINISH:
+		c = t->obj;
+		pthread_mutex_lock(&c->lock);
+		if (c->reply_bb) {
+			grpc_byte_buffer_destroy(c->reply_bb);
+			c->reply_bb = NULL;
+		}
+		call_unref_locked_release(c);
+		return;
+	case TAG_SHUTDOWN:
+		pthread_mutex_lock(&srv->lock);
+		srv->shutdown_done = true;
+		pthread_cond_broadcast(&srv->cond);
+		pthread_mutex_unlock(&srv->lock);
+		return;
+	}
+}
+
+static void *poller_main(void *arg)
+{
+	struct rpc_server *srv = arg;
+
+	for (;;) {
+		grpc_event ev = grpc_completion_queue_next(srv->cq,
+				gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+
+		if (ev.type == GRPC_QUEUE_SHUTDOWN)
+			break;
+		if (ev.type == GRPC_OP_COMPLETE)
+			handle_event(srv, ev);
+	}
+	return NULL;
+}
+
+/* --- server -------------------------------------------------------------- */
+
+int rpc_server_start(const struct rpc_server_config *cfg,
+		     const struct rpc_method_reg *methods, int n_methods,
+		     rpc_on_call_fn on_call, void *ctx,
+		     struct rpc_server **ret, char *errbuf, size_t errlen)
+{
+	struct rpc_server *srv;
+	grpc_server_credentials *creds;
+	grpc_arg args[6];
+	grpc_channel_args ca;
+	int n_args = 0, i, k;
+
+	srv = calloc(1, sizeof(*srv));
+	if (!srv)
+		return -ENOMEM;
+	srv->methods = methods;
+	srv->n_methods = n_methods;
+	srv->on_call = on_call;
+	srv->ctx = ctx;
+	srv->n_pollers = cfg->pollers < 1 ? 1 :
+			 cfg->pollers > MAX_POLLERS ? MAX_POLLERS : cfg->pollers;
+	srv->n_slots = n_methods * SLOTS_PER_METHOD + GENERIC_SLOTS;
+	srv->slots = calloc((size_t)srv->n_slots, sizeof(*srv->slots));
+	srv->method_handles = calloc((size_t)n_methods, sizeof(void *));
+	if (!srv->slots || !srv->method_handles) {
+		free(srv->slots);
+		free(srv->method_handles);
+		free(srv);
+		return -ENOMEM;
+	}
+	pthread_mutex_init(&srv->lock, NULL);
+	pthread_cond_init(&srv->cond, NULL);
+	srv->shutdown_tag = (struct tag){ TAG_SHUTDOWN, srv };
+
+	grpc_init();
+
+	memset(args, 0, sizeof(args));
+	args[n_args].type = GRPC_ARG_INTEGER;
+	args[n_args].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+	args[n_args++].value.integer = (int)cfg->max_recv_bytes;
+	args[n_args].type = GRPC_ARG_INTEGER;
+	args[n_args].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+	args[n_args++].value.integer = (int)cfg->max_send_bytes;
+	args[n_args].type = GRPC_ARG_INTEGER;
+	args[n_args].key = (char *)GRPC_ARG_MAX_CONCURRENT_STREAMS;
+	args[n_args++].value.integer = cfg->max_concurrent_streams > 0 ?
+				       cfg->max_concurrent_streams : 64;
+	args[n_args].type = GRPC_ARG_INTEGER;
+	args[n_args].key = (char *)GRPC_ARG_KEEPALIVE_TIME_MS;
+	args[n_args++].value.integer = 60 * 1000;
+	args[n_args].type = GRPC_ARG_INTEGER;
+	args[n_args].key = (char *)GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS;
+	args[n_args++].value.integer = 10 * 1000;
+	ca.num_args = (size_t)n_args;
+	ca.args = args;
+
+	srv->server = grpc_server_create(&ca, NULL);
+	srv->cq = grpc_completion_queue_create_for_next(NULL);
+	grpc_server_register_completion_queue(srv->server, srv->cq, NULL);
+	for (i = 0; i < n_methods; i++) {
+		srv->method_handles[i] = grpc_server_register_method(srv->server,
+				methods[i].path, NULL,
+				GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+		if (!srv->method_handles[i]) {
+			snprintf(errbuf, errlen, "cannot register method %s",
+				 methods[i].path);
+			goto fail;
+		}
+	}
+	creds = grpc_insecure_server_credentials_create();
+	srv->port = grpc_server_add_http2_port(srv->server, cfg->listen, creds);
+	grpc_server_credentials_release(creds);
+	if (srv->port == 0) {
+		snprintf(errbuf, errlen, "cannot listen on %s", cfg->listen);
+		goto fail;
+	}
+	if (strncmp(cfg->listen, "unix:", 5) == 0 ||
+	    strncmp(cfg->listen, "unix-abstract:", 14) == 0)
+		srv->port = 0;
+	grpc_server_start(srv->server);
+
+	k = 0;
+	for (i = 0; i < n_methods; i++) {
+		for (int j = 0; j < SLOTS_PER_METHOD; j++, k++) {
+			srv->slots[k].srv = srv;
+			srv->slots[k].method = i;
+			if (slot_post(&srv->slots[k]) < 0)
+				goto fail_started;
+		}
+	}
+	for (int j = 0; j < GENERIC_SLOTS; j++, k++) {
+		srv->slots[k].srv = srv;
+		srv->slots[k].method = -1;
+		if (slot_post(&srv->slots[k]) < 0)
+			goto fail_started;
+	}
+	for (i = 0; i < srv->n_pollers; i++) {
+		if (pthread_create(&srv->pollers[i], NULL, poller_main, srv) != 0) {
+			srv->n_pollers = i;
+			snprintf(errbuf, errlen, "cannot start poller threads");
+			rpc_server_shutdown(srv);
+			rpc_server_destroy(srv, 0);
+			return -EAGAIN;
+		}
+	}
+	*ret = srv;
+	return 0;
+
+fail_started:
+	snprintf(errbuf, errlen, "cannot post accepts");
+	srv->n_pollers = 0;
+	/* No poller runs yet: start one so that shutdown can drain. */
+	if (pthread_create(&srv->pollers[0], NULL, poller_main, srv) == 0)
+		srv->n_pollers = 1;
+	rpc_server_shutdown(srv);
+	rpc_server_destroy(srv, 0);
+	return -EIO;
+fail:
+	grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->shutdown_tag);
+	grpc_server_cancel_all_calls(srv->server);
+	grpc_completion_queue_shutdown(srv->cq);
+	while (grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME),
+					  NULL).type != GRPC_QUEUE_SHUTDOWN)
+		;
+	grpc_server_destroy(srv->server);
+	grpc_completion_queue_destroy(srv->cq);
+	grpc_shutdown();
+	free(srv->slots);
+	free(srv->method_handles);
+	free(srv);
+	return -EADDRINUSE;
+}
+
+int rpc_server_port(const struct rpc_server *s)
+{
+	return s->port;
+}
+
+void rpc_server_shutdown(struct rpc_server *s)
+{
+	pthread_mutex_lock(&s->lock);
+	if (s->shutting_down) {
+		pthread_mutex_unlock(&s->lock);
+		return;
+	}
+	s->shutting_down = true;
+	pthread_mutex_unlock(&s->lock);
+	grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
+}
+
+/* Wait until shutdown is notified and no call is alive, up to ms (< 0: for
+ * ever). Called with s->lock held. Returns true when done. */
+static bool wait_idle_locked(struct rpc_server *s, int ms)
+{
+	struct timespec until;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	if (ms >= 0) {
+		until.tv_sec += ms / 1000;
+		until.tv_nsec += (long)(ms % 1000) * 1000000L;
+		if (until.tv_nsec >= 1000000000L) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000L;
+		}
+	}
+	while (!(s->shutdown_done && s->live_calls == 0)) {
+		if (ms < 0) {
+			pthread_cond_wait(&s->cond, &s->lock);
+		} else if (pthread_cond_timedwait(&s->cond, &s->lock, &until) == ETIMEDOUT) {
+			return s->shutdown_done && s->live_calls == 0;
+		}
+	}
+	return true;
+}
+
+void rpc_server_destroy(struct rpc_server *s, int grace_ms)
+{
+	if (!s)
+		return;
+	rpc_server_shutdown(s);
+	pthread_mutex_lock(&s->lock);
+	if (!wait_idle_locked(s, grace_ms)) {
+		pthread_mutex_unlock(&s->lock);
+		log_msg(LOG_LVL_WARN, "rpc: cancelling calls still running after %d ms",
+			grace_ms);
+		grpc_server_cancel_all_calls(s->server);
+		pthread_mutex_lock(&s->lock);
+		(void)wait_idle_locked(s, 10000);
+	}
+	pthread_mutex_unlock(&s->lock);
+	grpc_completion_queue_shutdown(s->cq);
+	for (int i = 0; i < s->n_pollers; i++)
+		pthread_join(s->pollers[i], NULL);
+	grpc_server_destroy(s->server);
+	grpc_completion_queue_destroy(s->cq);
+	grpc_shutdown();
+	pthread_cond_destroy(&s->cond);
+	pthread_mutex_destroy(&s->lock);
+	free(s->slots);
+	free(s->method_handles);
+	free(s);
+}
+
+/* --- replies ------------------------------------------------------------- */
+
+static void finish_batch_locked(struct rpc_call *c, grpc_byte_buffer *bb,
+				enum rpc_code code, const char *msg)
+{
+	grpc_op ops[3];
+	size_t n = 0;
+	grpc_call_error e;
+
+	if (c->finished) {
+		/* A second reply is a bug of the caller; keep the call sane. */
+		log_msg(LOG_LVL_ERROR, "rpc: %s replied twice", c->method_path);
+		if (bb)
+			grpc_byte_buffer_destroy(bb);
+		pthread_mutex_unlock(&c->lock);
+		return;
+	}
+	c->finished = true;
+	if (c->closed || (c->send_pending && c->send_failed) ||
+	    (c->send_pending && c->closed)) {
+		/* The call is over: nothing can be sent; drop the owner ref. */
+		if (bb)
+			grpc_byte_buffer_destroy(bb);
+		call_unref_locked_release(c);
+		return;
+	}
+	memset(ops, 0, sizeof(ops));
+	if (!c->initial_md_sent) {
+		ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+		c->initial_md_sent = true;
+	}
+	if (bb) {
+		ops[n].op = GRPC_OP_SEND_MESSAGE;
+		ops[n++].data.send_message.send_message = bb;
+		c->reply_bb = bb;
+	}
+	c->status_details = grpc_slice_from_copied_string(msg ? msg : "");
+	c->has_status_details = true;
+	ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+	ops[n].data.send_status_from_server.status = (grpc_status_code)code;
+	ops[n++].data.send_status_from_server.status_details = &c->status_details;
+	/* The owner's reference now belongs to the batch. */
+	e = grpc_call_start_batch(c->call, ops, n, &c->finish_tag, NULL);
+	if (e != GRPC_CALL_OK) {
+		log_msg(LOG_LVL_ERROR, "rpc: %s: start_batch(status) failed (%d)",
+			c->method_path, e);
+		grpc_call_cancel_with_status(c->call, GRPC_STATUS_INTERNAL,
+					     "cannot send the reply", NULL);
+		call_unref_locked_release(c);
+		return;
+	}
+	pthread_mutex_unlock(&c->lock);
+}
+
+void rpc_reply(struct rpc_call *c, const void *msg, size_t len)
+{
+	grpc_slice s = grpc_slice_from_copied_buffer(msg, len);
+	grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+
+	grpc_slice_unref(s);
+	pthread_mutex_lock(&c->lock);
+	finish_batch_locked(c, bb, RPC_OK, NULL);
+}
+
+void rpc_reply_status(struct rpc_call *c, enum rpc_code code, const char *msg)
+{
+	pthread_mutex_lock(&c->lock);
+	finish_batch_locked(c, NULL, code, msg);
+}
+
+/* --- streaming ----------------------------------------------------------- */
+
+static void release_pieces(const struct rpc_piece *p, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (p[i].release)
+			p[i].release(p[i].user);
+}
+
+int rpc_stream_send(struct rpc_call *c, const struct rpc_piece *pieces, int n)
+{
+	grpc_slice stack_slices[64], *slices = stack_slices;
+	grpc_byte_buffer *bb;
+	grpc_op ops[2];
+	size_t nops = 0;
+	int ns = 0;
+	grpc_call_error e;
+
+	if (n > 64) {
+		slices = malloc((size_t)n * sizeof(*slices));
+		if (!slices) {
+			release_pieces(pieces, n);
+			return -ENOMEM;
+		}
+	}
+	pthread_mutex_lock(&c->lock);
+	if (c->closed || c->send_failed || c->finished || c->send_pending) {
+		int r = c->send_pending && !c->closed ? -EBUSY : -ECANCELED;
+
+		pthread_mutex_unlock(&c->lock);
+		release_pieces(pieces, n);
+		if (slices != stack_slices)
+			free(slices);
+		return r;
+	}
+	for (int i = 0; i < n; i++) {
+		if (pieces[i].len == 0) {
+			if (pieces[i].release)
+				pieces[i].release(pieces[i].user);
+			continue;
+		}
+		if (pieces[i].release)
+			slices[ns++] = grpc_slice_new_with_user_data(
+					(void *)pieces[i].data, pieces[i].len,
+					pieces[i].release, pieces[i].user);
+		else
+			slices[ns++] = grpc_slice_from_copied_buffer(pieces[i].data,
+								     pieces[i].len);
+	}
+	bb = grpc_raw_byte_buffer_create(slices, (size_t)ns);
+	for (int i = 0; i < ns; i++)
+		grpc_slice_unref(slices[i]);
+	if (slices != stack_slices)
+		free(slices);
+
+	memset(ops, 0, sizeof(ops));
+	if (!c->initial_md_sent) {
+		ops[nops++].op = GRPC_OP_SEND_INITIAL_METADATA;
+		c->initial_md_sent = true;
+	}
+	ops[nops].op = GRPC_OP_SEND_MESSAGE;
+	ops[nops++].data.send_message.send_message = bb;
+	c->send_bb = bb;
+	c->send_pending = true;
+	c->refs++;
+	e = grpc_call_start_batch(c->call, ops, nops, &c->send_tag, NULL);
+	if (e != GRPC_CALL_OK) {
+		/* After a failed start_batch the call stays broken: cancel it. */
+		log_msg(LOG_LVL_ERROR, "rpc: %s: start_batch(send) failed (%d)",
+			c->method_path, e);
+		c->send_pending = false;
+		c->send_failed = true;
+		c->send_bb = NULL;
+		c->refs--;
+		grpc_call_cancel_with_status(c->call, GRPC_STATUS_INTERNAL,
+					     "stream send failed", NULL);
+		pthread_mutex_unlock(&c->lock);
+		grpc_byte_buffer_destroy(bb);
+		return -ECANCELED;
+	}
+	pthread_mutex_unlock(&c->lock);
+	return 0;
+}
+
+int rpc_stream_wait(struct rpc_call *c)
+{
+	int r;
+
+	pthread_mutex_lock(&c->lock);
+	while (c->send_pending && !c->closed)
+		pthread_cond_wait(&c->cond, &c->lock);
+	r = (c->send_pending || c->send_failed || (c->closed && c->close_cancelled)) ?
+	    -ECANCELED : 0;
+	pthread_mutex_unlock(&c->lock);
+	return r;
+}
+
+bool rpc_call_cancelled(struct rpc_call *c)
+{
+	bool r;
+
+	pthread_mutex_lock(&c->lock);
+	r = (c->closed && c->close_cancelled) || c->send_failed;
+	pthread_mutex_unlock(&c->lock);
+	return r;
+}
+
+const char *rpc_call_peer(const struct rpc_call *c)
+{
+	return c->peer ? c->peer : "?";
+}
+
+const char *rpc_call_method(const struct rpc_call *c)
+{
+	return c->method_path;
+}
+
+double rpc_call_elapsed(const struct rpc_call *c)
+{
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (double)(now.tv_sec - c->t0.tv_sec) +
+	       (double)(now.tv_nsec - c->t0.tv_nsec) * 1e-9;
+}

@@ -1,0 +1,161 @@
+/* cpu_device.c — the CPU device: open/close, memory, copies, scratch.
+ *
+ * Device memory is host memory from aligned_alloc (64-byte aligned, the
+ * width of an AVX-512 register and of a cache line). Each allocation carries
+ * a 64-byte header holding its size so that free() can keep mem_in_use
+ * exact. mem_in_use counts what alloc() handed out and free() has not taken
+ * back; the device's own scratch (bf16 copies for gemm, attention tiles) is
+ * not counted.
+ */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "err.h"
+#include "cpu_device.h"
+
+/* The header in front of every allocation; CPU_ALIGN bytes keep the user
+ * pointer aligned. */
+struct cpu_block {
+	size_t bytes;
+};
+
+void cpu_enter(struct device *dev)
+{
+	int threads = cpu_dev(dev)->threads;
+
+	if (omp_get_max_threads() != threads)
+		omp_set_num_threads(threads);
+}
+
+void *cpu_scratch(struct device *dev, enum cpu_scratch_slot slot, size_t bytes)
+{
+	struct cpu_scratch *s = &cpu_dev(dev)->scratch[slot];
+	size_t rounded;
+
+	if (s->ptr && s->bytes >= bytes)
+		return s->ptr;
+	free(s->ptr);
+	s->ptr = NULL;
+	s->bytes = 0;
+	/* Grow by at least 1/4 so that slowly increasing sizes do not
+	 * reallocate on every call. */
+	rounded = bytes + bytes / 4;
+	rounded = (rounded + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
+	if (rounded < CPU_ALIGN)
+		rounded = CPU_ALIGN;
+	s->ptr = aligned_alloc(CPU_ALIGN, rounded);
+	if (!s->ptr)
+		return NULL;
+	s->bytes = rounded;
+	return s->ptr;
+}
+
+static void cpu_close(struct device *dev)
+{
+	struct cpu_device *cd;
+	int i;
+
+	if (!dev)
+		return;
+	cd = cpu_dev(dev);
+	cpu_gemm_fini(cd);
+	for (i = 0; i < CPU_SCRATCH_COUNT; i++)
+		free(cd->scratch[i].ptr);
+	free(cd);
+}
+
+static int cpu_open(struct device **ret, int threads, enum matmul_precision prec)
+{
+	struct cpu_device *cd;
+	int r;
+
+	if (prec != MATMUL_FP32 && prec != MATMUL_BF16)
+		return -EINVAL;
+	cd = calloc(1, sizeof(*cd));
+	if (!cd)
+		return -ENOMEM;
+	cd->base.ops = &cpu_device_ops;
+	cd->base.k = &cpu_kernel_table;
+	cd->base.prec = prec;
+	if (threads > 0)
+		omp_set_num_threads(threads);
+	cd->threads = threads > 0 ? threads : omp_get_max_threads();
+	atomic_init(&cd->in_use, 0);
+	r = cpu_gemm_init(cd);
+	if (r < 0) {
+		cpu_close(&cd->base);
+		return r;
+	}
+	*ret = &cd->base;
+	return 0;
+}
+
+static void *cpu_alloc(struct device *dev, size_t bytes)
+{
+	struct cpu_block *b;
+	size_t total;
+
+	if (bytes > SIZE_MAX - 2 * CPU_ALIGN)
+		return NULL;
+	total = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN + CPU_ALIGN;
+	b = aligned_alloc(CPU_ALIGN, total);
+	if (!b)
+		return NULL;
+	b->bytes = bytes;
+	atomic_fetch_add(&cpu_dev(dev)->in_use, bytes);
+	return (char *)b + CPU_ALIGN;
+}
+
+static void cpu_free(struct device *dev, void *ptr)
+{
+	struct cpu_block *b;
+
+	if (!ptr)
+		return;
+	b = (struct cpu_block *)((char *)ptr - CPU_ALIGN);
+	atomic_fetch_sub(&cpu_dev(dev)->in_use, b->bytes);
+	free(b);
+}
+
+static int cpu_memset0(struct device *dev, void *ptr, size_t bytes)
+{
+	if (bytes)
+		memset(ptr, 0, bytes);
+	return 0;
+}
+
+/* All three directions are host memcpy; memmove keeps overlapping d2d
+ * copies defined. */
+static int cpu_copy(struct device *dev, void *dst, const void *src, size_t bytes)
+{
+	if (bytes)
+		memmove(dst, src, bytes);
+	return 0;
+}
+
+/* Kernels run synchronously: nothing is ever queued. */
+static int cpu_sync(struct device *dev)
+{
+	return 0;
+}
+
+static size_t cpu_mem_in_use(struct device *dev)
+{
+	return atomic_load(&cpu_dev(dev)->in_use);
+}
+
+const struct device_ops cpu_device_ops = {
+	.name = "cpu",
+	.open = cpu_open,
+	.close = cpu_close,
+	.alloc = cpu_alloc,
+	.free = cpu_free,
+	.memset0 = cpu_memset0,
+	.copy_h2d = cpu_copy,
+	.copy_d2h = cpu_copy,
+	.copy_d2d = cpu_copy,
+	.sync = cpu_sync,
+	.mem_in_use = cpu_mem_in_use,
+	.host_memory = true,
+};

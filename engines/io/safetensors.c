@@ -1,0 +1,1183 @@
+/* safetensors.c — reader and writer of the safetensors format (see
+ * safetensors.h and https://huggingface.co/docs/safetensors).
+ *
+ * Reading validates the header the way the reference implementation does:
+ * header length at most 100,000,000 bytes, a JSON object (duplicate keys
+ * refused), every tensor with dtype/shape/data_offsets whose byte range
+ * matches dtype x shape, and the ranges — relative to the first byte after
+ * the header — covering the data buffer exactly: no overlap, no hole, no
+ * byte past the end of the file. Tensors of dtypes other than F32/BF16/F16
+ * are validated but not exposed (reading one is -EINVAL naming it).
+ *
+ * Writing reproduces the reference writer byte for byte: tensors ordered by
+ * dtype (F32, BF16, F16) and then by name, compact JSON with
+ * "__metadata__" first (its keys sorted), the header padded with spaces to a
+ * multiple of 8 bytes, data contiguous. Data goes out in large writes; bf16
+ * and f16 are converted through one bounded buffer, never a copy of the
+ * whole model. The XXH64 of the file is computed over the bytes as they are
+ * written.
+ */
+#include "safetensors.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "safetensors.c assumes a little-endian host (the format is little-endian)"
+#endif
+
+/* The reference implementation's limit (safetensors MAX_HEADER_SIZE). */
+#define ST_MAX_HEADER 100000000ull
+/* Staging buffer of the writer: small tensors are gathered and 16-bit
+ * conversions are done here; f32 tensors larger than half of it are
+ * written straight from the caller's memory (see struct st_out). */
+#define ST_WBUF (4u << 20)
+#define ST_CHUNK (1u << 20)             /* hash + write() granularity */
+#define ST_SYNC_WINDOW (32ull << 20)    /* writeback pacing */
+#define ST_PAGE 4096u
+/* Elements widened per block when reading 16-bit data (stack, 4 KiB). */
+#define ST_WIDEN_BLOCK 2048
+/* Largest count handed to one read()/write() (Linux caps at 0x7ffff000). */
+#define ST_IO_MAX ((size_t)1 << 30)
+
+size_t st_dtype_size(enum st_dtype dt)
+{
+	switch (dt) {
+	case ST_F32: return 4;
+	case ST_BF16: return 2;
+	case ST_F16: return 2;
+	}
+	return 0;
+}
+
+const char *st_dtype_name(enum st_dtype dt)
+{
+	switch (dt) {
+	case ST_F32: return "F32";
+	case ST_BF16: return "BF16";
+	case ST_F16: return "F16";
+	}
+	return "?";
+}
+
+/* Every dtype of the format, so that files holding other tensors (int
+ * buffers, fp8) still validate; `st` < 0 marks the ones not supported. */
+static const struct {
+	const char *name;
+	unsigned bits;
+	int st;
+} st_all_dtypes[] = {
+	{ "F32", 32, ST_F32 }, { "BF16", 16, ST_BF16 }, { "F16", 16, ST_F16 },
+	{ "F64", 64, -1 }, { "I64", 64, -1 }, { "U64", 64, -1 },
+	{ "I32", 32, -1 }, { "U32", 32, -1 }, { "I16", 16, -1 },
+	{ "U16", 16, -1 }, { "I8", 8, -1 }, { "U8", 8, -1 },
+	{ "BOOL", 8, -1 }, { "F8_E5M2", 8, -1 }, { "F8_E4M3", 8, -1 },
+	{ "F8_E8M0", 8, -1 }, { "C64", 64, -1 }, { "F6_E2M3", 6, -1 },
+	{ "F6_E3M2", 6, -1 }, { "F4", 4, -1 },
+};
+
+/* --- reading ----------------------------------------------------------- */
+
+struct st_file {
+	char *path;
+	int fd;
+};
+
+/* A tensor of a dtype this library does not convert. */
+struct st_other {
+	char *name;
+	const char *dtype;   /* static string from st_all_dtypes */
+	int file;
+};
+
+struct st_reader {
+	struct st_file *files;
+	int nfiles;
+	struct st_tensor_info *tensors;  /* sorted by name */
+	int ntensors, cap_tensors;
+	struct st_other *others;         /* sorted by name */
+	int nothers, cap_others;
+	json_t *metadata;                /* "__metadata__" of file 0, or NULL */
+};
+
+/* Data range of one tensor during validation of a file. */
+struct st_range {
+	uint64_t begin, end;
+	const char *name;
+};
+
+static int errno_code(int e)
+{
+	switch (e) {
+	case ENOENT: return -ENOENT;
+	case ENOMEM: return -ENOMEM;
+	case EACCES:
+	case EPERM: return -EPERM;
+	default: return -EIO;
+	}
+}
+
+/* Read exactly len bytes at off. Returns 0, -EIO (errno), or -EBADMSG when
+ * the file ends first (it shrank under us). */
+static int pread_full(int fd, void *buf, size_t len, uint64_t off)
+{
+	char *p = buf;
+
+	while (len) {
+		size_t chunk = len < ST_IO_MAX ? len : ST_IO_MAX;
+		ssize_t n = pread(fd, p, chunk, (off_t)off);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -EIO;
+		if (n == 0)
+			return -EBADMSG;
+		p += n;
+		off += (uint64_t)n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+static int write_full(int fd, const void *buf, size_t len)
+{
+	const char *p = buf;
+
+	while (len) {
+		size_t chunk = len < ST_IO_MAX ? len : ST_IO_MAX;
+		ssize_t n = write(fd, p, chunk);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+static int cmp_info_name(const void *a, const void *b)
+{
+	const struct st_tensor_info *x = a, *y = b;
+
+	return strcmp(x->name, y->name);
+}
+
+static int cmp_other_name(const void *a, const void *b)
+{
+	const struct st_other *x = a, *y = b;
+
+	return strcmp(x->name, y->name);
+}
+
+static int cmp_range(const void *a, const void *b)
+{
+	const struct st_range *x = a, *y = b;
+
+	if (x->begin != y->begin)
+		return x->begin < y->begin ? -1 : 1;
+	if (x->end != y->end)
+		return x->end < y->end ? -1 : 1;
+	return 0;
+}
+
+void st_reader_close(struct st_reader *r)
+{
+	int i;
+
+	if (!r)
+		return;
+	for (i = 0; i < r->nfiles; i++) {
+		if (r->files[i].fd >= 0)
+			close(r->files[i].fd);
+		free(r->files[i].path);
+	}
+	for (i = 0; i < r->ntensors; i++)
+		free(r->tensors[i].name);
+	for (i = 0; i < r->nothers; i++)
+		free(r->others[i].name);
+	free(r->files);
+	free(r->tensors);
+	free(r->others);
+	json_decref(r->metadata);
+	free(r);
+}
+
+static int grow(void **arr, int *cap, int need, size_t elem)
+{
+	void *p;
+	int ncap;
+
+	if (need <= *cap)
+		return 0;
+	ncap = *cap ? *cap * 2 : 64;
+	while (ncap < need)
+		ncap *= 2;
+	p = realloc(*arr, (size_t)ncap * elem);
+	if (!p)
+		return -ENOMEM;
+	*arr = p;
+	*cap = ncap;
+	return 0;
+}
+
+static int json_get_u64(json_t *v, uint64_t *out)
+{
+	if (!json_is_integer(v) || json_integer_value(v) < 0)
+		return -1;
+	*out = (uint64_t)json_integer_value(v);
+	return 0;
+}
+
+/* Validate one tensor entry of file `fi` and append it to the reader. Its
+ * data range goes to *rg (begin/end relative to the data buffer). */
+static int parse_tensor(struct st_reader *r, int fi, const char *name, json_t *t,
+			uint64_t data_start, struct st_range *rg, struct eng_error *err)
+{
+	const char *path = r->files[fi].path;
+	json_t *jdt = json_object_get(t, "dtype");
+	json_t *jshape = json_object_get(t, "shape");
+	json_t *joff = json_object_get(t, "data_offsets");
+	const char *dts;
+	int64_t shape[ST_MAX_DIMS];
+	uint64_t numel = 1, begin, end, nbits;
+	unsigned bits = 0;
+	int st = -1;
+	size_t i, k, ndim;
+	char *copy;
+
+	if (!json_is_object(t))
+		return eng_fail(err, -EBADMSG, "%s: tensor '%s': header entry is not an object",
+				path, name);
+	if (!json_is_string(jdt))
+		return eng_fail(err, -EBADMSG, "%s: tensor '%s': missing or non-string dtype",
+				path, name);
+	dts = json_string_value(jdt);
+	for (k = 0; k < sizeof(st_all_dtypes) / sizeof(st_all_dtypes[0]); k++) {
+		if (!strcmp(dts, st_all_dtypes[k].name)) {
+			bits = st_all_dtypes[k].bits;
+			st = st_all_dtypes[k].st;
+			break;
+		}
+	}
+	if (!bits)
+		return eng_fail(err, -EINVAL, "%s: tensor '%s': unknown dtype '%s'",
+				path, name, dts);
+	if (!json_is_array(jshape))
+		return eng_fail(err, -EBADMSG, "%s: tensor '%s': missing or non-array shape",
+				path, name);
+	ndim = json_array_size(jshape);
+	if (ndim > ST_MAX_DIMS)
+		return eng_fail(err, -EBADMSG, "%s: tensor '%s': %zu dimensions (at most %d)",
+				path, name, ndim, ST_MAX_DIMS);
+	for (i = 0; i < ndim; i++) {
+		uint64_t d;
+
+		if (json_get_u64(json_array_get(jshape, i), &d))
+			return eng_fail(err, -EBADMSG,
+					"%s: tensor '%s': shape[%zu] is not a non-negative integer",
+					path, name, i);
+		if (d && numel > UINT64_MAX / 8 / d)
+			return eng_fail(err, -EBADMSG, "%s: tensor '%s': shape too large",
+					path, name);
+		numel *= d;
+		shape[i] = (int64_t)d;
+	}
+	if (!json_is_array(joff) || json_array_size(joff) != 2 ||
+	    json_get_u64(json_array_get(joff, 0), &begin) ||
+	    json_get_u64(json_array_get(joff, 1), &end))
+		return eng_fail(err, -EBADMSG,
+				"%s: tensor '%s': data_offsets must be two non-negative integers",
+				path, name);
+	if (end < begin)
+		return eng_fail(err, -EBADMSG,
+				"%s: tensor '%s': data_offsets [%llu, %llu] end before they begin",
+				path, name, (unsigned long long)begin, (unsigned long long)end);
+	nbits = numel * bits;
+	if (nbits % 8 || end - begin != nbits / 8)
+		return eng_fail(err, -EBADMSG,
+				"%s: tensor '%s': data_offsets [%llu, %llu] hold %llu bytes, "
+				"%s x %llu elements need %llu",
+				path, name, (unsigned long long)begin, (unsigned long long)end,
+				(unsigned long long)(end - begin), dts,
+				(unsigned long long)numel, (unsigned long long)(nbits / 8));
+	copy = strdup(name);
+	if (!copy)
+		return eng_fail(err, -ENOMEM, "%s: no memory for tensor names", path);
+	rg->begin = begin;
+	rg->end = end;
+	rg->name = copy;
+	if (st < 0) {
+		struct st_other *o;
+
+		if (grow((void **)&r->others, &r->cap_others, r->nothers + 1,
+			 sizeof(*r->others))) {
+			free(copy);
+			return eng_fail(err, -ENOMEM, "%s: no memory for tensor table", path);
+		}
+		o = &r->others[r->nothers++];
+		o->name = copy;
+		o->dtype = st_all_dtypes[k].name;
+		o->file = fi;
+	} else {
+		struct st_tensor_info *ti;
+
+		if (grow((void **)&r->tensors, &r->cap_tensors, r->ntensors + 1,
+			 sizeof(*r->tensors))) {
+			free(copy);
+			return eng_fail(err, -ENOMEM, "%s: no memory for tensor table", path);
+		}
+		ti = &r->tensors[r->ntensors++];
+		memset(ti, 0, sizeof(*ti));
+		ti->name = copy;
+		ti->dtype = (enum st_dtype)st;
+		ti->ndim = (int)ndim;
+		memcpy(ti->shape, shape, ndim * sizeof(shape[0]));
+		ti->offset = data_start + begin;
+		ti->nbytes = end - begin;
+		ti->file = fi;
+	}
+	return 0;
+}
+
+/* Check that the data ranges of one file tile its data buffer exactly. */
+static int check_ranges(const char *path, struct st_range *rg, size_t n,
+			uint64_t data_len, struct eng_error *err)
+{
+	uint64_t pos = 0;
+	size_t i;
+
+	qsort(rg, n, sizeof(*rg), cmp_range);
+	for (i = 0; i < n; i++) {
+		if (rg[i].end > data_len)
+			return eng_fail(err, -EBADMSG,
+					"%s: tensor '%s': data_offsets [%llu, %llu] beyond the end "
+					"of the file (%llu data bytes)", path, rg[i].name,
+					(unsigned long long)rg[i].begin,
+					(unsigned long long)rg[i].end,
+					(unsigned long long)data_len);
+		if (rg[i].begin < pos)
+			return eng_fail(err, -EBADMSG,
+					"%s: tensor '%s': data_offsets [%llu, %llu] overlap the "
+					"previous tensor (ending at %llu)", path, rg[i].name,
+					(unsigned long long)rg[i].begin,
+					(unsigned long long)rg[i].end, (unsigned long long)pos);
+		if (rg[i].begin > pos)
+			return eng_fail(err, -EBADMSG,
+					"%s: tensor '%s': data_offsets [%llu, %llu] leave a hole "
+					"after byte %llu", path, rg[i].name,
+					(unsigned long long)rg[i].begin,
+					(unsigned long long)rg[i].end, (unsigned long long)pos);
+		pos = rg[i].end;
+	}
+	if (pos != data_len)
+		return eng_fail(err, -EBADMSG,
+				"%s: %llu data bytes but the tensors cover %llu", path,
+				(unsigned long long)data_len, (unsigned long long)pos);
+	return 0;
+}
+
+/* Open r->files[fi].path and add its tensors to the reader. */
+static int load_file(struct st_reader *r, int fi, struct eng_error *err)
+{
+	const char *path = r->files[fi].path;
+	struct st_range *rg = NULL;
+	unsigned char lenbuf[8];
+	json_error_t jerr;
+	json_t *root = NULL, *val;
+	const char *key;
+	struct stat sb;
+	uint64_t hlen = 0, data_len;
+	char *hdr = NULL;
+	size_t nrg = 0, cap;
+	int fd, rc, i;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		int e = errno;
+
+		return eng_fail(err, errno_code(e), "%s: cannot open: %s", path, strerror(e));
+	}
+	r->files[fi].fd = fd;
+	if (fstat(fd, &sb))
+		return eng_fail(err, -EIO, "%s: fstat: %s", path, strerror(errno));
+	if (!S_ISREG(sb.st_mode))
+		return eng_fail(err, -EINVAL, "%s: not a regular file", path);
+	if (sb.st_size < 8)
+		return eng_fail(err, -EBADMSG, "%s: %lld bytes, too short for a safetensors file",
+				path, (long long)sb.st_size);
+	rc = pread_full(fd, lenbuf, 8, 0);
+	if (rc)
+		return eng_fail(err, rc, "%s: cannot read the header length", path);
+	for (i = 7; i >= 0; i--)
+		hlen = (hlen << 8) | lenbuf[i];
+	if (hlen > ST_MAX_HEADER)
+		return eng_fail(err, -EBADMSG, "%s: header length %llu exceeds the limit of %llu",
+				path, (unsigned long long)hlen, ST_MAX_HEADER);
+	if (hlen + 8 > (uint64_t)sb.st_size)
+		return eng_fail(err, -EBADMSG, "%s: header length %llu past the end of the file "
+				"(%lld bytes)", path, (unsigned long long)hlen,
+				(long long)sb.st_size);
+	hdr = malloc(hlen ? hlen : 1);
+	if (!hdr)
+		return eng_fail(err, -ENOMEM, "%s: no memory for a %llu-byte header", path,
+				(unsigned long long)hlen);
+	rc = pread_full(fd, hdr, hlen, 8);
+	if (rc) {
+		free(hdr);
+		return eng_fail(err, rc, "%s: cannot read the header", path);
+	}
+	root = json_loadb(hdr, hlen, JSON_REJECT_DUPLICATES, &jerr);
+	free(hdr);
+	if (!root)
+		return eng_fail(err, -EBADMSG, "%s: header is not valid JSON: %s (position %d)",
+				path, jerr.text, jerr.position);
+	if (!json_is_object(root)) {
+		rc = eng_fail(err, -EBADMSG, "%s: header is not a JSON object", path);
+		goto out;
+	}
+	cap = json_object_size(root);
+	rg = calloc(cap ? cap : 1, sizeof(*rg));
+	if (!rg) {
+		rc = eng_fail(err, -ENOMEM, "%s: no memory for the header", path);
+		goto out;
+	}
+	data_len = (uint64_t)sb.st_size - 8 - hlen;
+	json_object_foreach(root, key, val) {
+		if (!strcmp(key, "__metadata__")) {
+			const char *mk;
+			json_t *mv;
+
+			if (!json_is_object(val)) {
+				rc = eng_fail(err, -EBADMSG, "%s: __metadata__ is not an object",
+					      path);
+				goto out;
+			}
+			json_object_foreach(val, mk, mv) {
+				if (!json_is_string(mv)) {
+					rc = eng_fail(err, -EBADMSG,
+						      "%s: __metadata__.%s is not a string",
+						      path, mk);
+					goto out;
+				}
+			}
+			if (fi == 0)
+				r->metadata = json_incref(val);
+			continue;
+		}
+		rc = parse_tensor(r, fi, key, val, 8 + hlen, &rg[nrg], err);
+		if (rc)
+			goto out;
+		nrg++;
+	}
+	rc = check_ranges(path, rg, nrg, data_len, err);
+out:
+	free(rg);   /* names are owned by the tensor tables */
+	json_decref(root);
+	return rc;
+}
+
+static int add_file(struct st_reader *r, const char *path, struct eng_error *err)
+{
+	struct st_file *f = realloc(r->files, (size_t)(r->nfiles + 1) * sizeof(*f));
+
+	if (!f)
+		return eng_fail(err, -ENOMEM, "%s: no memory", path);
+	r->files = f;
+	f[r->nfiles].fd = -1;
+	f[r->nfiles].path = strdup(path);
+	if (!f[r->nfiles].path)
+		return eng_fail(err, -ENOMEM, "%s: no memory", path);
+	r->nfiles++;
+	return 0;
+}
+
+static char *path_join(const char *dir, const char *name)
+{
+	size_t a = strlen(dir), b = strlen(name);
+	char *p = malloc(a + b + 2);
+
+	if (!p)
+		return NULL;
+	memcpy(p, dir, a);
+	p[a] = '/';
+	memcpy(p + a + 1, name, b + 1);
+	return p;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Collect the shard file names of model.safetensors.index.json (sorted,
+ * unique) and open them all. Afterwards every weight_map entry must name
+ * a tensor of the shard it points to. */
+static int load_index(struct st_reader *r, const char *dir, const char *index,
+		      struct eng_error *err)
+{
+	json_error_t jerr;
+	json_t *root, *wm, *val;
+	const char *key, **names = NULL;
+	size_t n = 0, i, nuniq = 0;
+	int rc = 0;
+
+	root = json_load_file(index, JSON_REJECT_DUPLICATES, &jerr);
+	if (!root)
+		return eng_fail(err, access(index, R_OK) ? -EIO : -EBADMSG,
+				"%s: %s", index, jerr.text);
+	wm = json_object_get(root, "weight_map");
+	if (!json_is_object(wm) || json_object_size(wm) == 0) {
+		rc = eng_fail(err, -EBADMSG, "%s: missing or empty weight_map object", index);
+		goto out;
+	}
+	names = calloc(json_object_size(wm), sizeof(*names));
+	if (!names) {
+		rc = eng_fail(err, -ENOMEM, "%s: no memory", index);
+		goto out;
+	}
+	json_object_foreach(wm, key, val) {
+		const char *s = json_string_value(val);
+
+		if (!s || !*s || strchr(s, '/') || !strcmp(s, ".") || !strcmp(s, "..")) {
+			rc = eng_fail(err, -EBADMSG,
+				      "%s: weight_map.%s must be a file name in the same directory",
+				      index, key);
+			goto out;
+		}
+		names[n++] = s;
+	}
+	qsort(names, n, sizeof(*names), cmp_str);
+	for (i = 0; i < n && !rc; i++) {
+		char *p;
+
+		if (i && !strcmp(names[i], names[i - 1]))
+			continue;
+		p = path_join(dir, names[i]);
+		if (!p) {
+			rc = eng_fail(err, -ENOMEM, "%s: no memory", index);
+			break;
+		}
+		rc = add_file(r, p, err);
+		free(p);
+		if (!rc)
+			rc = load_file(r, r->nfiles - 1, err);
+		nuniq++;
+	}
+	if (rc)
+		goto out;
+	/* Every mapped tensor must be found in the shard the index names. */
+	qsort(r->tensors, (size_t)r->ntensors, sizeof(*r->tensors), cmp_info_name);
+	qsort(r->others, (size_t)r->nothers, sizeof(*r->others), cmp_other_name);
+	json_object_foreach(wm, key, val) {
+		const struct st_tensor_info *t = st_reader_find(r, key);
+		const char *file = NULL, *base;
+
+		if (t) {
+			file = r->files[t->file].path;
+		} else {
+			struct st_other k = { .name = (char *)key }, *o;
+
+			o = bsearch(&k, r->others, (size_t)r->nothers, sizeof(k),
+				    cmp_other_name);
+			if (o)
+				file = r->files[o->file].path;
+		}
+		base = file ? strrchr(file, '/') + 1 : NULL;
+		if (!base || strcmp(base, json_string_value(val))) {
+			rc = eng_fail(err, -EBADMSG, "%s: tensor '%s' is not in shard %s",
+				      index, key, json_string_value(val));
+			goto out;
+		}
+	}
+out:
+	free(names);
+	json_decref(root);
+	return rc;
+}
+
+int st_reader_open(const char *path, struct st_reader **ret, struct eng_error *err)
+{
+	struct st_reader *r;
+	struct stat sb;
+	char *index = NULL, *single = NULL;
+	int rc = 0, i;
+
+	if (stat(path, &sb)) {
+		int e = errno;
+
+		return eng_fail(err, errno_code(e), "%s: %s", path, strerror(e));
+	}
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return eng_fail(err, -ENOMEM, "%s: no memory", path);
+	if (S_ISDIR(sb.st_mode)) {
+		index = path_join(path, "model.safetensors.index.json");
+		single = path_join(path, "model.safetensors");
+		if (!index || !single) {
+			rc = eng_fail(err, -ENOMEM, "%s: no memory", path);
+			goto out;
+		}
+		if (access(index, F_OK) == 0) {
+			rc = load_index(r, path, index, err);
+		} else {
+			rc = add_file(r, single, err);
+			if (!rc)
+				rc = load_file(r, 0, err);
+		}
+	} else {
+		rc = add_file(r, path, err);
+		if (!rc)
+			rc = load_file(r, 0, err);
+	}
+	if (rc)
+		goto out;
+	qsort(r->tensors, (size_t)r->ntensors, sizeof(*r->tensors), cmp_info_name);
+	qsort(r->others, (size_t)r->nothers, sizeof(*r->others), cmp_other_name);
+	/* A name in two shards (or once as a supported and once as another
+	 * dtype) is ambiguous. Within one file jansson already refused it. */
+	for (i = 1; i < r->ntensors; i++) {
+		if (!strcmp(r->tensors[i].name, r->tensors[i - 1].name)) {
+			rc = eng_fail(err, -EBADMSG, "%s: tensor '%s' appears in %s and %s",
+				      path, r->tensors[i].name,
+				      r->files[r->tensors[i - 1].file].path,
+				      r->files[r->tensors[i].file].path);
+			goto out;
+		}
+	}
+	for (i = 0; i < r->nothers; i++) {
+		if ((i && !strcmp(r->others[i].name, r->others[i - 1].name)) ||
+		    st_reader_find(r, r->others[i].name)) {
+			rc = eng_fail(err, -EBADMSG, "%s: tensor '%s' appears twice",
+				      path, r->others[i].name);
+			goto out;
+		}
+	}
+out:
+	free(index);
+	free(single);
+	if (rc) {
+		st_reader_close(r);
+		return rc;
+	}
+	*ret = r;
+	return 0;
+}
+
+int st_reader_count(const struct st_reader *r)
+{
+	return r->ntensors;
+}
+
+const struct st_tensor_info *st_reader_tensor(const struct st_reader *r, int i)
+{
+	if (i < 0 || i >= r->ntensors)
+		return NULL;
+	return &r->tensors[i];
+}
+
+const struct st_tensor_info *st_reader_find(const struct st_reader *r, const char *name)
+{
+	struct st_tensor_info key = { .name = (char *)name };
+
+	return bsearch(&key, r->tensors, (size_t)r->ntensors, sizeof(key), cmp_info_name);
+}
+
+const char *st_reader_metadata(const struct st_reader *r, const char *key)
+{
+	return json_string_value(json_object_get(r->metadata, key));
+}
+
+int st_reader_read_f32(struct st_reader *r, const char *name, float *dst,
+		       int64_t numel, struct eng_error *err)
+{
+	const struct st_tensor_info *t = st_reader_find(r, name);
+	const char *path;
+	uint64_t have = 1;
+	unsigned char *src;
+	int64_t i;
+	int rc, d;
+
+	if (!t) {
+		struct st_other key = { .name = (char *)name }, *o;
+
+		o = bsearch(&key, r->others, (size_t)r->nothers, sizeof(key), cmp_other_name);
+		if (o)
+			return eng_fail(err, -EINVAL, "%s: tensor '%s': dtype %s is not supported "
+					"(F32, BF16, F16 only)", r->files[o->file].path, name,
+					o->dtype);
+		return eng_fail(err, -ENOENT, "tensor '%s' not found in %s", name,
+				r->nfiles ? r->files[0].path : "(empty)");
+	}
+	path = r->files[t->file].path;
+	for (d = 0; d < t->ndim; d++)
+		have *= (uint64_t)t->shape[d];
+	if (numel < 0 || have != (uint64_t)numel)
+		return eng_fail(err, -EINVAL, "%s: tensor '%s' has %llu elements, %lld expected",
+				path, name, (unsigned long long)have, (long long)numel);
+	if (t->dtype == ST_F32) {
+		rc = pread_full(r->files[t->file].fd, dst, t->nbytes, t->offset);
+		goto done;
+	}
+	/* 16-bit data is read into the upper half of dst (one pread, no
+	 * extra memory) and widened in place from the front, a block at a
+	 * time through a small stack copy: block [i, i+m) writes bytes
+	 * [4i, 4i+4m), which ends at or before the first source byte of the
+	 * next block, 2*numel + 2(i+m), because i + m <= numel. */
+	src = (unsigned char *)dst + 2 * (size_t)numel;
+	rc = pread_full(r->files[t->file].fd, src, t->nbytes, t->offset);
+	if (rc)
+		goto done;
+	for (i = 0; i < numel; i += ST_WIDEN_BLOCK) {
+		uint16_t blk[ST_WIDEN_BLOCK];
+		size_t m = (size_t)(numel - i < ST_WIDEN_BLOCK ? numel - i : ST_WIDEN_BLOCK);
+
+		memcpy(blk, src + 2 * (size_t)i, 2 * m);
+		if (t->dtype == ST_BF16)
+			bf16_to_f32_n(blk, dst + i, m);
+		else
+			f16_to_f32_n(blk, dst + i, m);
+	}
+done:
+	if (rc == -EBADMSG)
+		return eng_fail(err, rc, "%s: tensor '%s': file ends before its data", path, name);
+	if (rc)
+		return eng_fail(err, rc, "%s: tensor '%s': read: %s", path, name, strerror(errno));
+	return 0;
+}
+
+/* --- writing ----------------------------------------------------------- */
+
+struct st_wentry {
+	char *name;
+	enum st_dtype dtype;
+	int ndim;
+	int64_t shape[ST_MAX_DIMS];
+	uint64_t numel;
+	const float *data;    /* borrowed */
+};
+
+struct st_writer {
+	char *path;
+	int fd;
+	struct st_wentry *e;
+	int n, cap;
+	json_t *meta;
+};
+
+/* Buffered output of st_writer_finish; hashes what it writes.
+ *
+ * Three things keep a multi-GB save at disk speed: (1) data is hashed and
+ * written ST_CHUNK bytes at a time, so the hash pulls the bytes into the
+ * cache and write() copies them from there (one pass over memory, not
+ * two); (2) writes start at page-aligned file offsets (the header is not a
+ * multiple of 4096 bytes; the page cache copies whole pages fastest);
+ * (3) writeback of every completed ST_SYNC_WINDOW is started at once with
+ * sync_file_range and the window before it waited for, so the disk works
+ * while we convert and copy, dirty memory stays at about two windows, and
+ * the final fsync has little left to do. */
+struct st_out {
+	int fd;
+	char *buf;            /* [ST_WBUF] staging buffer */
+	size_t len;           /* bytes staged in buf */
+	XXH64_state_t *xs;
+	uint64_t total;       /* bytes written to fd */
+	uint64_t started;     /* writeback started for [0, started) */
+};
+
+static void out_pace(struct st_out *o)
+{
+	while (o->total - o->started >= ST_SYNC_WINDOW) {
+		/* Best effort: errors surface again in the final fsync. */
+		(void)sync_file_range(o->fd, (off_t)o->started, ST_SYNC_WINDOW,
+				      SYNC_FILE_RANGE_WRITE);
+		if (o->started >= ST_SYNC_WINDOW)
+			(void)sync_file_range(o->fd, (off_t)(o->started - ST_SYNC_WINDOW),
+					      ST_SYNC_WINDOW, SYNC_FILE_RANGE_WAIT_BEFORE |
+					      SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+		o->started += ST_SYNC_WINDOW;
+	}
+}
+
+/* Hash and write p[len] to the file. */
+static int out_raw(struct st_out *o, const char *p, size_t len)
+{
+	int rc;
+
+	while (len) {
+		size_t n = len < ST_CHUNK ? len : ST_CHUNK;
+
+		XXH64_update(o->xs, p, n);
+		rc = write_full(o->fd, p, n);
+		if (rc)
+			return rc;
+		o->total += n;
+		p += n;
+		len -= n;
+		out_pace(o);
+	}
+	return 0;
+}
+
+/* Write the staged bytes up to the last page boundary of the file (all
+ * of them when `all`); the rest (< 4096 bytes) moves to the front. */
+static int out_flush(struct st_out *o, bool all)
+{
+	size_t cut = o->len;
+	int rc;
+
+	if (!all)
+		cut -= (size_t)((o->total + o->len) % ST_PAGE);
+	if (cut == 0 || cut > o->len)
+		return 0;
+	rc = out_raw(o, o->buf, cut);
+	if (rc)
+		return rc;
+	memmove(o->buf, o->buf + cut, o->len - cut);
+	o->len -= cut;
+	return 0;
+}
+
+static int out_write(struct st_out *o, const void *p, size_t len)
+{
+	const char *src = p;
+	size_t head;
+	int rc;
+
+	if (len >= ST_WBUF / 2) {
+		/* Large: stage just enough to reach a page boundary of the file,
+		 * then write straight from the caller's memory. */
+		head = (size_t)((ST_PAGE - (o->total + o->len) % ST_PAGE) % ST_PAGE);
+		if (o->len + head > ST_WBUF) {
+			rc = out_flush(o, false);
+			if (rc)
+				return rc;
+		}
+		memcpy(o->buf + o->len, src, head);
+		o->len += head;
+		rc = out_flush(o, true);
+		if (rc)
+			return rc;
+		return out_raw(o, src + head, len - head);
+	}
+	if (o->len + len > ST_WBUF) {
+		rc = out_flush(o, false);
+		if (rc)
+			return rc;
+	}
+	memcpy(o->buf + o->len, src, len);
+	o->len += len;
+	return 0;
+}
+
+/* Convert and write one tensor stored as bf16/f16, ST_CHUNK bytes at a
+ * time, so that the converted bytes are still in the cache when they are
+ * hashed and written. */
+static int out_write16(struct st_out *o, const struct st_wentry *e)
+{
+	uint64_t i = 0;
+	int rc;
+
+	while (i < e->numel) {
+		uint64_t n = e->numel - i;
+		size_t room;
+		uint16_t *d;
+
+		if (o->len >= ST_CHUNK) {
+			rc = out_flush(o, false);   /* leaves < ST_PAGE bytes */
+			if (rc)
+				return rc;
+		}
+		room = (ST_WBUF - o->len) / 2;
+		if (room > ST_CHUNK / 2)
+			room = ST_CHUNK / 2;
+		if (n > room)
+			n = room;
+		/* o->len is even here: the header block is a multiple of 8 and
+		 * every tensor a multiple of 2 bytes. */
+		d = (uint16_t *)(void *)(o->buf + o->len);
+		if (e->dtype == ST_BF16)
+			f32_to_bf16_n(e->data + i, d, n);
+		else
+			f32_to_f16_n(e->data + i, d, n);
+		o->len += 2 * n;
+		i += n;
+	}
+	return 0;
+}
+
+int st_writer_new(const char *path, struct st_writer **ret, struct eng_error *err)
+{
+	struct st_writer *w;
+
+	if (!path)
+		return eng_fail(err, -EINVAL, "safetensors writer: no path");
+	w = calloc(1, sizeof(*w));
+	if (!w || !(w->path = strdup(path)) || !(w->meta = json_object())) {
+		if (w)
+			free(w->path);
+		free(w);
+		return eng_fail(err, -ENOMEM, "%s: no memory", path);
+	}
+	w->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (w->fd < 0) {
+		int e = errno;
+
+		json_decref(w->meta);
+		free(w->path);
+		free(w);
+		return eng_fail(err, errno_code(e), "%s: cannot create: %s", path, strerror(e));
+	}
+	*ret = w;
+	return 0;
+}
+
+/* A string that jansson accepts (valid UTF-8) and that fits in a header. */
+static bool valid_utf8(const char *s)
+{
+	json_t *j = json_string(s);
+
+	if (!j)
+		return false;
+	json_decref(j);
+	return true;
+}
+
+int st_writer_add(struct st_writer *w, const char *name, enum st_dtype stored,
+		  int ndim, const int64_t *shape, const float *data_f32,
+		  struct eng_error *err)
+{
+	struct st_wentry *e;
+	uint64_t numel = 1;
+	int i;
+
+	if (!name || !*name || !strcmp(name, "__metadata__") || !valid_utf8(name))
+		return eng_fail(err, -EINVAL, "%s: tensor name '%s' is empty, reserved or not UTF-8",
+				w->path, name ? name : "(null)");
+	if (stored != ST_F32 && stored != ST_BF16 && stored != ST_F16)
+		return eng_fail(err, -EINVAL, "%s: tensor '%s': unsupported dtype %d",
+				w->path, name, (int)stored);
+	if (ndim < 0 || ndim > ST_MAX_DIMS)
+		return eng_fail(err, -EINVAL, "%s: tensor '%s': ndim %d not in [0, %d]",
+				w->path, name, ndim, ST_MAX_DIMS);
+	for (i = 0; i < ndim; i++) {
+		if (shape[i] < 0)
+			return eng_fail(err, -EINVAL, "%s: tensor '%s': shape[%d] = %lld",
+					w->path, name, i, (long long)shape[i]);
+		if (shape[i] && numel > (UINT64_MAX / 8) / (uint64_t)shape[i])
+			return eng_fail(err, -EINVAL, "%s: tensor '%s': shape too large",
+					w->path, name);
+		numel *= (uint64_t)shape[i];
+	}
+	if (numel && !data_f32)
+		return eng_fail(err, -EINVAL, "%s: tensor '%s': no data", w->path, name);
+	for (i = 0; i < w->n; i++)
+		if (!strcmp(w->e[i].name, name))
+			return eng_fail(err, -EINVAL, "%s: tensor '%s' added twice", w->path, name);
+	if (grow((void **)&w->e, &w->cap, w->n + 1, sizeof(*w->e)))
+		return eng_fail(err, -ENOMEM, "%s: no memory", w->path);
+	e = &w->e[w->n];
+	memset(e, 0, sizeof(*e));
+	e->name = strdup(name);
+	if (!e->name)
+		return eng_fail(err, -ENOMEM, "%s: no memory", w->path);
+	e->dtype = stored;
+	e->ndim = ndim;
+	if (ndim)
+		memcpy(e->shape, shape, (size_t)ndim * sizeof(*shape));
+	e->numel = numel;
+	e->data = data_f32;
+	w->n++;
+	return 0;
+}
+
+int st_writer_meta(struct st_writer *w, const char *key, const char *value,
+		   struct eng_error *err)
+{
+	json_t *v;
+
+	if (!key || !value || !valid_utf8(key))
+		return eng_fail(err, -EINVAL, "%s: metadata key missing or not UTF-8", w->path);
+	v = json_string(value);
+	if (!v)
+		return eng_fail(err, -EINVAL, "%s: __metadata__.%s: value is not UTF-8",
+				w->path, key);
+	if (json_object_set_new(w->meta, key, v))
+		return eng_fail(err, -ENOMEM, "%s: no memory", w->path);
+	return 0;
+}
+
+/* Reference order: larger dtype first (F32, BF16, F16), then by name. */
+static int dtype_rank(enum st_dtype dt)
+{
+	switch (dt) {
+	case ST_F32: return 0;
+	case ST_BF16: return 1;
+	case ST_F16: return 2;
+	}
+	return 3;
+}
+
+static int cmp_wentry(const void *a, const void *b)
+{
+	const struct st_wentry *x = a, *y = b;
+
+	if (x->dtype != y->dtype)
+		return dtype_rank(x->dtype) - dtype_rank(y->dtype);
+	return strcmp(x->name, y->name);
+}
+
+/* The header JSON (compact, unpadded) of the sorted entries; malloc'ed. */
+static char *build_header(struct st_writer *w)
+{
+	json_t *root = json_object(), *meta = NULL;
+	const char **keys = NULL;
+	const char *k;
+	json_t *v;
+	uint64_t off = 0;
+	char *text = NULL;
+	size_t nk = 0, i;
+	int ok = root != NULL;
+
+	if (ok && json_object_size(w->meta)) {
+		keys = calloc(json_object_size(w->meta), sizeof(*keys));
+		meta = json_object();
+		ok = keys && meta;
+		json_object_foreach(w->meta, k, v) {
+			if (ok)
+				keys[nk++] = k;
+		}
+		if (ok)
+			qsort(keys, nk, sizeof(*keys), cmp_str);
+		for (i = 0; ok && i < nk; i++)
+			ok = !json_object_set(meta, keys[i], json_object_get(w->meta, keys[i]));
+		ok = ok && !json_object_set(root, "__metadata__", meta);
+	}
+	for (i = 0; ok && i < (size_t)w->n; i++) {
+		const struct st_wentry *e = &w->e[i];
+		uint64_t nb = e->numel * st_dtype_size(e->dtype);
+		json_t *t = json_object(), *shape = json_array(), *offs = json_array();
+		int d;
+
+		ok = t && shape && offs;
+		for (d = 0; ok && d < e->ndim; d++)
+			ok = !json_array_append_new(shape, json_integer(e->shape[d]));
+		ok = ok && !json_array_append_new(offs, json_integer((json_int_t)off)) &&
+		     !json_array_append_new(offs, json_integer((json_int_t)(off + nb)));
+		ok = ok && !json_object_set_new(t, "dtype", json_string(st_dtype_name(e->dtype)));
+		ok = ok && !json_object_set(t, "shape", shape);
+		ok = ok && !json_object_set(t, "data_offsets", offs);
+		ok = ok && !json_object_set(root, e->name, t);
+		json_decref(t);
+		json_decref(shape);
+		json_decref(offs);
+		off += nb;
+	}
+	if (ok)
+		text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+	free(keys);
+	json_decref(meta);
+	json_decref(root);
+	return text;
+}
+
+static void writer_free(struct st_writer *w)
+{
+	int i;
+
+	for (i = 0; i < w->n; i++)
+		free(w->e[i].name);
+	free(w->e);
+	json_decref(w->meta);
+	free(w->path);
+	free(w);
+}
+
+int st_writer_finish(struct st_writer *w, uint64_t *ret_bytes,
+		     uint64_t *ret_xxh64, struct eng_error *err)
+{
+	struct st_out o = { .fd = w->fd };
+	unsigned char lenbuf[8];
+	size_t hlen, padded;
+	char *hdr = NULL;
+	uint64_t xxh = 0;
+	int rc = 0, i;
+
+	qsort(w->e, (size_t)w->n, sizeof(*w->e), cmp_wentry);
+	hdr = build_header(w);
+	o.buf = malloc(ST_WBUF);
+	o.xs = XXH64_createState();
+	if (!hdr || !o.buf || !o.xs) {
+		rc = eng_fail(err, -ENOMEM, "%s: no memory for the header or write buffer",
+			      w->path);
+		goto out;
+	}
+	XXH64_reset(o.xs, 0);
+	hlen = strlen(hdr);
+	padded = (hlen + 7) & ~(size_t)7;
+	for (i = 0; i < 8; i++)
+		lenbuf[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+	rc = out_write(&o, lenbuf, 8);
+	if (!rc)
+		rc = out_write(&o, hdr, hlen);
+	while (!rc && hlen < padded) {
+		rc = out_write(&o, " ", 1);
+		hlen++;
+	}
+	for (i = 0; !rc && i < w->n; i++) {
+		const struct st_wentry *e = &w->e[i];
+
+		if (e->dtype == ST_F32)
+			rc = out_write(&o, e->data, e->numel * 4);
+		else
+			rc = out_write16(&o, e);
+	}
+	if (!rc)
+		rc = out_flush(&o, true);
+	if (rc) {
+		rc = eng_fail(err, errno_code(-rc), "%s: write: %s",
+			      w->path, strerror(-rc));
+		goto out;
+	}
+	xxh = XXH64_digest(o.xs);
+	if (fsync(w->fd)) {
+		rc = eng_fail(err, -EIO, "%s: fsync: %s", w->path, strerror(errno));
+		goto out;
+	}
+out:
+	if (close(w->fd) && !rc)
+		rc = eng_fail(err, -EIO, "%s: close: %s", w->path, strerror(errno));
+	if (rc)
+		unlink(w->path);
+	free(hdr);
+	free(o.buf);
+	XXH64_freeState(o.xs);
+	if (!rc) {
+		if (ret_bytes)
+			*ret_bytes = o.total;
+		if (ret_xxh64)
+			*ret_xxh64 = xxh;
+	}
+	writer_free(w);
+	return rc;
+}
+
+void st_writer_abort(struct st_writer *w)
+{
+	if (!w)
+		return;
+	close(w->fd);
+	unlink(w->path);
+	writer_free(w);
+}

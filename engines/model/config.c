@@ -1,0 +1,450 @@
+/* config.c — Llama-family model configuration from a Hugging Face
+ * config.json (see config.h): parsing with the defaults of the matching
+ * transformers config class, serialization back to config.json, and the
+ * RoPE inverse frequencies computed as transformers computes them.
+ *
+ * Defaults follow transformers where a key is absent (or null):
+ *   num_key_value_heads = num_attention_heads
+ *   head_dim = hidden_size / num_attention_heads (qwen3: 128, Qwen3Config)
+ *   max_position_embeddings = 2048 (llama), 32768 (qwen2, qwen3),
+ *                             131072 (mistral)
+ *   rms_norm_eps = 1e-6, rope_theta = 10000, tie_word_embeddings = false,
+ *   initializer_range = 0.02, hidden_act = "silu".
+ * What the engine cannot run is refused rather than approximated:
+ * sliding-window attention, rope_scaling types other than default/llama3,
+ * mlp_bias, activations other than silu.
+ */
+#include "config.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct {
+	const char *model_type;
+	enum model_arch arch;
+	const char *architecture;     /* "architectures"[0] written back */
+	int64_t default_max_pos;
+} arch_table[] = {
+	{ "llama", ARCH_LLAMA, "LlamaForCausalLM", 2048 },
+	{ "qwen2", ARCH_QWEN2, "Qwen2ForCausalLM", 32768 },
+	{ "qwen3", ARCH_QWEN3, "Qwen3ForCausalLM", 32768 },
+	{ "mistral", ARCH_MISTRAL, "MistralForCausalLM", 131072 },
+};
+#define N_ARCH (sizeof(arch_table) / sizeof(arch_table[0]))
+
+/* A key counts as absent when missing or JSON null (HF writes nulls for
+ * unset optional fields). */
+static json_t *get(json_t *obj, const char *key)
+{
+	json_t *v = json_object_get(obj, key);
+
+	return json_is_null(v) ? NULL : v;
+}
+
+/* Integer `key` of `obj` (reported as prefix+key). Absent: `def`, or
+ * -EINVAL when def < 0 (required). Must be an integer >= min. */
+static int get_int(json_t *obj, const char *prefix, const char *key, int64_t def,
+		   int64_t min, int64_t *out, struct eng_error *err)
+{
+	json_t *v = get(obj, key);
+
+	if (!v) {
+		if (def < 0)
+			return eng_fail(err, -EINVAL, "%s%s: required key missing", prefix, key);
+		*out = def;
+		return 0;
+	}
+	if (!json_is_integer(v))
+		return eng_fail(err, -EINVAL, "%s%s: must be an integer", prefix, key);
+	if (json_integer_value(v) < min)
+		return eng_fail(err, -EINVAL, "%s%s: %lld, must be >= %lld", prefix, key,
+				(long long)json_integer_value(v), (long long)min);
+	*out = json_integer_value(v);
+	return 0;
+}
+
+/* Number `key` (integer or real); absent: `def`, or -EINVAL when required.
+ * Must be finite and > 0 when `positive`. */
+static int get_num(json_t *obj, const char *prefix, const char *key, bool required,
+		   double def, bool positive, double *out, struct eng_error *err)
+{
+	json_t *v = get(obj, key);
+	double x;
+
+	if (!v) {
+		if (required)
+			return eng_fail(err, -EINVAL, "%s%s: required key missing", prefix, key);
+		*out = def;
+		return 0;
+	}
+	if (!json_is_number(v))
+		return eng_fail(err, -EINVAL, "%s%s: must be a number", prefix, key);
+	x = json_number_value(v);
+	if (!isfinite(x) || (positive && !(x > 0)))
+		return eng_fail(err, -EINVAL, "%s%s: %g, must be a positive number", prefix,
+				key, x);
+	*out = x;
+	return 0;
+}
+
+static int get_bool(json_t *obj, const char *key, bool def, bool *out,
+		    struct eng_error *err)
+{
+	json_t *v = get(obj, key);
+
+	if (!v) {
+		*out = def;
+		return 0;
+	}
+	if (!json_is_boolean(v))
+		return eng_fail(err, -EINVAL, "%s: must be true or false", key);
+	*out = json_is_true(v);
+	return 0;
+}
+
+/* rope_scaling (or transformers 5's rope_parameters): default or llama3. */
+static int parse_rope(json_t *root, struct model_config *c, struct eng_error *err)
+{
+	const char *pre = "rope_scaling.";
+	json_t *rs = get(root, "rope_scaling"), *params = get(root, "rope_parameters");
+	json_t *jt;
+	const char *type, *tkey;
+	int rc;
+
+	if (params && !json_is_object(params))
+		return eng_fail(err, -EINVAL, "rope_parameters: must be an object or null");
+	/* transformers 5 keeps rope_theta inside rope_parameters. */
+	if (!get(root, "rope_theta") && params)
+		rc = get_num(params, "rope_parameters.", "rope_theta", false, 10000.0, true,
+			     &c->rope_theta, err);
+	else
+		rc = get_num(root, "", "rope_theta", false, 10000.0, true, &c->rope_theta, err);
+	if (rc)
+		return rc;
+	if (!rs && params) {
+		rs = params;
+		pre = "rope_parameters.";
+	}
+	if (!rs)
+		return 0;
+	if (!json_is_object(rs))
+		return eng_fail(err, -EINVAL, "rope_scaling: must be an object or null");
+	tkey = get(rs, "rope_type") ? "rope_type" : "type";
+	jt = get(rs, tkey);
+	if (!jt)
+		return eng_fail(err, -EINVAL, "%stype: missing (rope_type or type)", pre);
+	type = json_string_value(jt);
+	if (!type)
+		return eng_fail(err, -EINVAL, "%s%s: must be a string", pre, tkey);
+	if (!strcmp(type, "default"))
+		return 0;
+	if (strcmp(type, "llama3"))
+		return eng_fail(err, -EINVAL, "%s%s: '%s' is not supported (default, llama3)",
+				pre, tkey, type);
+	c->rope_llama3 = true;
+	rc = get_num(rs, pre, "factor", true, 0, true, &c->rope_factor, err);
+	if (!rc)
+		rc = get_num(rs, pre, "low_freq_factor", true, 0, true,
+			     &c->rope_low_freq_factor, err);
+	if (!rc)
+		rc = get_num(rs, pre, "high_freq_factor", true, 0, true,
+			     &c->rope_high_freq_factor, err);
+	if (!rc)
+		rc = get_int(rs, pre, "original_max_position_embeddings", -1, 1,
+			     &c->rope_original_max_pos, err);
+	if (rc)
+		return rc;
+	/* transformers refuses high <= low: the interpolation divides by it. */
+	if (!(c->rope_high_freq_factor > c->rope_low_freq_factor))
+		return eng_fail(err, -EINVAL, "%shigh_freq_factor: %g must exceed "
+				"low_freq_factor %g", pre, c->rope_high_freq_factor,
+				c->rope_low_freq_factor);
+	return 0;
+}
+
+static int parse_root(json_t *root, struct model_config *c, struct eng_error *err)
+{
+	const char *mt;
+	json_t *v;
+	size_t k;
+	int rc;
+
+	if (!json_is_object(root))
+		return eng_fail(err, -EINVAL, "config.json: not a JSON object");
+	mt = json_string_value(get(root, "model_type"));
+	if (!mt)
+		return eng_fail(err, -EINVAL, "model_type: required string missing "
+				"(supported: llama, qwen2, qwen3, mistral)");
+	for (k = 0; k < N_ARCH; k++)
+		if (!strcmp(mt, arch_table[k].model_type))
+			break;
+	if (k == N_ARCH)
+		return eng_fail(err, -EINVAL, "model_type: '%s' is not supported "
+				"(supported: llama, qwen2, qwen3, mistral)", mt);
+	c->arch = arch_table[k].arch;
+	snprintf(c->model_type, sizeof(c->model_type), "%s", mt);
+
+	rc = get_int(root, "", "vocab_size", -1, 1, &c->vocab_size, err);
+	if (!rc)
+		rc = get_int(root, "", "hidden_size", -1, 1, &c->hidden_size, err);
+	if (!rc)
+		rc = get_int(root, "", "intermediate_size", -1, 1, &c->intermediate_size, err);
+	if (!rc)
+		rc = get_int(root, "", "num_hidden_layers", -1, 1, &c->num_layers, err);
+	if (!rc)
+		rc = get_int(root, "", "num_attention_heads", -1, 1, &c->num_heads, err);
+	if (!rc)
+		rc = get_int(root, "", "num_key_value_heads", c->num_heads, 1,
+			     &c->num_kv_heads, err);
+	if (rc)
+		return rc;
+	if (c->num_heads % c->num_kv_heads)
+		return eng_fail(err, -EINVAL, "num_key_value_heads: %lld does not divide "
+				"num_attention_heads %lld", (long long)c->num_kv_heads,
+				(long long)c->num_heads);
+	if (!get(root, "head_dim") && c->arch != ARCH_QWEN3 &&
+	    c->hidden_size % c->num_heads)
+		return eng_fail(err, -EINVAL, "hidden_size: %lld is not a multiple of "
+				"num_attention_heads %lld (and no head_dim given)",
+				(long long)c->hidden_size, (long long)c->num_heads);
+	rc = get_int(root, "", "head_dim",
+		     c->arch == ARCH_QWEN3 ? 128 : c->hidden_size / c->num_heads, 1,
+		     &c->head_dim, err);
+	if (rc)
+		return rc;
+	if (c->head_dim % 2)
+		return eng_fail(err, -EINVAL, "head_dim: %lld is odd (RoPE rotates pairs)",
+				(long long)c->head_dim);
+	rc = get_int(root, "", "max_position_embeddings", arch_table[k].default_max_pos, 1,
+		     &c->max_position_embeddings, err);
+	if (!rc)
+		rc = get_num(root, "", "rms_norm_eps", false, 1e-6, true, &c->rms_norm_eps, err);
+	if (!rc)
+		rc = get_num(root, "", "initializer_range", false, 0.02, false,
+			     &c->initializer_range, err);
+	if (!rc)
+		rc = get_bool(root, "tie_word_embeddings", false, &c->tie_word_embeddings, err);
+	if (!rc)
+		rc = get_bool(root, "attention_bias", false, &c->attention_bias, err);
+	if (rc)
+		return rc;
+	if (c->initializer_range < 0)
+		return eng_fail(err, -EINVAL, "initializer_range: %g is negative",
+				c->initializer_range);
+	switch (c->arch) {
+	case ARCH_LLAMA:
+		c->o_proj_bias = c->attention_bias;
+		break;
+	case ARCH_QWEN2:
+		/* Qwen2Attention: q/k/v always carry a bias, o_proj never. */
+		c->attention_bias = true;
+		break;
+	case ARCH_QWEN3:
+		c->qk_norm = true;
+		c->o_proj_bias = c->attention_bias;
+		break;
+	case ARCH_MISTRAL:
+		/* MistralAttention has no bias, whatever the config says. */
+		c->attention_bias = false;
+		break;
+	}
+
+	v = get(root, "hidden_act");
+	if (v && (!json_is_string(v) || strcmp(json_string_value(v), "silu")))
+		return eng_fail(err, -EINVAL, "hidden_act: only \"silu\" is supported");
+	v = get(root, "mlp_bias");
+	if (v && !json_is_false(v))
+		return eng_fail(err, -EINVAL, "mlp_bias: MLP biases are not supported");
+
+	/* Sliding-window attention is not implemented: refuse a window that
+	 * could take effect (one at least max_position_embeddings long never
+	 * masks anything, so it is accepted). */
+	v = get(root, "sliding_window");
+	if (v && !json_is_integer(v))
+		return eng_fail(err, -EINVAL, "sliding_window: must be an integer or null");
+	if (v && json_integer_value(v) < c->max_position_embeddings) {
+		bool used = c->arch == ARCH_MISTRAL;
+
+		if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3) {
+			json_t *u = get(root, "use_sliding_window");
+
+			used = json_is_true(u);
+		}
+		if (used)
+			return eng_fail(err, -EINVAL, "sliding_window: %lld is smaller than "
+					"max_position_embeddings %lld and sliding-window "
+					"attention is not supported",
+					(long long)json_integer_value(v),
+					(long long)c->max_position_embeddings);
+	}
+	return parse_rope(root, c, err);
+}
+
+int model_config_parse(const char *json_text, struct model_config *ret,
+		       struct eng_error *err)
+{
+	struct model_config c;
+	json_error_t jerr;
+	json_t *root;
+	int rc;
+
+	if (!json_text)
+		return eng_fail(err, -EINVAL, "config.json: no text");
+	root = json_loads(json_text, JSON_REJECT_DUPLICATES, &jerr);
+	if (!root)
+		return eng_fail(err, -EINVAL, "config.json: invalid JSON at line %d: %s",
+				jerr.line, jerr.text);
+	memset(&c, 0, sizeof(c));
+	rc = parse_root(root, &c, err);
+	json_decref(root);
+	if (rc)
+		return rc;
+	*ret = c;
+	return 0;
+}
+
+static json_t *config_object(const struct model_config *c)
+{
+	const char *arch = "LlamaForCausalLM", *mt = c->model_type;
+	json_t *o = json_object(), *rs = json_null();
+	size_t k;
+	int bad = 0;
+
+	for (k = 0; k < N_ARCH; k++) {
+		if (arch_table[k].arch == c->arch) {
+			arch = arch_table[k].architecture;
+			if (!mt[0])
+				mt = arch_table[k].model_type;
+		}
+	}
+	if (c->rope_llama3) {
+		json_decref(rs);
+		rs = json_pack("{s:s, s:f, s:f, s:f, s:I}", "rope_type", "llama3",
+			       "factor", c->rope_factor,
+			       "low_freq_factor", c->rope_low_freq_factor,
+			       "high_freq_factor", c->rope_high_freq_factor,
+			       "original_max_position_embeddings",
+			       (json_int_t)c->rope_original_max_pos);
+	}
+	if (!o || !rs) {
+		json_decref(o);
+		json_decref(rs);
+		return NULL;
+	}
+	bad |= json_object_set_new(o, "architectures", json_pack("[s]", arch));
+	bad |= json_object_set_new(o, "model_type", json_string(mt));
+	bad |= json_object_set_new(o, "vocab_size", json_integer(c->vocab_size));
+	bad |= json_object_set_new(o, "hidden_size", json_integer(c->hidden_size));
+	bad |= json_object_set_new(o, "intermediate_size", json_integer(c->intermediate_size));
+	bad |= json_object_set_new(o, "num_hidden_layers", json_integer(c->num_layers));
+	bad |= json_object_set_new(o, "num_attention_heads", json_integer(c->num_heads));
+	bad |= json_object_set_new(o, "num_key_value_heads", json_integer(c->num_kv_heads));
+	bad |= json_object_set_new(o, "head_dim", json_integer(c->head_dim));
+	bad |= json_object_set_new(o, "max_position_embeddings",
+				   json_integer(c->max_position_embeddings));
+	bad |= json_object_set_new(o, "rms_norm_eps", json_real(c->rms_norm_eps));
+	bad |= json_object_set_new(o, "rope_theta", json_real(c->rope_theta));
+	bad |= json_object_set_new(o, "rope_scaling", rs);
+	bad |= json_object_set_new(o, "tie_word_embeddings",
+				   json_boolean(c->tie_word_embeddings));
+	bad |= json_object_set_new(o, "attention_bias", json_boolean(c->attention_bias));
+	bad |= json_object_set_new(o, "hidden_act", json_string("silu"));
+	bad |= json_object_set_new(o, "initializer_range", json_real(c->initializer_range));
+	if (c->arch == ARCH_MISTRAL)
+		bad |= json_object_set_new(o, "sliding_window", json_null());
+	if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3)
+		bad |= json_object_set_new(o, "use_sliding_window", json_false());
+	bad |= json_object_set_new(o, "torch_dtype", json_string("float32"));
+	if (bad) {
+		json_decref(o);
+		return NULL;
+	}
+	return o;
+}
+
+static bool same_reals(const struct model_config *a, const struct model_config *b)
+{
+	return a->rms_norm_eps == b->rms_norm_eps && a->rope_theta == b->rope_theta &&
+	       a->rope_factor == b->rope_factor &&
+	       a->rope_low_freq_factor == b->rope_low_freq_factor &&
+	       a->rope_high_freq_factor == b->rope_high_freq_factor &&
+	       a->initializer_range == b->initializer_range;
+}
+
+char *model_config_to_json(const struct model_config *cfg)
+{
+	json_t *o = config_object(cfg);
+	char *text = NULL;
+	int prec;
+
+	if (!o)
+		return NULL;
+	/* The shortest precision that reads back to the same doubles, so that
+	 * 1e-06 is written as such rather than 9.9999999999999995e-07. */
+	for (prec = 15; prec <= 17; prec++) {
+		struct model_config back;
+
+		free(text);
+		text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER |
+				  JSON_REAL_PRECISION(prec));
+		if (!text || prec == 17)
+			break;
+		if (model_config_parse(text, &back, NULL) == 0 && same_reals(cfg, &back))
+			break;
+	}
+	json_decref(o);
+	return text;
+}
+
+void model_config_rope_inv_freq(const struct model_config *cfg, float *inv_freq)
+{
+	/* transformers, _compute_default_rope_parameters:
+	 *   1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))
+	 * in float32: the exponent is a float32 quotient, the power is taken
+	 * in double here and rounded once (torch's float pow is within an ulp
+	 * of that), and Python's `scalar / tensor` is reciprocal(tensor) *
+	 * scalar, all with the scalars cast to float32. */
+	int64_t D = cfg->head_dim, i;
+	float base = (float)cfg->rope_theta;
+
+	for (i = 0; i < D / 2; i++) {
+		float e = (float)(2 * i) / (float)D;
+		float p = (float)pow((double)base, (double)e);
+
+		inv_freq[i] = 1.0f / p;
+	}
+	if (!cfg->rope_llama3)
+		return;
+	/* _compute_llama3_parameters, op for op in float32:
+	 *   wavelen = 2 * math.pi / inv_freq
+	 *   inv_freq_llama = where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+	 *   smooth = (old_context_len / wavelen - low) / (high - low)
+	 *   smoothed = (1 - smooth) * inv_freq_llama / factor + smooth * inv_freq_llama
+	 *   medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen)
+	 *   inv_freq_llama = where(medium, smoothed, inv_freq_llama) */
+	{
+		float factor = (float)cfg->rope_factor;
+		float low = (float)cfg->rope_low_freq_factor;
+		double old = (double)cfg->rope_original_max_pos;
+		float low_wavelen = (float)(old / cfg->rope_low_freq_factor);
+		float high_wavelen = (float)(old / cfg->rope_high_freq_factor);
+		float span = (float)(cfg->rope_high_freq_factor - cfg->rope_low_freq_factor);
+		float two_pi = (float)(2.0 * M_PI);
+
+		for (i = 0; i < D / 2; i++) {
+			float f = inv_freq[i];
+			float wavelen = (1.0f / f) * two_pi;
+			float scaled = wavelen > low_wavelen ? f / factor : f;
+
+			if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
+				float smooth = ((1.0f / wavelen) * (float)old - low) / span;
+
+				scaled = (1.0f - smooth) * scaled / factor + smooth * scaled;
+			}
+			inv_freq[i] = scaled;
+		}
+	}
+}

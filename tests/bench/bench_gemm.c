@@ -1,0 +1,210 @@
+/* bench_gemm.c — GFLOP/s of the CPU device's gemm (fp32 and bf16) on the
+ * Qwen2.5-0.5B shapes of one 256-token micro-batch, against the fp32 FMA
+ * peak of the same cores measured in the same run.
+ *
+ * Usage: bench_gemm [threads (default 2)] [tokens (default 256)]
+ *
+ * The peak is a loop of independent vector FMAs (GCC vector extensions, so
+ * it uses the widest registers -march allows, as the kernels do) on every
+ * thread. Each shape is timed as the median of 3 runs after one warm-up
+ * (which also builds the cached oneDNN primitive). The "sgemm" column is
+ * oneDNN's dnnl_sgemm on the same fp32 operands, the alternative the
+ * device's matmul-primitive path was chosen over. The machines are shared
+ * and noisy: compare ratios from one run, not times between runs.
+ */
+#include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "device/device.h"
+
+#define REPS 3
+
+typedef float v16 __attribute__((vector_size(64)));
+
+static double now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* fp32 FMA peak of `threads` threads, GFLOP/s: best of 3. */
+static double fma_peak(int threads)
+{
+	const long iters = 20000000;
+	double best = 0.0;
+	int rep;
+
+	for (rep = 0; rep < 3; rep++) {
+		double t0 = now(), t;
+		float sink = 0.0f;
+
+#pragma omp parallel num_threads(threads) reduction(+:sink)
+		{
+			v16 a[12], b, c;
+			long i;
+			int j;
+
+			for (j = 0; j < 12; j++)
+				a[j] = (v16){ 0 } + (float)j;
+			b = (v16){ 0 } + 0.999999f;
+			c = (v16){ 0 } + 1e-7f;
+			/* 12 independent chains cover the FMA latency; without
+			 * -ffast-math the compiler must issue every FMA */
+			for (i = 0; i < iters; i++)
+				for (j = 0; j < 12; j++)
+					a[j] = a[j] * b + c;
+			for (j = 1; j < 12; j++)
+				a[0] += a[j];
+			for (j = 0; j < 16; j++)
+				sink += a[0][j];
+		}
+		t = now() - t0;
+		if (sink == 12345.0f)
+			printf(" ");
+		if (2.0 * 16 * 12 * iters * threads / t * 1e-9 > best)
+			best = 2.0 * 16 * 12 * iters * threads / t * 1e-9;
+	}
+	return best;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+struct shape {
+	const char *name;
+	bool ta, tb;
+	int64_t M, N, K;
+};
+
+/* Median seconds of one gemm (device kernel, or dnnl_sgemm when dev is
+ * NULL), or a negative value on failure. */
+static double time_gemm(struct device *dev, const struct shape *s, const float *A,
+			const float *B, float *C)
+{
+	int64_t lda = s->ta ? s->M : s->K, ldb = s->tb ? s->K : s->N;
+	double t[REPS + 1];
+	int r;
+
+	for (r = 0; r <= REPS; r++) {
+		double t0 = now();
+		int rc;
+
+		if (dev)
+			rc = dev->k->gemm(dev, s->ta, s->tb, s->M, s->N, s->K, A, lda,
+					  B, ldb, 0.0f, C, s->N);
+		else
+			rc = dnnl_sgemm(s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', s->M, s->N,
+					s->K, 1.0f, A, lda, B, ldb, 0.0f, C, s->N) ==
+			     dnnl_success ? 0 : -1;
+		if (rc)
+			return -1.0;
+		t[r] = now() - t0;
+	}
+	qsort(t + 1, REPS, sizeof(double), cmp_double);   /* drop the warm-up */
+	return t[1 + REPS / 2];
+}
+
+int main(int argc, char **argv)
+{
+	const int threads = argc > 1 ? atoi(argv[1]) : 2;
+	const int64_t T = argc > 2 ? atoll(argv[2]) : 256;
+	const int64_t C = 896, F = 4864, QKV = 896 + 2 * 128, V = 151936;
+	/* y = x W^T (forward), dx = dy W, dW = dy^T x (backward) */
+	const struct shape shapes[] = {
+		{ "qkv fwd   x W^T", false, true, T, QKV, C },
+		{ "o fwd     x W^T", false, true, T, C, C },
+		{ "gate/up   x W^T", false, true, T, F, C },
+		{ "down fwd  x W^T", false, true, T, C, F },
+		{ "down dx   dy W ", false, false, T, F, C },
+		{ "up dx     dy W ", false, false, T, C, F },
+		{ "up dW     dy^T x", true, false, F, C, T },
+		{ "down dW   dy^T x", true, false, C, F, T },
+		{ "lm_head   x W^T", false, true, T, V, C },
+		{ "lm dx     dy W ", false, false, T, C, V },
+		{ "lm dW     dy^T x", true, false, V, C, T },
+	};
+	const size_t nshapes = sizeof(shapes) / sizeof(shapes[0]);
+	struct device *dev32 = NULL, *dev16 = NULL;
+	double peak, flops_all = 0, t32_all = 0, t16_all = 0, tsg_all = 0;
+	size_t i, maxa = 0, maxb = 0, maxc = 0;
+	float *A, *B, *Cm;
+
+	if (threads <= 0 || T <= 0) {
+		fprintf(stderr, "usage: bench_gemm [threads] [tokens]\n");
+		return 2;
+	}
+	if (cpu_device_ops.open(&dev32, threads, MATMUL_FP32) ||
+	    cpu_device_ops.open(&dev16, threads, MATMUL_BF16)) {
+		fprintf(stderr, "bench_gemm: cannot open the CPU device\n");
+		return 1;
+	}
+	for (i = 0; i < nshapes; i++) {
+		size_t a = (size_t)(shapes[i].M * shapes[i].K);
+		size_t b = (size_t)(shapes[i].K * shapes[i].N);
+		size_t c = (size_t)(shapes[i].M * shapes[i].N);
+
+		maxa = a > maxa ? a : maxa;
+		maxb = b > maxb ? b : maxb;
+		maxc = c > maxc ? c : maxc;
+	}
+	A = dev32->ops->alloc(dev32, maxa * sizeof(float));
+	B = dev32->ops->alloc(dev32, maxb * sizeof(float));
+	Cm = dev32->ops->alloc(dev32, maxc * sizeof(float));
+	if (!A || !B || !Cm) {
+		fprintf(stderr, "bench_gemm: out of memory\n");
+		return 1;
+	}
+	for (i = 0; i < maxa; i++)
+		A[i] = (float)(i % 97) * 0.01f - 0.5f;
+	for (i = 0; i < maxb; i++)
+		B[i] = (float)(i % 89) * 0.01f - 0.45f;
+	memset(Cm, 0, maxc * sizeof(float));
+
+	omp_set_num_threads(threads);
+	peak = fma_peak(threads);
+	printf("threads %d, tokens %ld; fp32 FMA peak measured now: %.1f GFLOP/s\n",
+	       threads, (long)T, peak);
+	printf("%-18s %6s %6s %7s   %8s %8s %8s   %6s %6s\n", "shape", "M", "N", "K",
+	       "fp32", "bf16", "sgemm", "fp32/pk", "bf16/pk");
+	for (i = 0; i < nshapes; i++) {
+		const struct shape *s = &shapes[i];
+		double fl = 2.0 * s->M * s->N * s->K;
+		double t32 = time_gemm(dev32, s, A, B, Cm);
+		double t16 = time_gemm(dev16, s, A, B, Cm);
+		double tsg;
+
+		omp_set_num_threads(threads);
+		tsg = time_gemm(NULL, s, A, B, Cm);
+		if (t32 < 0 || t16 < 0 || tsg < 0) {
+			fprintf(stderr, "bench_gemm: gemm failed on %s\n", s->name);
+			return 1;
+		}
+		flops_all += fl;
+		t32_all += t32;
+		t16_all += t16;
+		tsg_all += tsg;
+		printf("%-18s %6ld %6ld %7ld   %8.1f %8.1f %8.1f   %6.2f %6.2f\n", s->name,
+		       (long)s->M, (long)s->N, (long)s->K, fl / t32 * 1e-9, fl / t16 * 1e-9,
+		       fl / tsg * 1e-9, fl / t32 * 1e-9 / peak, fl / t16 * 1e-9 / peak);
+	}
+	printf("%-18s %6s %6s %7s   %8.1f %8.1f %8.1f   %6.2f %6.2f\n", "all (time-weighted)",
+	       "", "", "", flops_all / t32_all * 1e-9, flops_all / t16_all * 1e-9,
+	       flops_all / tsg_all * 1e-9, flops_all / t32_all * 1e-9 / peak,
+	       flops_all / t16_all * 1e-9 / peak);
+	dev32->ops->free(dev32, A);
+	dev32->ops->free(dev32, B);
+	dev32->ops->free(dev32, Cm);
+	cpu_device_ops.close(dev32);
+	cpu_device_ops.close(dev16);
+	return 0;
+}

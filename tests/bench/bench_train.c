@@ -1,0 +1,300 @@
+/* bench_train.c — training-step and forward-only benchmark of the native
+ * CPU engine on the Qwen2.5-0.5B shape (PERF.md).
+ *
+ * Usage: bench_train [--steps N] [--tokens T] [--bf16] [--threads K]
+ *                    [--layers L] [--vocab V]
+ *
+ * Model: vocab 151936, hidden 896, intermediate 4864, 24 layers, 14 heads /
+ * 2 kv heads (head_dim 64), qwen2 (q/k/v bias), tied embeddings, rope_theta
+ * 1e6; random init from the engine's seeded initializer. --layers/--vocab
+ * shrink it for smoke tests only.
+ *
+ * Training step: engine_forward_backward on one sequence of T tokens (loss:
+ * mean SFT, dL/dlogp = -1/T for every predicted token) + engine_optimizer_step
+ * (AdamW, clip 1.0), in TRAIN mode. One warm-up step, then N timed steps;
+ * the median is reported. Forward-only: engine_forward_backward with
+ * forward_only in EVAL mode returning log-probs and entropy (verl's
+ * compute_log_prob), one warm-up, N timed.
+ *
+ * FLOPs (model FLOPs, what the work requires, not what the engine executes):
+ *   N_mm   = parameters used in matmuls: all parameters, minus the embedding
+ *            when it is untied (a lookup); when tied it is counted once, as
+ *            the LM head.
+ *   attn_fwd = 4 * L * H * D * sum over sequences of T(T+1)/2
+ *            (QK^T and PV, 2 FLOPs per multiply-add, causal: query t sees
+ *            t+1 keys).
+ *   training step = 6 * N_mm * tokens + 3 * attn_fwd
+ *   forward only  = 2 * N_mm * tokens + attn_fwd
+ * GFLOP/s = FLOPs / median time. Peak RSS is getrusage's ru_maxrss of this
+ * process (both phases; the training phase dominates).
+ *
+ * Prints a human-readable summary and one JSON line (the last line).
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "engine.h"
+
+struct opts {
+	int steps;
+	int64_t tokens;
+	bool bf16;
+	int threads;
+	int layers;
+	int64_t vocab;
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Mean SFT loss: dL/dlogp = -1/T at every predicted token. */
+static int sft_loss(void *ctx, struct engine_loss_io *io, struct eng_error *err)
+{
+	const int64_t *total = ctx;
+	int64_t i;
+	int32_t s, off = 0;
+
+	if (io->forward_only)
+		return 0;
+	for (i = 0; i < io->n; i++)
+		io->d_log_probs[i] = -1.0f / (float)*total;
+	/* the first token of each sequence has no prediction */
+	for (s = 0; s < io->num_seqs; s++) {
+		io->d_log_probs[off] = 0.0f;
+		off += io->seq_lens[s];
+	}
+	return 0;
+}
+
+static void usage(const char *argv0)
+{
+	fprintf(stderr, "usage: %s [--steps N] [--tokens T] [--bf16] [--threads K] "
+		"[--layers L] [--vocab V]\n", argv0);
+}
+
+static int parse_opts(int argc, char **argv, struct opts *o)
+{
+	static const struct option lo[] = {
+		{ "steps", required_argument, NULL, 's' },
+		{ "tokens", required_argument, NULL, 't' },
+		{ "bf16", no_argument, NULL, 'b' },
+		{ "threads", required_argument, NULL, 'j' },
+		{ "layers", required_argument, NULL, 'l' },
+		{ "vocab", required_argument, NULL, 'v' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	int c;
+
+	*o = (struct opts){ .steps = 3, .tokens = 256, .threads = 2, .layers = 24,
+			    .vocab = 151936 };
+	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+		switch (c) {
+		case 's': o->steps = atoi(optarg); break;
+		case 't': o->tokens = atoll(optarg); break;
+		case 'b': o->bf16 = true; break;
+		case 'j': o->threads = atoi(optarg); break;
+		case 'l': o->layers = atoi(optarg); break;
+		case 'v': o->vocab = atoll(optarg); break;
+		default: return -1;
+		}
+	}
+	if (optind != argc || o->steps < 1 || o->tokens < 2 || o->layers < 1 || o->vocab < 2)
+		return -1;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	/* Qwen2.5-0.5B shape; layers/vocab filled in from the options. */
+	static const char cfg_fmt[] =
+		"{\"model_type\": \"qwen2\", \"architectures\": [\"Qwen2ForCausalLM\"],"
+		" \"vocab_size\": %lld, \"hidden_size\": 896, \"intermediate_size\": 4864,"
+		" \"num_hidden_layers\": %d, \"num_attention_heads\": 14,"
+		" \"num_key_value_heads\": 2, \"max_position_embeddings\": 32768,"
+		" \"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0,"
+		" \"tie_word_embeddings\": true, \"hidden_act\": \"silu\","
+		" \"use_sliding_window\": false, \"initializer_range\": 0.02}";
+	const int64_t H = 14, D = 64;
+	struct opts o;
+	struct eng_error err = { 0 };
+	struct engine_init_config cfg;
+	struct engine *e = NULL;
+	struct engine_batch b = { 0 };
+	struct engine_fb_result res = { 0 };
+	struct engine_step_result sr;
+	struct rusage ru;
+	char hf[1024];
+	int32_t *ids = NULL, seq_len;
+	float *lp = NULL, *ent = NULL;
+	double *t_train = NULL, *t_fwd = NULL, *t_fb = NULL, *t_opt = NULL;
+	double med_train, med_fwd, med_fb, med_opt, attn_fwd, n_mm;
+	double f_train, f_fwd, rss_mib, state_mib;
+	int64_t i, np, n_params = 0;
+	uint64_t rng = 0x9e3779b97f4a7c15ull;
+	int s, rc;
+
+	if (parse_opts(argc, argv, &o)) {
+		usage(argv[0]);
+		return 2;
+	}
+	snprintf(hf, sizeof(hf), cfg_fmt, (long long)o.vocab, o.layers);
+	engine_init_config_defaults(&cfg);
+	cfg.model_type = "language_model";
+	cfg.backend = "native";
+	cfg.device = "cpu";
+	cfg.hf_config_json = hf;
+	cfg.seed = 1234;
+	cfg.optim.lr = 1e-5;
+	cfg.optim.clip_grad = 1.0;
+	cfg.max_tokens_per_micro_batch = o.tokens;
+	cfg.threads = o.threads;
+	cfg.bf16_matmul = o.bf16;
+
+	ids = malloc((size_t)o.tokens * sizeof(*ids));
+	lp = malloc((size_t)o.tokens * sizeof(*lp));
+	ent = malloc((size_t)o.tokens * sizeof(*ent));
+	t_train = calloc((size_t)o.steps, sizeof(*t_train));
+	t_fwd = calloc((size_t)o.steps, sizeof(*t_fwd));
+	t_fb = calloc((size_t)o.steps, sizeof(*t_fb));
+	t_opt = calloc((size_t)o.steps, sizeof(*t_opt));
+	if (!ids || !lp || !ent || !t_train || !t_fwd || !t_fb || !t_opt) {
+		fprintf(stderr, "bench_train: out of memory\n");
+		rc = 1;
+		goto out;
+	}
+	for (i = 0; i < o.tokens; i++) {
+		rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+		ids[i] = (int32_t)((rng >> 33) % (uint64_t)o.vocab);
+	}
+
+	rc = engine_create(&cfg, &e, &err);
+	if (rc)
+		goto fail;
+	np = engine_num_params(e);
+	for (i = 0; i < np; i++) {
+		struct engine_param_view v;
+
+		rc = engine_param(e, i, &v, &err);
+		if (rc)
+			goto fail;
+		n_params += v.numel;
+	}
+	/* Tied: the embedding is the LM head and counts once. */
+	n_mm = (double)n_params;
+	attn_fwd = 4.0 * o.layers * H * D * ((double)o.tokens * (o.tokens + 1) / 2.0);
+	f_train = 6.0 * n_mm * (double)o.tokens + 3.0 * attn_fwd;
+	f_fwd = 2.0 * n_mm * (double)o.tokens + attn_fwd;
+
+	seq_len = (int32_t)o.tokens;
+	b.n = o.tokens;
+	b.input_ids = ids;
+	b.num_seqs = 1;
+	b.seq_lens = &seq_len;
+	b.temperature = 1.0f;
+	b.loss_fn = sft_loss;
+	b.loss_ctx = &b.n;
+	res.log_probs = lp;
+	res.entropy = ent;
+
+	rc = engine_set_mode(e, ENGINE_MODE_TRAIN, false, &err);
+	if (rc)
+		goto fail;
+	for (s = -1; s < o.steps; s++) {
+		double t0 = now_s(), t1;
+
+		rc = engine_forward_backward(e, &b, &res, &err);
+		t1 = now_s();
+		if (!rc)
+			rc = engine_optimizer_step(e, &sr, &err);
+		if (rc)
+			goto fail;
+		if (s >= 0) {
+			t_train[s] = now_s() - t0;
+			t_fb[s] = t1 - t0;
+			t_opt[s] = now_s() - t1;
+		}
+		fprintf(stderr, "train step %d: %.3f s (forward_backward %.3f s, optimizer_step %.3f s), grad_norm %.4g\n",
+			s + 1, now_s() - t0, t1 - t0, now_s() - t1, sr.grad_norm);
+	}
+	rc = engine_set_mode(e, ENGINE_MODE_EVAL, false, &err);
+	if (rc)
+		goto fail;
+	b.forward_only = true;
+	for (s = -1; s < o.steps; s++) {
+		double t0 = now_s();
+
+		rc = engine_forward_backward(e, &b, &res, &err);
+		if (rc)
+			goto fail;
+		if (s >= 0)
+			t_fwd[s] = now_s() - t0;
+	}
+	med_train = median(t_train, o.steps);
+	med_fwd = median(t_fwd, o.steps);
+	med_fb = median(t_fb, o.steps);
+	med_opt = median(t_opt, o.steps);
+	getrusage(RUSAGE_SELF, &ru);
+	rss_mib = (double)ru.ru_maxrss / 1024.0;
+	state_mib = 16.0 * (double)n_params / (1024.0 * 1024.0);
+
+	printf("engine %s, %lld parameters, %lld tokens, %d threads\n",
+	       o.bf16 ? "bf16 matmul" : "fp32", (long long)n_params, (long long)o.tokens,
+	       o.threads);
+	printf("training step: median %.3f s, %.1f tokens/s, %.1f GFLOP/s\n",
+	       med_train, (double)o.tokens / med_train, f_train / med_train / 1e9);
+	printf("  of which forward_backward median %.3f s, optimizer_step median %.3f s\n",
+	       med_fb, med_opt);
+	printf("forward only : median %.3f s, %.1f tokens/s, %.1f GFLOP/s\n",
+	       med_fwd, (double)o.tokens / med_fwd, f_fwd / med_fwd / 1e9);
+	printf("peak RSS %.0f MiB (params+grads+Adam = %.0f MiB, ratio %.2f)\n",
+	       rss_mib, state_mib, rss_mib / state_mib);
+	printf("{\"bench\": \"engine_train\", \"dtype\": \"%s\", \"threads\": %d,"
+	       " \"tokens\": %lld, \"steps\": %d, \"n_params\": %lld,"
+	       " \"train_step_s_median\": %.6f, \"train_tokens_per_s\": %.3f,"
+	       " \"train_gflops\": %.2f, \"train_fb_s_median\": %.6f,"
+	       " \"train_opt_s_median\": %.6f, \"fwd_step_s_median\": %.6f,"
+	       " \"fwd_tokens_per_s\": %.3f, \"fwd_gflops\": %.2f,"
+	       " \"peak_rss_mib\": %.1f, \"state_mib\": %.1f}\n",
+	       o.bf16 ? "bf16" : "fp32", o.threads, (long long)o.tokens, o.steps,
+	       (long long)n_params, med_train, (double)o.tokens / med_train,
+	       f_train / med_train / 1e9, med_fb, med_opt, med_fwd, (double)o.tokens / med_fwd,
+	       f_fwd / med_fwd / 1e9, rss_mib, state_mib);
+	rc = 0;
+	goto out;
+fail:
+	fprintf(stderr, "bench_train: %s (%s)\n", err.msg, eng_strerror(rc));
+	rc = 1;
+out:
+	engine_destroy(e);
+	free(ids);
+	free(lp);
+	free(ent);
+	free(t_train);
+	free(t_fwd);
+	free(t_fb);
+	free(t_opt);
+	return rc;
+}

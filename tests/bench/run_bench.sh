@@ -1,0 +1,69 @@
+#!/bin/sh
+# run_bench.sh — the engine against torch 1.13 on the Qwen2.5-0.5B shape,
+# in one run (the machines are shared and noisy: PERF.md compares ratios
+# measured together, never stored times).
+#
+# Usage: tests/bench/run_bench.sh [BUILD_DIR] [STEPS]      (defaults: build 3)
+#
+# Runs, one after the other (each needs ~8 GiB for params + grads + Adam):
+#   bench_train (fp32), bench_train --bf16, torch_train.py (fp32, 2 threads)
+# and prints tokens/s, GFLOP/s, peak RSS and the ratios:
+#   engine fp32 / torch (training), engine forward-only / engine training,
+#   engine bf16 / engine fp32 (training), engine / torch (forward-only).
+# The environment is passed through unchanged (PERF.md: do not change
+# OPENBLAS_* here); torch's BLAS and OpenBLAS kernel are reported, because
+# a torch on netlib BLAS or on OpenBLAS's "Prescott" fallback is a much
+# slower peer than PERF.md's.
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+build=${1:-build}
+steps=${2:-3}
+bench="$build/tests/bench/bench_train"
+[ -x "$bench" ] || { echo "run_bench.sh: $bench not built (ninja -C $build)" >&2; exit 2; }
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+echo "== engine fp32"
+"$bench" --steps "$steps" | tee "$out/fp32.txt"
+echo "== engine bf16 matmul"
+"$bench" --steps "$steps" --bf16 | tee "$out/bf16.txt"
+echo "== torch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') fp32"
+/usr/bin/python3 "$here/torch_train.py" --steps "$steps" | tee "$out/torch.txt"
+
+/usr/bin/python3 - "$out" <<'PY'
+import json, sys, os
+d = sys.argv[1]
+def last_json(name):
+    lines = [l for l in open(os.path.join(d, name)) if l.startswith("{")]
+    return json.loads(lines[-1])
+e, b, t = last_json("fp32.txt"), last_json("bf16.txt"), last_json("torch.txt")
+print()
+print("%-34s %12s %12s %12s" % ("", "engine fp32", "engine bf16", "torch fp32"))
+print("%-34s %12.1f %12.1f %12.1f" % ("training tokens/s", e["train_tokens_per_s"],
+      b["train_tokens_per_s"], t["train_tokens_per_s"]))
+print("%-34s %12.1f %12.1f %12.1f" % ("forward-only tokens/s", e["fwd_tokens_per_s"],
+      b["fwd_tokens_per_s"], t["fwd_tokens_per_s"]))
+print("%-34s %12.1f %12.1f %12s" % ("training GFLOP/s", e["train_gflops"], b["train_gflops"], "-"))
+print("%-34s %12.1f %12.1f %12s" % ("forward-only GFLOP/s", e["fwd_gflops"], b["fwd_gflops"], "-"))
+print("%-34s %12.0f %12.0f %12.0f" % ("peak RSS MiB", e["peak_rss_mib"], b["peak_rss_mib"],
+      t["peak_rss_mib"]))
+print()
+ratios = [
+    ("engine fp32 / torch, training", e["train_tokens_per_s"] / t["train_tokens_per_s"], ">= 5"),
+    ("engine fp32 / torch, forward-only", e["fwd_tokens_per_s"] / t["fwd_tokens_per_s"], "-"),
+    ("forward-only / training (fp32)", e["fwd_tokens_per_s"] / e["train_tokens_per_s"], ">= 3"),
+    ("bf16 / fp32 training", b["train_tokens_per_s"] / e["train_tokens_per_s"], ">= 2"),
+    ("fp32 training, share of 530 GFLOP/s peak", e["train_gflops"] / 530.0, ">= 0.55"),
+    ("peak RSS / (params+grads+Adam)", e["peak_rss_mib"] / e["state_mib"], "<= 1.15 (+acts)"),
+]
+for name, r, goal in ratios:
+    print("%-42s %8.2f   goal %s" % (name, r, goal))
+core = t.get("openblas_core")
+if not core:
+    print("\nWARNING: torch does not use OpenBLAS here (%s): the peer is far slower than "
+          "PERF.md's" % t.get("blas_libs"))
+elif core == "Prescott":
+    print("\nWARNING: OpenBLAS picked its generic 'Prescott' kernels for this CPU "
+          "(PERF.md's peer runs with OPENBLAS_CORETYPE=Haswell set in the environment)")
+print(json.dumps({"engine_fp32": e, "engine_bf16": b, "torch": t}))
+PY

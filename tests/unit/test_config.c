@@ -1,0 +1,604 @@
+/* test_config.c — Hugging Face config.json parsing, serialization and RoPE
+ * frequencies (engines/model/config.c).
+ *
+ * The configs below are the real config.json files of the named models
+ * (trimmed of keys the engine ignores only where noted). The RoPE
+ * references were produced offline with torch 1.13 (/usr/bin/python3) by
+ * this transcription of transformers' _compute_default_rope_parameters and
+ * _compute_llama3_parameters, printing the fp32 bit patterns:
+ *
+ *   def default(base, dim):
+ *       return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+ *   def llama3(base, dim, factor, low_freq_factor, high_freq_factor, old_context_len):
+ *       inv_freq = default(base, dim)
+ *       low_freq_wavelen = old_context_len / low_freq_factor
+ *       high_freq_wavelen = old_context_len / high_freq_factor
+ *       wavelen = 2 * math.pi / inv_freq
+ *       inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+ *       smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+ *       smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+ *       is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+ *       return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+ *   llama3(500000.0, 64, 32.0, 1.0, 4.0, 8192)    # Llama-3.2-1B
+ *   default(1000000.0, 64)                       # Qwen2.5-0.5B
+ *   llama3(500000.0, 128, 8.0, 1.0, 4.0, 8192)   # Llama-3.1-8B
+ */
+#include <check.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/config.h"
+
+static const char qwen25_05b[] =
+	"{\n"
+	"  \"architectures\": [\"Qwen2ForCausalLM\"],\n"
+	"  \"attention_dropout\": 0.0,\n"
+	"  \"bos_token_id\": 151643,\n"
+	"  \"eos_token_id\": 151643,\n"
+	"  \"hidden_act\": \"silu\",\n"
+	"  \"hidden_size\": 896,\n"
+	"  \"initializer_range\": 0.02,\n"
+	"  \"intermediate_size\": 4864,\n"
+	"  \"max_position_embeddings\": 32768,\n"
+	"  \"max_window_layers\": 24,\n"
+	"  \"model_type\": \"qwen2\",\n"
+	"  \"num_attention_heads\": 14,\n"
+	"  \"num_hidden_layers\": 24,\n"
+	"  \"num_key_value_heads\": 2,\n"
+	"  \"rms_norm_eps\": 1e-06,\n"
+	"  \"rope_theta\": 1000000.0,\n"
+	"  \"sliding_window\": 32768,\n"
+	"  \"tie_word_embeddings\": true,\n"
+	"  \"torch_dtype\": \"bfloat16\",\n"
+	"  \"transformers_version\": \"4.43.1\",\n"
+	"  \"use_cache\": true,\n"
+	"  \"use_sliding_window\": false,\n"
+	"  \"vocab_size\": 151936\n"
+	"}\n";
+
+static const char llama32_1b[] =
+	"{\n"
+	"  \"architectures\": [\"LlamaForCausalLM\"],\n"
+	"  \"attention_bias\": false,\n"
+	"  \"attention_dropout\": 0.0,\n"
+	"  \"bos_token_id\": 128000,\n"
+	"  \"eos_token_id\": 128001,\n"
+	"  \"head_dim\": 64,\n"
+	"  \"hidden_act\": \"silu\",\n"
+	"  \"hidden_size\": 2048,\n"
+	"  \"initializer_range\": 0.02,\n"
+	"  \"intermediate_size\": 8192,\n"
+	"  \"max_position_embeddings\": 131072,\n"
+	"  \"mlp_bias\": false,\n"
+	"  \"model_type\": \"llama\",\n"
+	"  \"num_attention_heads\": 32,\n"
+	"  \"num_hidden_layers\": 16,\n"
+	"  \"num_key_value_heads\": 8,\n"
+	"  \"pretraining_tp\": 1,\n"
+	"  \"rms_norm_eps\": 1e-05,\n"
+	"  \"rope_scaling\": {\n"
+	"    \"factor\": 32.0,\n"
+	"    \"high_freq_factor\": 4.0,\n"
+	"    \"low_freq_factor\": 1.0,\n"
+	"    \"original_max_position_embeddings\": 8192,\n"
+	"    \"rope_type\": \"llama3\"\n"
+	"  },\n"
+	"  \"rope_theta\": 500000.0,\n"
+	"  \"tie_word_embeddings\": true,\n"
+	"  \"torch_dtype\": \"bfloat16\",\n"
+	"  \"transformers_version\": \"4.45.0.dev0\",\n"
+	"  \"use_cache\": true,\n"
+	"  \"vocab_size\": 128256\n"
+	"}\n";
+
+static const char qwen3_06b[] =
+	"{\n"
+	"  \"architectures\": [\"Qwen3ForCausalLM\"],\n"
+	"  \"attention_bias\": false,\n"
+	"  \"attention_dropout\": 0.0,\n"
+	"  \"bos_token_id\": 151643,\n"
+	"  \"eos_token_id\": 151645,\n"
+	"  \"head_dim\": 128,\n"
+	"  \"hidden_act\": \"silu\",\n"
+	"  \"hidden_size\": 1024,\n"
+	"  \"initializer_range\": 0.02,\n"
+	"  \"intermediate_size\": 3072,\n"
+	"  \"max_position_embeddings\": 40960,\n"
+	"  \"max_window_layers\": 28,\n"
+	"  \"model_type\": \"qwen3\",\n"
+	"  \"num_attention_heads\": 16,\n"
+	"  \"num_hidden_layers\": 28,\n"
+	"  \"num_key_value_heads\": 8,\n"
+	"  \"rms_norm_eps\": 1e-06,\n"
+	"  \"rope_scaling\": null,\n"
+	"  \"rope_theta\": 1000000,\n"
+	"  \"sliding_window\": null,\n"
+	"  \"tie_word_embeddings\": true,\n"
+	"  \"torch_dtype\": \"bfloat16\",\n"
+	"  \"transformers_version\": \"4.51.0\",\n"
+	"  \"use_cache\": true,\n"
+	"  \"use_sliding_window\": false,\n"
+	"  \"vocab_size\": 151936\n"
+	"}\n";
+
+static const char mistral_7b_v03[] =
+	"{\n"
+	"  \"architectures\": [\"MistralForCausalLM\"],\n"
+	"  \"attention_dropout\": 0.0,\n"
+	"  \"bos_token_id\": 1,\n"
+	"  \"eos_token_id\": 2,\n"
+	"  \"hidden_act\": \"silu\",\n"
+	"  \"hidden_size\": 4096,\n"
+	"  \"initializer_range\": 0.02,\n"
+	"  \"intermediate_size\": 14336,\n"
+	"  \"max_position_embeddings\": 32768,\n"
+	"  \"model_type\": \"mistral\",\n"
+	"  \"num_attention_heads\": 32,\n"
+	"  \"num_hidden_layers\": 32,\n"
+	"  \"num_key_value_heads\": 8,\n"
+	"  \"rms_norm_eps\": 1e-05,\n"
+	"  \"rope_theta\": 1000000.0,\n"
+	"  \"sliding_window\": null,\n"
+	"  \"tie_word_embeddings\": false,\n"
+	"  \"torch_dtype\": \"bfloat16\",\n"
+	"  \"transformers_version\": \"4.42.0.dev0\",\n"
+	"  \"use_cache\": true,\n"
+	"  \"vocab_size\": 32768\n"
+	"}\n";
+
+/* Mistral-7B-v0.1: a 4096-token sliding window over 32768 positions. */
+static const char mistral_7b_v01[] =
+	"{\"architectures\": [\"MistralForCausalLM\"], \"bos_token_id\": 1, "
+	"\"eos_token_id\": 2, \"hidden_act\": \"silu\", \"hidden_size\": 4096, "
+	"\"initializer_range\": 0.02, \"intermediate_size\": 14336, "
+	"\"max_position_embeddings\": 32768, \"model_type\": \"mistral\", "
+	"\"num_attention_heads\": 32, \"num_hidden_layers\": 32, "
+	"\"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, "
+	"\"sliding_window\": 4096, \"tie_word_embeddings\": false, "
+	"\"torch_dtype\": \"bfloat16\", \"vocab_size\": 32000}";
+
+/* TinyLlama-1.1B-Chat-v1.0: no head_dim, rope_scaling null. */
+static const char tinyllama[] =
+	"{\"architectures\": [\"LlamaForCausalLM\"], \"attention_bias\": false, "
+	"\"bos_token_id\": 1, \"eos_token_id\": 2, \"hidden_act\": \"silu\", "
+	"\"hidden_size\": 2048, \"initializer_range\": 0.02, \"intermediate_size\": 5632, "
+	"\"max_position_embeddings\": 2048, \"model_type\": \"llama\", "
+	"\"num_attention_heads\": 32, \"num_hidden_layers\": 22, \"num_key_value_heads\": 4, "
+	"\"pretraining_tp\": 1, \"rms_norm_eps\": 1e-05, \"rope_scaling\": null, "
+	"\"rope_theta\": 10000.0, \"tie_word_embeddings\": false, "
+	"\"torch_dtype\": \"bfloat16\", \"use_cache\": true, \"vocab_size\": 32000}";
+
+/* fp32 bit patterns from torch, see the file comment. */
+static const uint32_t ref_llama32_1b[32] = {
+	0x3f800000, 0x3f29e1c6, 0x3ee177bc, 0x3e959ee3,
+	0x3e4693b0, 0x3e03c6a0, 0x3daee4ad, 0x3d681e67,
+	0x3d1a08c8, 0x3ccc6f49, 0x3c87a9c3, 0x3c340d6d,
+	0x3beef74f, 0x3b9e9402, 0x3b527720, 0x3aa9279b,
+	0x39e13620, 0x38cb98f7, 0x37a3418d, 0x3758ac81,
+	0x370fc8f8, 0x36bed4f4, 0x367d45c3, 0x3628126b,
+	0x35df10c4, 0x359406cb, 0x35447610, 0x35025f34,
+	0x34ad07a7, 0x3465a54d, 0x341864a7, 0x33ca41b0,
+};
+static const uint32_t ref_qwen25_05b[32] = {
+	0x3f800000, 0x3f263de0, 0x3ed7e89b, 0x3e8c3504,
+	0x3e361887, 0x3dec7fd6, 0x3d99940d, 0x3d47763f,
+	0x3d0186e3, 0x3ca8398b, 0x3c5a7bf2, 0x3c0de12d,
+	0x3bb8449c, 0x3b6f520e, 0x3b1b690d, 0x3ac9d75c,
+	0x3a83126f, 0x3a2a3b44, 0x39dd1725, 0x398f9272,
+	0x393a7753, 0x38f22ce2, 0x389d43a4, 0x384c3fbe,
+	0x3804a2b2, 0x37ac431d, 0x375fba4f, 0x371148e3,
+	0x36bcb0c1, 0x36751070, 0x361f23e4, 0x35ceaf79,
+};
+static const uint32_t ref_llama31_8b[64] = {
+	0x3f800000, 0x3f508ac1, 0x3f29e1c6, 0x3f0a6384,
+	0x3ee177bc, 0x3eb7ab7d, 0x3e959ee3, 0x3e73c461,
+	0x3e4693b0, 0x3e21c3a0, 0x3e03c6a0, 0x3dd6b19c,
+	0x3daee4ad, 0x3d8e7898, 0x3d681e67, 0x3d3d1684,
+	0x3d1a08c8, 0x3cfaf53f, 0x3ccc6f49, 0x3ca68939,
+	0x3c87a9c3, 0x3c5d06ec, 0x3c340d6d, 0x3c12ac7f,
+	0x3beef74f, 0x3bc2aa76, 0x3b9e9402, 0x3b812e35,
+	0x3b527720, 0x3b0dfd06, 0x3ab3d11d, 0x3a60979e,
+	0x3a0995d2, 0x39a3f108, 0x393b2dd2, 0x38c86886,
+	0x38a3418d, 0x3884fdbf, 0x3858ac81, 0x38308199,
+	0x380fc8f8, 0x37ea426f, 0x37bed4f4, 0x379b7475,
+	0x377d45c3, 0x374e51f5, 0x3728126b, 0x3708ea0f,
+	0x36df10c4, 0x36b5b687, 0x369406cb, 0x36712b80,
+	0x36447610, 0x36200a69, 0x36025f34, 0x35d46808,
+	0x35ad07a7, 0x358cf400, 0x3565a54d, 0x353b12c7,
+	0x351864a7, 0x34f848c2, 0x34ca41b0, 0x34a4c2ff,
+};
+
+static struct model_config parse_ok(const char *text)
+{
+	struct model_config c;
+	struct eng_error err = { 0 };
+
+	memset(&c, 0xa5, sizeof(c));
+	ck_assert_msg(model_config_parse(text, &c, &err) == 0, "%s", err.msg);
+	return c;
+}
+
+/* Parse must fail with -EINVAL and a message containing `key`. */
+static void parse_bad(const char *text, const char *key)
+{
+	struct model_config c, before;
+	struct eng_error err = { 0 };
+
+	memset(&c, 0x5a, sizeof(c));
+	before = c;
+	ck_assert_int_eq(model_config_parse(text, &c, &err), -EINVAL);
+	ck_assert_int_eq(err.code, -EINVAL);
+	ck_assert_msg(strstr(err.msg, key), "expected '%s' in '%s'", key, err.msg);
+	ck_assert_int_eq(memcmp(&c, &before, sizeof(c)), 0);   /* untouched */
+}
+
+/* A minimal config of `model_type` with one key set to `val` (raw JSON)
+ * or removed (val NULL). */
+static char *minimal(const char *model_type, const char *key, const char *val)
+{
+	json_t *o = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i}", "model_type", model_type,
+			      "vocab_size", 1000, "hidden_size", 64, "intermediate_size", 128,
+			      "num_hidden_layers", 2, "num_attention_heads", 4);
+	char *s;
+
+	ck_assert_ptr_nonnull(o);
+	if (key && val)
+		json_object_set_new(o, key, json_loads(val, JSON_DECODE_ANY, NULL));
+	else if (key)
+		json_object_del(o, key);
+	s = json_dumps(o, 0);
+	json_decref(o);
+	return s;
+}
+
+static void assert_same(const struct model_config *a, const struct model_config *b)
+{
+	ck_assert_int_eq(a->arch, b->arch);
+	ck_assert_str_eq(a->model_type, b->model_type);
+	ck_assert_int_eq(a->vocab_size, b->vocab_size);
+	ck_assert_int_eq(a->hidden_size, b->hidden_size);
+	ck_assert_int_eq(a->intermediate_size, b->intermediate_size);
+	ck_assert_int_eq(a->num_layers, b->num_layers);
+	ck_assert_int_eq(a->num_heads, b->num_heads);
+	ck_assert_int_eq(a->num_kv_heads, b->num_kv_heads);
+	ck_assert_int_eq(a->head_dim, b->head_dim);
+	ck_assert_int_eq(a->max_position_embeddings, b->max_position_embeddings);
+	ck_assert(a->rms_norm_eps == b->rms_norm_eps);
+	ck_assert(a->rope_theta == b->rope_theta);
+	ck_assert_int_eq(a->tie_word_embeddings, b->tie_word_embeddings);
+	ck_assert_int_eq(a->attention_bias, b->attention_bias);
+	ck_assert_int_eq(a->o_proj_bias, b->o_proj_bias);
+	ck_assert_int_eq(a->qk_norm, b->qk_norm);
+	ck_assert_int_eq(a->rope_llama3, b->rope_llama3);
+	ck_assert(a->rope_factor == b->rope_factor);
+	ck_assert(a->rope_low_freq_factor == b->rope_low_freq_factor);
+	ck_assert(a->rope_high_freq_factor == b->rope_high_freq_factor);
+	ck_assert_int_eq(a->rope_original_max_pos, b->rope_original_max_pos);
+	ck_assert(a->initializer_range == b->initializer_range);
+}
+
+START_TEST(real_configs)
+{
+	struct model_config c;
+
+	c = parse_ok(qwen25_05b);
+	ck_assert_int_eq(c.arch, ARCH_QWEN2);
+	ck_assert_str_eq(c.model_type, "qwen2");
+	ck_assert_int_eq(c.vocab_size, 151936);
+	ck_assert_int_eq(c.hidden_size, 896);
+	ck_assert_int_eq(c.intermediate_size, 4864);
+	ck_assert_int_eq(c.num_layers, 24);
+	ck_assert_int_eq(c.num_heads, 14);
+	ck_assert_int_eq(c.num_kv_heads, 2);
+	ck_assert_int_eq(c.head_dim, 64);
+	ck_assert_int_eq(c.max_position_embeddings, 32768);
+	ck_assert(c.rms_norm_eps == 1e-6);
+	ck_assert(c.rope_theta == 1e6);
+	ck_assert(c.tie_word_embeddings);
+	ck_assert(c.attention_bias && !c.o_proj_bias && !c.qk_norm && !c.rope_llama3);
+	ck_assert(c.initializer_range == 0.02);
+
+	c = parse_ok(llama32_1b);
+	ck_assert_int_eq(c.arch, ARCH_LLAMA);
+	ck_assert_int_eq(c.vocab_size, 128256);
+	ck_assert_int_eq(c.num_layers, 16);
+	ck_assert_int_eq(c.num_heads, 32);
+	ck_assert_int_eq(c.num_kv_heads, 8);
+	ck_assert_int_eq(c.head_dim, 64);
+	ck_assert_int_eq(c.max_position_embeddings, 131072);
+	ck_assert(c.rms_norm_eps == 1e-5);
+	ck_assert(c.rope_theta == 500000.0);
+	ck_assert(c.tie_word_embeddings && !c.attention_bias && !c.o_proj_bias && !c.qk_norm);
+	ck_assert(c.rope_llama3);
+	ck_assert(c.rope_factor == 32.0 && c.rope_low_freq_factor == 1.0 &&
+		  c.rope_high_freq_factor == 4.0);
+	ck_assert_int_eq(c.rope_original_max_pos, 8192);
+
+	c = parse_ok(qwen3_06b);
+	ck_assert_int_eq(c.arch, ARCH_QWEN3);
+	ck_assert_int_eq(c.hidden_size, 1024);
+	ck_assert_int_eq(c.num_heads, 16);
+	ck_assert_int_eq(c.head_dim, 128);   /* H * D = 2048 != C */
+	ck_assert_int_eq(c.max_position_embeddings, 40960);
+	ck_assert(c.rope_theta == 1e6);      /* an integer in the JSON */
+	ck_assert(c.qk_norm && !c.attention_bias && !c.o_proj_bias && !c.rope_llama3);
+
+	c = parse_ok(mistral_7b_v03);
+	ck_assert_int_eq(c.arch, ARCH_MISTRAL);
+	ck_assert_int_eq(c.head_dim, 128);
+	ck_assert_int_eq(c.num_kv_heads, 8);
+	ck_assert(!c.tie_word_embeddings && !c.attention_bias && !c.qk_norm);
+
+	c = parse_ok(tinyllama);
+	ck_assert_int_eq(c.head_dim, 64);    /* 2048 / 32 */
+	ck_assert_int_eq(c.num_kv_heads, 4);
+	ck_assert(!c.rope_llama3);
+
+	parse_bad(mistral_7b_v01, "sliding_window");
+}
+END_TEST
+
+START_TEST(defaults)
+{
+	struct model_config c;
+	char *s;
+
+	s = minimal("llama", NULL, NULL);
+	c = parse_ok(s);
+	free(s);
+	ck_assert_int_eq(c.num_kv_heads, 4);
+	ck_assert_int_eq(c.head_dim, 16);
+	ck_assert_int_eq(c.max_position_embeddings, 2048);
+	ck_assert(c.rms_norm_eps == 1e-6);
+	ck_assert(c.rope_theta == 10000.0);
+	ck_assert(!c.tie_word_embeddings && !c.attention_bias && !c.o_proj_bias);
+	ck_assert(!c.qk_norm && !c.rope_llama3);
+	ck_assert(c.initializer_range == 0.02);
+	ck_assert(c.rope_factor == 0 && c.rope_original_max_pos == 0);
+
+	s = minimal("qwen2", NULL, NULL);
+	c = parse_ok(s);
+	free(s);
+	ck_assert(c.attention_bias && !c.o_proj_bias);
+	ck_assert_int_eq(c.max_position_embeddings, 32768);
+
+	/* Qwen3Config's default head_dim is 128, not hidden_size / heads. */
+	s = minimal("qwen3", NULL, NULL);
+	c = parse_ok(s);
+	free(s);
+	ck_assert(c.qk_norm && !c.attention_bias);
+	ck_assert_int_eq(c.head_dim, 128);
+
+	s = minimal("mistral", NULL, NULL);
+	c = parse_ok(s);
+	free(s);
+	ck_assert_int_eq(c.max_position_embeddings, 131072);
+
+	/* Nulls count as absent. */
+	s = minimal("llama", "num_key_value_heads", "null");
+	c = parse_ok(s);
+	free(s);
+	ck_assert_int_eq(c.num_kv_heads, 4);
+
+	/* llama / qwen3 attention_bias: q/k/v and o_proj. */
+	s = minimal("llama", "attention_bias", "true");
+	c = parse_ok(s);
+	free(s);
+	ck_assert(c.attention_bias && c.o_proj_bias);
+	s = minimal("qwen3", "attention_bias", "true");
+	c = parse_ok(s);
+	free(s);
+	ck_assert(c.attention_bias && c.o_proj_bias);
+	s = minimal("mistral", "attention_bias", "true");
+	c = parse_ok(s);
+	free(s);
+	ck_assert(!c.attention_bias && !c.o_proj_bias);
+
+	/* rope_scaling variants that are accepted. */
+	s = minimal("llama", "rope_scaling", "{\"type\": \"default\"}");
+	c = parse_ok(s);
+	free(s);
+	ck_assert(!c.rope_llama3);
+	s = minimal("llama", "rope_scaling", "{\"type\": \"llama3\", \"factor\": 8, "
+		    "\"low_freq_factor\": 1, \"high_freq_factor\": 4, "
+		    "\"original_max_position_embeddings\": 8192}");
+	c = parse_ok(s);
+	free(s);
+	ck_assert(c.rope_llama3 && c.rope_factor == 8.0);
+	/* transformers 5 layout: rope_parameters holds the theta too. */
+	s = minimal("llama", "rope_parameters", "{\"rope_type\": \"default\", "
+		    "\"rope_theta\": 250000.0}");
+	c = parse_ok(s);
+	free(s);
+	ck_assert(c.rope_theta == 250000.0 && !c.rope_llama3);
+	/* A window that never masks anything is accepted. */
+	s = minimal("mistral", "sliding_window", "131072");
+	c = parse_ok(s);
+	free(s);
+	s = minimal("qwen2", "sliding_window", "4096");   /* use_sliding_window false */
+	c = parse_ok(s);
+	free(s);
+}
+END_TEST
+
+START_TEST(errors)
+{
+	static const char *const required[] = {
+		"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+		"num_attention_heads",
+	};
+	static const struct { const char *key, *val, *expect; } bad[] = {
+		{ "hidden_size", "0", "hidden_size" },
+		{ "vocab_size", "-5", "vocab_size" },
+		{ "intermediate_size", "\"4864\"", "intermediate_size" },
+		{ "num_hidden_layers", "2.5", "num_hidden_layers" },
+		{ "num_key_value_heads", "3", "num_key_value_heads" },   /* 4 % 3 */
+		{ "num_key_value_heads", "0", "num_key_value_heads" },
+		{ "head_dim", "15", "head_dim" },                        /* odd */
+		{ "hidden_size", "66", "hidden_size" },                  /* 66 % 4, no head_dim */
+		{ "rms_norm_eps", "0", "rms_norm_eps" },
+		{ "rope_theta", "-1", "rope_theta" },
+		{ "tie_word_embeddings", "1", "tie_word_embeddings" },
+		{ "hidden_act", "\"gelu\"", "hidden_act" },
+		{ "mlp_bias", "true", "mlp_bias" },
+		{ "max_position_embeddings", "0", "max_position_embeddings" },
+		{ "rope_scaling", "{\"rope_type\": \"linear\", \"factor\": 2.0}",
+		  "rope_scaling.rope_type: 'linear'" },
+		{ "rope_scaling", "{\"type\": \"yarn\", \"factor\": 4.0}", "rope_scaling.type: 'yarn'" },
+		{ "rope_scaling", "{\"factor\": 4.0}", "rope_scaling.type" },
+		{ "rope_scaling", "[1]", "rope_scaling" },
+		{ "rope_scaling", "{\"rope_type\": \"llama3\", \"low_freq_factor\": 1, "
+		  "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192}",
+		  "rope_scaling.factor" },
+		{ "rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8, "
+		  "\"low_freq_factor\": 1, \"high_freq_factor\": 4}",
+		  "rope_scaling.original_max_position_embeddings" },
+		{ "rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8, "
+		  "\"low_freq_factor\": 4, \"high_freq_factor\": 4, "
+		  "\"original_max_position_embeddings\": 8192}", "rope_scaling.high_freq_factor" },
+		{ "sliding_window", "\"x\"", "sliding_window" },
+	};
+	struct model_config c;
+	struct eng_error err = { 0 };
+	char *s;
+	size_t i;
+
+	for (i = 0; i < sizeof(required) / sizeof(required[0]); i++) {
+		s = minimal("llama", required[i], NULL);
+		parse_bad(s, required[i]);
+		free(s);
+	}
+	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		s = minimal("llama", bad[i].key, bad[i].val);
+		parse_bad(s, bad[i].expect);
+		free(s);
+	}
+	s = minimal("qwen2", "use_sliding_window", "true");   /* window 4096 < 32768 */
+	{
+		json_t *o = json_loads(s, 0, NULL);
+
+		free(s);
+		json_object_set_new(o, "sliding_window", json_integer(4096));
+		s = json_dumps(o, 0);
+		json_decref(o);
+	}
+	parse_bad(s, "sliding_window");
+	free(s);
+	s = minimal("gpt2", NULL, NULL);
+	parse_bad(s, "model_type: 'gpt2' is not supported (supported: llama, qwen2, qwen3, "
+		  "mistral)");
+	free(s);
+	s = minimal("llama", "model_type", NULL);
+	parse_bad(s, "model_type");
+	free(s);
+	parse_bad("{\"model_type\": \"llama\",", "config.json");
+	parse_bad("[]", "config.json");
+	ck_assert_int_eq(model_config_parse("{}", &c, NULL), -EINVAL);
+	ck_assert_int_eq(model_config_parse("{}", &c, &err), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(err.msg, "model_type"));
+}
+END_TEST
+
+START_TEST(json_round_trip)
+{
+	const char *const configs[] = {
+		qwen25_05b, llama32_1b, qwen3_06b, mistral_7b_v03, tinyllama,
+	};
+	const char *const arch[] = {
+		"Qwen2ForCausalLM", "LlamaForCausalLM", "Qwen3ForCausalLM",
+		"MistralForCausalLM", "LlamaForCausalLM",
+	};
+	size_t i;
+
+	for (i = 0; i < sizeof(configs) / sizeof(configs[0]); i++) {
+		struct model_config a = parse_ok(configs[i]), b;
+		char *text = model_config_to_json(&a);
+		json_t *o;
+
+		ck_assert_ptr_nonnull(text);
+		b = parse_ok(text);
+		assert_same(&a, &b);
+		o = json_loads(text, 0, NULL);
+		ck_assert_ptr_nonnull(o);
+		ck_assert_str_eq(json_string_value(json_array_get(json_object_get(o,
+				 "architectures"), 0)), arch[i]);
+		ck_assert_str_eq(json_string_value(json_object_get(o, "torch_dtype")), "float32");
+		ck_assert_int_eq(json_integer_value(json_object_get(o, "num_key_value_heads")),
+				 a.num_kv_heads);
+		ck_assert_int_eq(json_integer_value(json_object_get(o, "head_dim")), a.head_dim);
+		ck_assert(json_is_boolean(json_object_get(o, "tie_word_embeddings")));
+		if (a.rope_llama3)
+			ck_assert_str_eq(json_string_value(json_object_get(json_object_get(o,
+					 "rope_scaling"), "rope_type")), "llama3");
+		else
+			ck_assert(json_is_null(json_object_get(o, "rope_scaling")));
+		json_decref(o);
+		/* Shortest round-tripping form of the reals. */
+		ck_assert_msg(strstr(text, "\"rms_norm_eps\": 1e-") && !strstr(text, "9999"),
+			      "%s", text);
+		ck_assert_ptr_nonnull(strstr(text, "\"initializer_range\": 0.02,"));
+		free(text);
+	}
+}
+END_TEST
+
+static void check_inv_freq(const char *text, const uint32_t *ref, int n)
+{
+	struct model_config c = parse_ok(text);
+	float got[64];
+	int i, exact = 0;
+
+	ck_assert_int_eq(c.head_dim / 2, n);
+	model_config_rope_inv_freq(&c, got);
+	for (i = 0; i < n; i++) {
+		float want;
+		int32_t gb, wb;
+
+		memcpy(&want, &ref[i], 4);
+		memcpy(&gb, &got[i], 4);
+		memcpy(&wb, &want, 4);
+		/* torch's float pow (Sleef, 1 ulp) and ours (double pow rounded
+		 * once) may differ by an ulp; the llama3 arithmetic that follows
+		 * can carry that to 2. */
+		ck_assert_msg(abs(gb - wb) <= 2, "inv_freq[%d] = %a, torch %a", i, got[i], want);
+		exact += gb == wb;
+	}
+	ck_assert_int_ge(exact, n * 3 / 4);
+}
+
+START_TEST(rope_inv_freq)
+{
+	char *s;
+
+	check_inv_freq(llama32_1b, ref_llama32_1b, 32);
+	check_inv_freq(qwen25_05b, ref_qwen25_05b, 32);
+	s = strdup(llama32_1b);   /* Llama-3.1-8B: factor 8, head_dim 128 */
+	memcpy(strstr(s, "\"factor\": 32.0"), "\"factor\":  8.0", 14);
+	memcpy(strstr(s, "\"head_dim\": 64,"), "\"head_dim\":128,", 15);
+	check_inv_freq(s, ref_llama31_8b, 64);
+	free(s);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("config");
+	TCase *tc = tcase_create("core");
+	SRunner *sr;
+	int failed;
+
+	tcase_add_test(tc, real_configs);
+	tcase_add_test(tc, defaults);
+	tcase_add_test(tc, errors);
+	tcase_add_test(tc, json_round_trip);
+	tcase_add_test(tc, rope_inv_freq);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}

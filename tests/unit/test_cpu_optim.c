@@ -1,0 +1,309 @@
+/* test_cpu_optim.c — CPU AdamW, sum of squares, finiteness check and the
+ * bf16 / IEEE half converters. */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/device.h"
+#include "cpu_test_util.h"
+
+/* Two AdamW steps (lr 0.1, betas 0.9/0.99, eps 1e-8, weight decay 0.01,
+ * grad_scale 0.5) against torch 1.13 torch.optim.AdamW(foreach=False) with
+ * p.grad = 0.5 * g, printed with %.9g. Element 0 of step 1 by hand:
+ * g = 0.05, p = 0.5 (1 - 0.001) = 0.4995, m = 0.1 g = 0.005,
+ * v = 0.01 g^2 = 2.5e-5, bc1 = 0.1, bc2 = 0.01,
+ * denom = sqrt(2.5e-5) / 0.1 + 1e-8 = 0.05 (+1e-8),
+ * p = 0.4995 - (0.1 / 0.1) (0.005 / 0.05) = 0.3995.
+ * Element 2 has g = 0 at step 1: m = v = 0, the update is 0 / eps = 0.
+ * Tolerance: 2e-7 relative + 1e-12 (the kernel may fuse multiply-adds
+ * where torch does not). */
+START_TEST(adamw_two_steps)
+{
+	struct device *dev = tu_open(2, MATMUL_FP32);
+	static const float p0[5] = { 0.5f, -1.25f, 2.0f, 0.0f, 3.0e-3f };
+	static const float g1[5] = { 0.1f, -0.2f, 0.0f, 1.5f, -3.0e-4f };
+	static const float g2[5] = { -0.3f, 0.05f, 0.25f, 1.0f, 2.0e-4f };
+	static const double want_p[2][5] = {
+		{ 0.399500012, -1.14874995, 1.99800003, -0.100000009, 0.102990337 },
+		{ 0.44843033, -1.10056043, 1.92175615, -0.197019786, 0.117350861 },
+	};
+	static const double want_m[2][5] = {
+		{ 0.00500000035, -0.0100000007, 0, 0.075000003, -1.50000005e-05 },
+		{ -0.0105000008, -0.0065000006, 0.0125000002, 0.117500007, -3.50000005e-06 },
+	};
+	static const double want_v[2][5] = {
+		{ 2.50000012e-05, 0.000100000005, 0, 0.00562499976, 2.25000019e-10 },
+		{ 0.00024975001, 0.000105250008, 0.000156249997, 0.00806874968, 3.22750021e-10 },
+	};
+	float *p = tu_falloc(dev, 5), *g = tu_falloc(dev, 5);
+	float *m = tu_falloc(dev, 5), *v = tu_falloc(dev, 5);
+	int step;
+
+	memcpy(p, p0, sizeof(p0));
+	memset(m, 0, 5 * sizeof(float));
+	memset(v, 0, 5 * sizeof(float));
+	for (step = 1; step <= 2; step++) {
+		memcpy(g, step == 1 ? g1 : g2, sizeof(g1));
+		ck_assert_int_eq(dev->k->adamw(dev, p, g, m, v, 5, 0.1, 0.9, 0.99, 1e-8,
+					       0.01, step, 0.5f), 0);
+		ck_assert_msg(tu_err_f(p, want_p[step - 1], 5, 1e-12, 2e-7) <= 1.0, "p step %d", step);
+		ck_assert_msg(tu_err_f(m, want_m[step - 1], 5, 1e-12, 2e-7) <= 1.0, "m step %d", step);
+		ck_assert_msg(tu_err_f(v, want_v[step - 1], 5, 1e-12, 2e-7) <= 1.0, "v step %d", step);
+	}
+	ck_assert_int_eq(dev->k->adamw(dev, p, g, m, v, 5, 0.1, 0.9, 0.99, 1e-8,
+				       0.01, 0, 1.0f), -EINVAL);
+	dev->ops->free(dev, p);
+	dev->ops->free(dev, g);
+	dev->ops->free(dev, m);
+	dev->ops->free(dev, v);
+	tu_close(dev);
+}
+END_TEST
+
+/* sumsq: within 1e-12 relative of a long-double sum, over sizes around the
+ * kernel's block size; the same data gives the same bits with 1 and 2
+ * threads and run after run; inf and NaN propagate. all_finite: finite
+ * extremes (FLT_MAX, subnormals, -0) are finite; one inf or NaN anywhere is
+ * not. */
+START_TEST(sumsq_all_finite)
+{
+	struct device *dev = tu_open(2, MATMUL_FP32), *dev1 = tu_open(1, MATMUL_FP32);
+	static const int64_t sizes[] = { 0, 1, 17, 16384, 16385, 100003 };
+	const int64_t nmax = 100003;
+	float *x = tu_falloc(dev, nmax);
+	double s, s2, s1;
+	bool fin;
+	size_t k;
+
+	tu_seed(30);
+	tu_fill(x, nmax, -3.0f, 3.0f);
+	for (k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+		long double ref = 0.0L;
+		int64_t i;
+
+		for (i = 0; i < sizes[k]; i++)
+			ref += (long double)x[i] * x[i];
+		ck_assert_int_eq(dev->k->sumsq(dev, &s, x, sizes[k]), 0);
+		ck_assert_msg(fabs(s - (double)ref) <= 1e-12 * (double)ref,
+			      "n=%ld: %.17g vs %.17Lg", (long)sizes[k], s, ref);
+		ck_assert_int_eq(dev->k->sumsq(dev, &s2, x, sizes[k]), 0);
+		ck_assert_int_eq(dev1->k->sumsq(dev1, &s1, x, sizes[k]), 0);
+		ck_assert_mem_eq(&s, &s2, sizeof(s));
+		ck_assert_mem_eq(&s, &s1, sizeof(s));
+	}
+
+	x[0] = 3.4028235e38f;     /* FLT_MAX: its square is finite in double */
+	x[1] = 1e-45f;            /* subnormal */
+	x[2] = -0.0f;
+	ck_assert_int_eq(dev->k->all_finite(dev, &fin, x, nmax), 0);
+	ck_assert(fin);
+	ck_assert_int_eq(dev->k->sumsq(dev, &s, x, nmax), 0);
+	ck_assert(isfinite(s) && s > 1e76);
+	x[nmax - 1] = INFINITY;
+	ck_assert_int_eq(dev->k->all_finite(dev, &fin, x, nmax), 0);
+	ck_assert(!fin);
+	ck_assert_int_eq(dev->k->sumsq(dev, &s, x, nmax), 0);
+	ck_assert(isinf(s));
+	x[nmax - 1] = 1.0f;
+	x[50000] = NAN;
+	ck_assert_int_eq(dev->k->all_finite(dev, &fin, x, nmax), 0);
+	ck_assert(!fin);
+	ck_assert_int_eq(dev->k->sumsq(dev, &s, x, nmax), 0);
+	ck_assert(isnan(s));
+	x[50000] = -INFINITY;
+	ck_assert_int_eq(dev->k->all_finite(dev, &fin, x + 49999, 2), 0);
+	ck_assert(!fin);
+	ck_assert_int_eq(dev->k->all_finite(dev, &fin, x, 0), 0);
+	ck_assert(fin);
+	dev->ops->free(dev, x);
+	tu_close(dev);
+	tu_close(dev1);
+}
+END_TEST
+
+static float from_bits(uint32_t u)
+{
+	float f;
+
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+static uint32_t to_bits(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, sizeof(u));
+	return u;
+}
+
+/* Independent bf16 reference for finite x: the nearer of the truncation
+ * and the next bf16 up in magnitude, by exact distance in double; ties to
+ * the even one (inf when rounding past the largest bf16). */
+static uint16_t ref_bf16_bits(float x)
+{
+	uint32_t u = to_bits(x), lo = u & 0xffff0000u, hi = lo + 0x10000u;
+	double dl = fabs((double)x - from_bits(lo));
+	double dh = fabs((double)from_bits(hi) - x);
+
+	if ((hi & 0x7fffffffu) >= 0x7f800000u)         /* next up is inf */
+		dh = fabs(0x1.0p128 * (x < 0 ? -1 : 1) - (double)x);
+	if (dl < dh || (dl == dh && !((lo >> 16) & 1)))
+		return (uint16_t)(lo >> 16);
+	return (uint16_t)(hi >> 16);
+}
+
+struct conv_case {
+	uint32_t in;
+	uint16_t out;
+};
+
+/* bf16: hand-made bit patterns at each rounding situation, then 200000
+ * random bit patterns against the independent reference above. */
+START_TEST(convert_bf16)
+{
+	struct device *dev = tu_open(2, MATMUL_FP32);
+	static const struct conv_case cases[] = {
+		{ 0x3f800000u, 0x3f80 },   /* 1.0 */
+		{ 0x3f808000u, 0x3f80 },   /* 1 + 2^-8: tie, 0x3f80 is even */
+		{ 0x3f818000u, 0x3f82 },   /* tie, 0x3f81 odd: up */
+		{ 0x3f808001u, 0x3f81 },   /* above the tie */
+		{ 0x3f807fffu, 0x3f80 },   /* below the tie */
+		{ 0xbf818000u, 0xbf82 },   /* negative tie */
+		{ 0x80000000u, 0x8000 },   /* -0 */
+		{ 0x7f800000u, 0x7f80 },   /* inf */
+		{ 0xff800000u, 0xff80 },   /* -inf */
+		{ 0x7f7fffffu, 0x7f80 },   /* FLT_MAX rounds past 0x7f7f: inf */
+		{ 0x7f7f7fffu, 0x7f7f },   /* largest that stays finite */
+		{ 0x00010000u, 0x0001 },   /* subnormal, exact */
+		{ 0x00018000u, 0x0002 },   /* subnormal tie, odd: up */
+		{ 0x00008000u, 0x0000 },   /* tie with 0: even */
+		{ 0x00008001u, 0x0001 },
+		{ 0x7fc00000u, 0x7fc0 },   /* quiet NaN */
+		{ 0xffc00001u, 0xffc0 },   /* negative NaN keeps its sign */
+	};
+	const int64_t n = 200000;
+	float *x = tu_falloc(dev, n);
+	uint16_t *out = dev->ops->alloc(dev, n * sizeof(uint16_t));
+	size_t k;
+	int64_t i;
+
+	ck_assert_ptr_nonnull(out);
+	for (k = 0; k < sizeof(cases) / sizeof(cases[0]); k++)
+		x[k] = from_bits(cases[k].in);
+	ck_assert_int_eq(dev->k->to_bf16(dev, out, x, (int64_t)k), 0);
+	for (k = 0; k < sizeof(cases) / sizeof(cases[0]); k++)
+		ck_assert_msg(out[k] == cases[k].out, "bf16(0x%08x) = 0x%04x, want 0x%04x",
+			      cases[k].in, out[k], cases[k].out);
+	/* signalling NaN (the truncation alone would give inf) stays NaN */
+	x[0] = from_bits(0x7f800001u);
+	ck_assert_int_eq(dev->k->to_bf16(dev, out, x, 1), 0);
+	ck_assert((out[0] & 0x7f80) == 0x7f80 && (out[0] & 0x7f) != 0);
+
+	tu_seed(31);
+	for (i = 0; i < n; i++) {
+		uint32_t u = (uint32_t)tu_u64();
+
+		if ((u & 0x7f800000u) == 0x7f800000u)
+			u &= 0xbfffffffu;              /* keep it finite */
+		x[i] = from_bits(u);
+	}
+	ck_assert_int_eq(dev->k->to_bf16(dev, out, x, n), 0);
+	for (i = 0; i < n; i++)
+		ck_assert_msg(out[i] == ref_bf16_bits(x[i]), "bf16(0x%08x) = 0x%04x want 0x%04x",
+			      to_bits(x[i]), out[i], ref_bf16_bits(x[i]));
+	dev->ops->free(dev, x);
+	dev->ops->free(dev, out);
+	tu_close(dev);
+}
+END_TEST
+
+/* f16: hand-made cases in the normal, overflow and subnormal ranges, then
+ * 200000 random floats against the compiler's IEEE conversion to _Float16
+ * (round to nearest even, done by GCC / the CPU, independent code). */
+START_TEST(convert_f16)
+{
+	struct device *dev = tu_open(2, MATMUL_FP32);
+	static const struct {
+		float in;
+		uint16_t out;
+	} cases[] = {
+		{ 1.0f, 0x3c00 },
+		{ -2.0f, 0xc000 },
+		{ 0.1f, 0x2e66 },
+		{ 65504.0f, 0x7bff },          /* largest half */
+		{ 65519.0f, 0x7bff },          /* below the overflow tie */
+		{ 65520.0f, 0x7c00 },          /* tie past the largest: inf */
+		{ 1e10f, 0x7c00 },
+		{ -1e10f, 0xfc00 },
+		{ 0x1.002p0f, 0x3c00 },        /* 1 + 2^-11: tie, even */
+		{ 0x1.006p0f, 0x3c02 },        /* 1 + 3 2^-11: tie, odd: up */
+		{ 0x1.0p-14f, 0x0400 },        /* smallest normal */
+		{ 0x1.ffcp-15f, 0x0400 },      /* 2^-14 - 2^-25: tie into the normal */
+		{ 0x1.0p-24f, 0x0001 },        /* smallest subnormal */
+		{ 0x1.0p-25f, 0x0000 },        /* tie with 0: even */
+		{ 0x1.000002p-25f, 0x0001 },   /* just above the tie */
+		{ 0x1.8p-24f, 0x0002 },        /* 1.5 ulp: tie, odd: up */
+		{ 0x1.4p-23f, 0x0002 },        /* 2.5 ulp: tie, even: down */
+		{ -0x1.0p-24f, 0x8001 },
+		{ 1e-45f, 0x0000 },            /* float subnormal */
+		{ -0.0f, 0x8000 },
+	};
+	const int64_t n = 200000;
+	float *x = tu_falloc(dev, n);
+	uint16_t *out = dev->ops->alloc(dev, n * sizeof(uint16_t));
+	size_t k;
+	int64_t i;
+
+	ck_assert_ptr_nonnull(out);
+	for (k = 0; k < sizeof(cases) / sizeof(cases[0]); k++)
+		x[k] = cases[k].in;
+	x[k++] = INFINITY;
+	x[k++] = NAN;
+	x[k++] = from_bits(0xff800001u);              /* negative signalling NaN */
+	ck_assert_int_eq(dev->k->to_f16(dev, out, x, (int64_t)k), 0);
+	for (k = 0; k < sizeof(cases) / sizeof(cases[0]); k++)
+		ck_assert_msg(out[k] == cases[k].out, "f16(%a) = 0x%04x, want 0x%04x",
+			      (double)cases[k].in, out[k], cases[k].out);
+	ck_assert_uint_eq(out[k], 0x7c00);
+	ck_assert((out[k + 1] & 0x7c00) == 0x7c00 && (out[k + 1] & 0x3ff) != 0);
+	ck_assert((out[k + 2] & 0xfc00) == 0xfc00 && (out[k + 2] & 0x3ff) != 0);
+
+	tu_seed(32);
+	for (i = 0; i < n; i++) {
+		/* exponents around the half range: 2^-30 .. 2^20 */
+		int e = (int)(tu_u64() % 51) - 30;
+
+		x[i] = ldexpf(tu_uniform(-2.0f, 2.0f), e);
+	}
+	ck_assert_int_eq(dev->k->to_f16(dev, out, x, n), 0);
+	for (i = 0; i < n; i++) {
+		_Float16 h = (_Float16)x[i];
+		uint16_t want;
+
+		memcpy(&want, &h, sizeof(want));
+		ck_assert_msg(out[i] == want, "f16(%a) = 0x%04x want 0x%04x",
+			      (double)x[i], out[i], want);
+	}
+	dev->ops->free(dev, x);
+	dev->ops->free(dev, out);
+	tu_close(dev);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("cpu_optim");
+	TCase *tc = tcase_create("core");
+	int failed = 0;
+
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, adamw_two_steps);
+	tcase_add_test(tc, sumsq_all_finite);
+	tcase_add_test(tc, convert_bf16);
+	tcase_add_test(tc, convert_f16);
+	suite_add_tcase(s, tc);
+	tu_run(s, &failed);
+	return failed ? 1 : 0;
+}
