@@ -321,6 +321,7 @@ static void attention_block_fwd(struct llama_model *m, const struct llama_batch 
 						 1.0f / sqrtf((float)D));
 	copy(m, a->xmid, a->x, T * C);
 	lin_fwd(m, a->xmid, a->att, w->wo, T, C, QD, 1.0f);
+	bias_add(m, a->xmid, w->bo, T, C);
 }
 
 static void mlp_block_fwd(struct llama_model *m, int64_t T, const struct layer_weights *w,
@@ -451,7 +452,8 @@ static void layer_bwd(struct llama_model *m, const struct llama_batch *b,
 	lin_bwd_in(m, g->dln, dup, w->w_up, T, F, C, 1.0f);
 	norm_bwd(m, g->dx, gw->ln2, g->dln, a->xmid, w->ln2, a->rstd2, T, C, 1.0f);
 
-	/* Attention: xmid = x_l + att Wo^T. */
+	/* Attention: xmid = x_l + att Wo^T (+ bo). */
+	bias_bwd(m, gw->bo, g->dx, T, C);
 	lin_bwd_w(m, gw->wo, g->dx, a->att, T, C, QD);
 	lin_bwd_in(m, g->datt, g->dx, w->wo, T, C, QD, 0.0f);
 	if (!m->rc)

@@ -71,6 +71,8 @@ int param_table_build(const struct model_config *cfg, bool value_model,
 			add(&b, P("self_attn.k_norm.weight"), 1, cfg->head_dim, 0, true, false);
 		}
 		add(&b, P("self_attn.o_proj.weight"), 2, C, QD, false, false);
+		if (cfg->o_proj_bias)
+			add(&b, P("self_attn.o_proj.bias"), 1, C, 0, false, true);
 		add(&b, P("post_attention_layernorm.weight"), 1, C, 0, true, false);
 		add(&b, P("mlp.gate_proj.weight"), 2, F, C, false, false);
 		add(&b, P("mlp.up_proj.weight"), 2, F, C, false, false);
@@ -140,6 +142,7 @@ void model_weights_bind(const struct param_table *t, const struct model_config *
 		w->q_norm = G("self_attn.q_norm.weight");
 		w->k_norm = G("self_attn.k_norm.weight");
 		w->wo = G("self_attn.o_proj.weight");
+		w->bo = G("self_attn.o_proj.bias");
 		w->ln2 = G("post_attention_layernorm.weight");
 		w->w_gate = G("mlp.gate_proj.weight");
 		w->w_up = G("mlp.up_proj.weight");

@@ -39,7 +39,7 @@ struct layer_weights {
 	float *wv, *bv;       /* [KV*D, C], [KV*D] */
 	float *q_norm;        /* [D] (qwen3) */
 	float *k_norm;        /* [D] (qwen3) */
-	float *wo;            /* [C, H*D] */
+	float *wo, *bo;       /* [C, H*D], [C] (o_proj bias: llama/qwen3 attention_bias) */
 	float *ln2;           /* [C] post_attention_layernorm */
 	float *w_gate;        /* [F, C] */
 	float *w_up;          /* [F, C] */

@@ -646,8 +646,8 @@ static int native_optimizer_step(struct engine *e, struct engine_step_result *re
 	}
 	n->optim_step++;
 	rc = k->adamw(n->dev, n->params, n->grads, n->exp_avg, n->exp_avg_sq, n->table.total,
-		      (float)lr, (float)n->optim.beta1, (float)n->optim.beta2,
-		      (float)n->optim.eps, (float)n->optim.weight_decay, n->optim_step, coef);
+		      lr, n->optim.beta1, n->optim.beta2, n->optim.eps,
+		      n->optim.weight_decay, n->optim_step, coef);
 	if (rc) {
 		n->optim_step--;
 		return eng_fail(err, rc, "optimizer: AdamW kernel failed");

@@ -48,7 +48,7 @@ Parameter names are the Hugging Face ones:
   model.layers.{i}.self_attn.q_proj.weight     [H*D, C]   (.bias [H*D] qwen2)
   model.layers.{i}.self_attn.k_proj.weight     [KV*D, C]  (.bias [KV*D] qwen2)
   model.layers.{i}.self_attn.v_proj.weight     [KV*D, C]  (.bias [KV*D] qwen2)
-  model.layers.{i}.self_attn.o_proj.weight     [C, H*D]
+  model.layers.{i}.self_attn.o_proj.weight     [C, H*D]   (.bias [C] llama/qwen3 attention_bias)
   model.layers.{i}.self_attn.q_norm.weight     [D]        (qwen3)
   model.layers.{i}.self_attn.k_norm.weight     [D]        (qwen3)
   model.layers.{i}.post_attention_layernorm.weight [C]
@@ -88,7 +88,11 @@ class Config:
         self.eps = float(d.get("rms_norm_eps", 1e-6))
         self.theta = float(d.get("rope_theta", 10000.0))
         self.tie = bool(d.get("tie_word_embeddings", False))
-        self.bias = self.model_type == "qwen2" or bool(d.get("attention_bias", False))
+        # transformers: qwen2 always biases q/k/v and never o_proj; llama and
+        # qwen3 bias q/k/v AND o_proj when attention_bias; mistral never.
+        ab = bool(d.get("attention_bias", False))
+        self.bias = self.model_type == "qwen2" or (ab and self.model_type in ("llama", "qwen3"))
+        self.o_bias = ab and self.model_type in ("llama", "qwen3")
         self.qk_norm = self.model_type == "qwen3"
         self.rope_scaling = d.get("rope_scaling")
         if self.H % self.KV:
@@ -137,6 +141,8 @@ def param_shapes(cfg, value_model=False):
             s[p + "self_attn.k_proj.bias"] = (KV * D,)
             s[p + "self_attn.v_proj.bias"] = (KV * D,)
         s[p + "self_attn.o_proj.weight"] = (C, H * D)
+        if cfg.o_bias:
+            s[p + "self_attn.o_proj.bias"] = (C,)
         if cfg.qk_norm:
             s[p + "self_attn.q_norm.weight"] = (D,)
             s[p + "self_attn.k_norm.weight"] = (D,)
@@ -244,7 +250,10 @@ class RefModel:
         s = s.masked_fill(~causal, float("-inf"))
         a = torch.softmax(s, dim=-1)
         o = torch.einsum("hts,shd->thd", a, v).reshape(T, cfg.H * cfg.D)
-        return o @ p[pre + "o_proj.weight"].t()
+        o = o @ p[pre + "o_proj.weight"].t()
+        if cfg.o_bias:
+            o = o + p[pre + "o_proj.bias"]
+        return o
 
     def hidden(self, ids):
         """ids: LongTensor [T] of one sequence -> h_final [T, C]."""

@@ -87,9 +87,9 @@ CASES = [
      dict(BASE, model_type="qwen2", architectures=["Qwen2ForCausalLM"],
           rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
           use_sliding_window=False)),
-    ("qwen3_qknorm_headdim", "language_model",
+    ("qwen3_qknorm_headdim_bias", "language_model",
      dict(BASE, model_type="qwen3", architectures=["Qwen3ForCausalLM"],
-          head_dim=32, attention_bias=False, rms_norm_eps=1e-6,
+          head_dim=32, attention_bias=True, rms_norm_eps=1e-6,
           rope_theta=1000000.0, tie_word_embeddings=False)),
     ("qwen2_value_model", "value_model",
      dict(BASE, model_type="qwen2", architectures=["Qwen2ForTokenClassification"],
@@ -113,9 +113,14 @@ def make_batch(cfg, seed):
                 g_val=g.standard_normal(n).astype(np.float32))
 
 
+CLIP_FACTOR = 0.5
+
+
 def reference_run(cfg, params, vm, batch, clip, dtype):
     """Outputs and grads at the initial weights, then STEPS AdamW steps.
-    Returns a dict of numpy float64 arrays / lists."""
+    clip: the max grad norm; "auto" = CLIP_FACTOR times the first step's
+    norm (recorded in r["clip"]); None = no clipping. Returns a dict of
+    numpy float64 arrays / lists."""
     m = ref_model.RefModel(cfg, params, vm, dtype)
     opt = torch.optim.AdamW(m.parameters(), lr=OPTIM["lr"],
                             betas=(OPTIM["beta1"], OPTIM["beta2"]),
@@ -146,10 +151,14 @@ def reference_run(cfg, params, vm, batch, clip, dtype):
                 r["log_probs"] = lp.detach().double().numpy()
                 r["entropy"] = ent.detach().double().numpy()
             r["grad"] = {k: v.grad.detach().double().numpy().copy() for k, v in m.p.items()}
-        norm = torch.nn.utils.clip_grad_norm_(m.parameters(), clip if clip else 1e30)
+        if clip == "auto":
+            with torch.no_grad():
+                clip = CLIP_FACTOR * float(torch.sqrt(sum((q.grad ** 2).sum()
+                                                          for q in m.parameters())))
+        norm = torch.nn.utils.clip_grad_norm_(m.parameters(), clip if clip else float("inf"))
         r["grad_norms"].append(float(norm))
-        if clip:
-            opt.step()
+        opt.step()
+    r["clip"] = clip
     r["param"] = {k: v.detach().double().numpy().copy() for k, v in m.p.items()}
     return r
 
@@ -168,15 +177,15 @@ def write_case(d, name, model_type, hf, seed):
         "input_ids": np.asarray(batch["input_ids"], dtype=np.float32),
         "seq_lens": np.asarray(batch["seq_lens"], dtype=np.float32),
         "g_logp": batch["g_logp"], "g_ent": batch["g_ent"], "g_val": batch["g_val"]})
-    # The clip threshold: half the initial gradient norm, so steps clip.
-    r0 = reference_run(cfg, params, vm, batch, None, torch.float64)
-    clip = 0.5 * r0["grad_norms"][0]
+    return cfg, params, vm, batch
+
+
+def write_case_json(d, model_type, clip):
     case = dict(model_type=model_type, temperature=TEMPERATURE, clip_grad=clip,
                 max_tokens_per_micro_batch=MICRO_BATCH_TOKENS, steps=STEPS,
                 threads=2, **OPTIM)
     with open(os.path.join(d, "case.json"), "w") as f:
         json.dump(case, f, indent=2)
-    return cfg, params, vm, batch, clip
 
 
 class Table:
@@ -315,10 +324,9 @@ def selftest(root):
     """The comparison must pass torch-fp32 results and fail each of a few
     small, realistic defects injected into them."""
     name, model_type, hf = CASES[0]
-    cfg, params, vm, batch, clip = write_case(os.path.join(root, name), name, model_type,
-                                              hf, 100)
-    ref = reference_run(cfg, params, vm, batch, clip, torch.float64)
-    f32 = reference_run(cfg, params, vm, batch, clip, torch.float32)
+    cfg, params, vm, batch = write_case(os.path.join(root, name), name, model_type, hf, 100)
+    ref = reference_run(cfg, params, vm, batch, "auto", torch.float64)
+    f32 = reference_run(cfg, params, vm, batch, ref["clip"], torch.float32)
     noclip = reference_run(cfg, params, vm, batch, None, torch.float32)
     mutants = [("fp32 torch (must pass)", lambda r: None, False)]
 
@@ -389,8 +397,10 @@ def main():
             if a.only and a.only not in name:
                 continue
             d = os.path.join(root, name)
-            cfg, params, vm, batch, clip = write_case(d, name, model_type, hf, 100 + seed)
-            ref = reference_run(cfg, params, vm, batch, clip, torch.float64)
+            cfg, params, vm, batch = write_case(d, name, model_type, hf, 100 + seed)
+            ref = reference_run(cfg, params, vm, batch, "auto", torch.float64)
+            clip = ref["clip"]
+            write_case_json(d, model_type, clip)
             floor = reference_run(cfg, params, vm, batch, clip, torch.float32)
             if not all(n > clip for n in ref["grad_norms"]):
                 tab.add(name, "clip", "reference norms %s vs clip %g" % (ref["grad_norms"], clip),

@@ -18,20 +18,31 @@
 #include "checkpoint/checkpoint.h"
 #include "io/safetensors.h"
 
-static char root[64];
+/* The base directory is made and removed by the runner (unchecked
+ * fixture), so that it goes away even when a test fails; each test works
+ * in a fresh subdirectory of it. */
+static char base[64];
+static char root[96];
+static int seq;
 
-static void setup(void)
+static void make_base(void)
 {
-	strcpy(root, "/tmp/test_ckpt.XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(root));
+	strcpy(base, "/tmp/test_ckpt.XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(base));
 }
 
-static void teardown(void)
+static void remove_base(void)
 {
 	char cmd[128];
 
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", base);
 	ck_assert_int_eq(system(cmd), 0);
+}
+
+static void setup(void)
+{
+	snprintf(root, sizeof(root), "%s/%d-%ld", base, ++seq, (long)getpid());
+	ck_assert_int_eq(mkdir(root, 0700), 0);
 }
 
 static char *rpath(const char *fmt, const char *a)
@@ -439,7 +450,8 @@ int main(void)
 	SRunner *sr;
 	int failed;
 
-	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_add_unchecked_fixture(tc, make_base, remove_base);
+	tcase_add_checked_fixture(tc, setup, NULL);
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, write_open_verify);
 	tcase_add_test(tc, corruption_and_missing);

@@ -15,7 +15,12 @@
 #include <string.h>
 
 #include "device/device.h"
+#include "device/cpu/cpu_device.h"
 #include "cpu_test_util.h"
+
+/* Which backward the CPU device runs (cpu_device.h): 1 = two passes,
+ * 2 = fused; the tests run both. */
+static int bwd_path = 1;
 
 struct cfg {
 	int B;
@@ -200,6 +205,7 @@ static void run_device(struct device *dev, const struct prob *p, struct grads *g
 	g->dq = tu_falloc(dev, T * H * D);
 	g->dk = tu_falloc(dev, T * KV * D);
 	g->dv = tu_falloc(dev, T * KV * D);
+	cpu_dev(dev)->attn_bwd_path = bwd_path;
 	ck_assert_int_eq(dev->k->attention_fwd(dev, g->out, g->lse, p->q, p->k, p->v,
 					       p->cu, p->c.B, T, H, KV, D, p->scale), 0);
 	ck_assert_int_eq(dev->k->attention_bwd(dev, g->dq, g->dk, g->dv, p->dout,
@@ -244,11 +250,11 @@ static void check_against_ref(struct device *dev, const struct cfg *c)
 	e = tu_err_f(g.lse, lse, c->H * p.T, 2e-5, 1e-4);
 	ck_assert_msg(e <= 1.0, "D=%ld lse err %g", (long)c->D, e);
 	e = tu_err_f(g.dq, dq, nq, 1e-4 * tu_maxabs(dq, nq), 0.0);
-	ck_assert_msg(e <= 1.0, "D=%ld dq err %g", (long)c->D, e);
+	ck_assert_msg(e <= 1.0, "path %d D=%ld dq err %g", bwd_path, (long)c->D, e);
 	e = tu_err_f(g.dk, dk, nkv, 1e-4 * tu_maxabs(dk, nkv), 0.0);
-	ck_assert_msg(e <= 1.0, "D=%ld dk err %g", (long)c->D, e);
+	ck_assert_msg(e <= 1.0, "path %d D=%ld dk err %g", bwd_path, (long)c->D, e);
 	e = tu_err_f(g.dv, dv, nkv, 1e-4 * tu_maxabs(dv, nkv), 0.0);
-	ck_assert_msg(e <= 1.0, "D=%ld dv err %g", (long)c->D, e);
+	ck_assert_msg(e <= 1.0, "path %d D=%ld dv err %g", bwd_path, (long)c->D, e);
 
 	free(q);
 	free(k);
@@ -281,6 +287,8 @@ START_TEST(attention_vs_reference)
 	};
 	size_t i;
 
+	bwd_path = _i;
+
 	tu_seed(10);
 	check_against_ref(dev, &cfg_main);
 	for (i = 0; i < sizeof(more) / sizeof(more[0]); i++)
@@ -298,6 +306,8 @@ START_TEST(attention_finite_differences)
 	struct grads g;
 	const double h = 1e-4;
 	int which, s;
+
+	bwd_path = _i;
 
 	tu_seed(11);
 	prob_init(dev, &p, &cfg_main);
@@ -350,6 +360,8 @@ START_TEST(attention_sequence_isolation)
 	struct grads a, b;
 	int target;
 
+	bwd_path = _i;
+
 	tu_seed(12);
 	prob_init(dev, &p, &cfg_main);
 	for (target = 0; target < 2; target++) {
@@ -395,6 +407,8 @@ START_TEST(attention_bwd_deterministic)
 	struct grads a;
 	float *dq = NULL, *dk = NULL, *dv = NULL;
 	int run;
+
+	bwd_path = _i;
 
 	tu_seed(13);
 	prob_init(dev, &p, &c);
@@ -470,10 +484,11 @@ int main(void)
 	int failed = 0;
 
 	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, attention_vs_reference);
-	tcase_add_test(tc, attention_finite_differences);
-	tcase_add_test(tc, attention_sequence_isolation);
-	tcase_add_test(tc, attention_bwd_deterministic);
+	/* loop index = backward path: 0 auto, 1 two passes, 2 fused */
+	tcase_add_loop_test(tc, attention_vs_reference, 0, 3);
+	tcase_add_loop_test(tc, attention_finite_differences, 1, 3);
+	tcase_add_loop_test(tc, attention_sequence_isolation, 1, 3);
+	tcase_add_loop_test(tc, attention_bwd_deterministic, 1, 3);
 	tcase_add_test(tc, attention_bad_arguments);
 	suite_add_tcase(s, tc);
 	tu_run(s, &failed);

@@ -21,20 +21,31 @@
 
 /* --- helpers ----------------------------------------------------------- */
 
-static char tmpdir[64];
+/* The base directory is made and removed by the runner (unchecked
+ * fixture), so that it goes away even when a test fails; each test works
+ * in a fresh subdirectory of it. */
+static char base[64];
+static char tmpdir[96];
+static int seq;
 
-static void setup(void)
+static void make_base(void)
 {
-	strcpy(tmpdir, "/tmp/test_st.XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+	strcpy(base, "/tmp/test_st.XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(base));
 }
 
-static void teardown(void)
+static void remove_base(void)
 {
 	char cmd[128];
 
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", base);
 	ck_assert_int_eq(system(cmd), 0);
+}
+
+static void setup(void)
+{
+	snprintf(tmpdir, sizeof(tmpdir), "%s/%d-%ld", base, ++seq, (long)getpid());
+	ck_assert_int_eq(mkdir(tmpdir, 0700), 0);
 }
 
 static char *tpath(const char *name)
@@ -726,7 +737,8 @@ int main(void)
 	SRunner *sr;
 	int failed;
 
-	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_add_unchecked_fixture(tc, make_base, remove_base);
+	tcase_add_checked_fixture(tc, setup, NULL);
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, bf16_conversion);
 	tcase_add_test(tc, f16_conversion);

@@ -10,13 +10,14 @@
  *
  * The panel products go through oneDNN's dnnl_sgemm, called single-threaded
  * from inside the OpenMP loop over items (oneDNN does not nest): measured
- * on these machines it reaches ~80% of a core's FMA peak on these shapes,
- * 2-4x what hand-written tile loops did. The softmax steps between them
+ * on these machines it reaches ~80% of a core's FMA peak on these shapes;
+ * the whole kernels ran 1.4-2.7x faster than with hand-written 64 x 64
+ * tile loops. The softmax steps between them
  * are vectorized loops (cpu_expf).
  *
- * Forward, per (query block, head): S = scale q k^T, P = softmax(S) with
- * the causal mask (exact row max and sum: the whole row is in the panel),
- * out = P v; saves lse[H, T].
+ * Forward, per (query block, head): S = scale q k^T, E = exp(S - row max)
+ * with the causal mask (exact row max and sum: the whole row is in the
+ * panel), out = (E v) / row sum; saves lse[H, T].
  *
  * Backward, deterministic without atomics, in two passes that recompute P
  * from lse, with D_i = rowsum(dout_i * out_i) computed first:
@@ -26,6 +27,8 @@
  *           order: P^T and dS^T against the queries at or after the block,
  *           dv += P^T dout, dk += scale dS^T q (the first head writes, the
  *           others accumulate).
+ * or, when there are enough sequences to keep the threads busy, fused in
+ * one pass per (sequence, kv head) that also accumulates dq (dqkv_item).
  * Every output element is written by exactly one work item, in a fixed
  * order, so results are bit-identical run after run; the OpenMP schedule
  * only decides which thread runs an item.
@@ -33,6 +36,7 @@
 #include <math.h>
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "err.h"
@@ -50,10 +54,13 @@ struct attn_blk {
 struct attn_ctx {
 	const struct attn_blk *blks;
 	int64_t nblks;
+	const struct attn_blk *seqs; /* non-empty sequences, longest first */
+	int64_t nseqs;
+	double work, max_work;       /* sum and max over sequences of len^2 */
 	int64_t T, H, KV, D, G;      /* G = H / KV */
 	int64_t ldp;                 /* panel row stride (floats) */
 	float scale;
-	const float *q, *k, *v, *out, *dout, *lse, *drow;
+	const float *q, *k, *v, *dout, *lse, *drow;
 	float *o, *lse_out, *dq, *dk, *dv;
 	float *ws;                   /* per-thread panels */
 	int64_t ws_floats;           /* floats per thread */
@@ -99,8 +106,9 @@ static void fwd_item(struct attn_ctx *c, int64_t it)
 	const float *qp = c->q + ((s0 + q0) * H + h) * D;
 	const float *kp = c->k + (s0 * KV + kvh) * D;
 	const float *vp = c->v + (s0 * KV + kvh) * D;
-	float *S = thread_ws(c);
-	int64_t i, j;
+	float *S = thread_ws(c), *inv = S + BLK * ldp;   /* inv[BLK] */
+	float *op = c->o + ((s0 + q0) * H + h) * D;
+	int64_t i, j, d;
 
 	/* S[nq, kend] = scale q k^T */
 	if (sgemm(c, 'N', 'T', nq, kend, D, c->scale, qp, H * D, kp, KV * D,
@@ -109,7 +117,7 @@ static void fwd_item(struct attn_ctx *c, int64_t it)
 	for (i = 0; i < nq; i++) {
 		float *s = S + i * ldp;
 		const int64_t jmax = q0 + i + 1;      /* keys 0 .. q0 + i */
-		float mx = -INFINITY, sum = 0.0f, inv;
+		float mx = -INFINITY, sum = 0.0f;
 
 #pragma omp simd reduction(max:mx)
 		for (j = 0; j < jmax; j++)
@@ -121,17 +129,21 @@ static void fwd_item(struct attn_ctx *c, int64_t it)
 			s[j] = e;
 			sum += e;
 		}
-		inv = 1.0f / sum;
-#pragma omp simd
-		for (j = 0; j < jmax; j++)
-			s[j] *= inv;
 		for (j = jmax; j < kend; j++)
 			s[j] = 0.0f;
+		inv[i] = 1.0f / sum;
 		c->lse_out[h * c->T + s0 + q0 + i] = mx + logf(sum);
 	}
-	/* out[nq, D] = P v */
-	sgemm(c, 'N', 'N', nq, D, kend, 1.0f, S, ldp, vp, KV * D, 0.0f,
-	      c->o + ((s0 + q0) * H + h) * D, H * D);
+	/* out[nq, D] = (exp(S - max) v) / sum: normalizing the D outputs of a
+	 * row is cheaper than its kend probabilities */
+	if (sgemm(c, 'N', 'N', nq, D, kend, 1.0f, S, ldp, vp, KV * D, 0.0f,
+		  op, H * D) < 0)
+		return;
+	for (i = 0; i < nq; i++) {
+#pragma omp simd
+		for (d = 0; d < D; d++)
+			op[i * H * D + d] *= inv[i];
+	}
 }
 
 /* ---- backward pass 1: dq ------------------------------------------------ */
@@ -232,13 +244,88 @@ static void dkv_item(struct attn_ctx *c, int64_t it)
 	}
 }
 
+/* ---- backward, fused: dq, dk, dv of one (sequence, kv head) ------------- */
+
+/* The same products as the two passes, with the recomputation of pass 1
+ * saved: per key block, for each head of the group, P^T and dS^T against
+ * the queries at or after the block give dv and dk of the block and the
+ * block's share of dq, dq[k0:] (+)= scale (dS^T)^T k_blk, summed over the
+ * key blocks in order (the first block, k0 = 0, covers every query and
+ * writes). The item owns dq of its sequence's group heads: no atomics. */
+static void dqkv_item(struct attn_ctx *c, int64_t it)
+{
+	const int64_t D = c->D, H = c->H, KV = c->KV, T = c->T, ldp = c->ldp;
+	const struct attn_blk *sq = &c->seqs[it / KV];
+	const int64_t kvh = it % KV, s0 = sq->s0, len = sq->len;
+	float *St = thread_ws(c), *dPt = St + BLK * ldp;
+	int64_t k0, g, i, j;
+
+	for (k0 = 0; k0 < len; k0 += BLK) {
+		const int64_t nk = min64(BLK, len - k0), nqr = len - k0;
+		const float *kp = c->k + ((s0 + k0) * KV + kvh) * D;
+		const float *vp = c->v + ((s0 + k0) * KV + kvh) * D;
+		float *dkp = c->dk + ((s0 + k0) * KV + kvh) * D;
+		float *dvp = c->dv + ((s0 + k0) * KV + kvh) * D;
+
+		for (g = 0; g < c->G; g++) {
+			const int64_t h = kvh * c->G + g;
+			const float *qp = c->q + ((s0 + k0) * H + h) * D;
+			const float *dop = c->dout + ((s0 + k0) * H + h) * D;
+			const float *ls = c->lse + h * T + s0 + k0;
+			const float *di = c->drow + h * T + s0 + k0;
+			const float beta = g == 0 ? 0.0f : 1.0f;
+
+			if (sgemm(c, 'N', 'T', nk, nqr, D, c->scale, kp, KV * D, qp,
+				  H * D, 0.0f, St, ldp) < 0)
+				return;
+			if (sgemm(c, 'N', 'T', nk, nqr, D, 1.0f, vp, KV * D, dop,
+				  H * D, 0.0f, dPt, ldp) < 0)
+				return;
+			for (j = 0; j < nk; j++) {
+				float *p = St + j * ldp, *ds = dPt + j * ldp;
+
+				for (i = 0; i < j; i++) {
+					p[i] = 0.0f;
+					ds[i] = 0.0f;
+				}
+#pragma omp simd
+				for (i = j; i < nqr; i++) {
+					float e = cpu_expf(p[i] - ls[i]);
+
+					p[i] = e;
+					ds[i] = e * (ds[i] - di[i]);
+				}
+			}
+			if (sgemm(c, 'N', 'N', nk, D, nqr, 1.0f, St, ldp, dop, H * D,
+				  beta, dvp, KV * D) < 0)
+				return;
+			if (sgemm(c, 'N', 'N', nk, D, nqr, c->scale, dPt, ldp, qp,
+				  H * D, beta, dkp, KV * D) < 0)
+				return;
+			if (sgemm(c, 'T', 'N', nqr, D, nk, c->scale, dPt, ldp, kp,
+				  KV * D, k0 == 0 ? 0.0f : 1.0f,
+				  c->dq + ((s0 + k0) * H + h) * D, H * D) < 0)
+				return;
+		}
+	}
+}
+
+static int cmp_seq(const void *a, const void *b)
+{
+	const struct attn_blk *x = a, *y = b;
+
+	if (x->len != y->len)
+		return x->len > y->len ? -1 : 1;
+	return x->s0 < y->s0 ? -1 : x->s0 > y->s0;
+}
+
 /* Check the shapes; build the block table and the per-thread panels
- * (`npanels` of BLK x the longest sequence). */
+ * (`npanels` of BLK x the longest sequence, then BLK floats). */
 static int attn_setup(struct device *dev, struct attn_ctx *c,
 		      const int32_t *cu, int64_t B, int64_t T, int64_t H,
 		      int64_t KV, int64_t D, float scale, int npanels)
 {
-	struct attn_blk *blks;
+	struct attn_blk *blks, *seqs;
 	int64_t b, n = 0, lmax = 0, nthreads;
 
 	if (B < 0 || T < 0 || H <= 0 || KV <= 0 || H % KV || D <= 0 ||
@@ -266,9 +353,11 @@ static int attn_setup(struct device *dev, struct attn_ctx *c,
 	c->ldp = (lmax + 15) / 16 * 16;
 	if (n == 0)
 		return 0;
-	blks = cpu_scratch(dev, CPU_SCRATCH_INDEX, (size_t)n * sizeof(*blks));
+	/* the blocks, then the non-empty sequences (at most B) */
+	blks = cpu_scratch(dev, CPU_SCRATCH_INDEX, (size_t)(n + B) * sizeof(*blks));
 	if (!blks)
 		return -ENOMEM;
+	seqs = blks + n;
 	n = 0;
 	for (b = 0; b < B; b++) {
 		int32_t len = cu[b + 1] - cu[b], t0;
@@ -277,13 +366,19 @@ static int attn_setup(struct device *dev, struct attn_ctx *c,
 			blks[n].s0 = cu[b];
 			blks[n].len = len;
 			blks[n].t0 = t0;
+			if (t0 == 0)
+				seqs[c->nseqs++] = blks[n];
 			n++;
 		}
+		c->work += (double)len * len;
+		c->max_work = fmax(c->max_work, (double)len * len);
 	}
+	qsort(seqs, (size_t)c->nseqs, sizeof(*seqs), cmp_seq);
 	c->blks = blks;
+	c->seqs = seqs;
 	cpu_enter(dev);
 	nthreads = omp_get_max_threads();
-	c->ws_floats = npanels * BLK * c->ldp;
+	c->ws_floats = npanels * BLK * c->ldp + BLK;
 	c->ws = cpu_scratch(dev, CPU_SCRATCH_TILES,
 			    (size_t)(nthreads * c->ws_floats) * sizeof(float));
 	if (!c->ws)
@@ -314,6 +409,21 @@ int cpu_attention_fwd(struct device *dev, float *out, float *lse,
 	for (idx = 0; idx < nitems; idx++)
 		fwd_item(&c, nitems - 1 - idx);
 	return c.err;
+}
+
+/* The fused backward does 5 panel products per (query, key) pair instead
+ * of 7, but has only (sequences x kv heads) items, each costing ~len^2.
+ * Take it when the largest item (the longest sequence, one kv head) does
+ * not stretch the schedule: largest * threads <= 1.25 * total (the two
+ * passes cost ~1.4x the fused work spread evenly). The choice depends on the thread count, so the bits of dq may
+ * too (device.h does not promise thread-count independence). */
+static bool use_fused(struct device *dev, const struct attn_ctx *c)
+{
+	int mode = cpu_dev(dev)->attn_bwd_path;
+
+	if (mode)
+		return mode == 2;
+	return c->max_work * omp_get_max_threads() <= 1.25 * (double)c->KV * c->work;
 }
 
 int cpu_attention_bwd(struct device *dev, float *dq, float *dk, float *dv,
@@ -354,6 +464,14 @@ int cpu_attention_bwd(struct device *dev, float *dq, float *dk, float *dv,
 	c.dq = dq;
 	c.dk = dk;
 	c.dv = dv;
+	if (use_fused(dev, &c)) {
+		/* longest sequences first */
+		nitems = c.nseqs * KV;
+#pragma omp parallel for schedule(dynamic, 1)
+		for (idx = 0; idx < nitems; idx++)
+			dqkv_item(&c, idx);
+		return c.err;
+	}
 	nitems = c.nblks * H;
 #pragma omp parallel for schedule(dynamic, 1)
 	for (idx = 0; idx < nitems; idx++)

@@ -46,6 +46,9 @@ struct cpu_device {
 	atomic_size_t in_use;                  /* bytes handed out by alloc, not yet freed */
 	struct cpu_scratch scratch[CPU_SCRATCH_COUNT];
 	struct cpu_gemm_cache *gemm;           /* oneDNN engine, stream, primitives */
+	/* attention backward: 0 = choose by shape and threads, 1 = two
+	 * passes, 2 = fused (tests set it to cover both) */
+	int attn_bwd_path;
 };
 
 static inline struct cpu_device *cpu_dev(struct device *dev)
