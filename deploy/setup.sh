@@ -24,6 +24,7 @@ packages=(
   check                # unit tests
   python3-grpcio python3-protobuf python3-numpy python3-venv   # Python client, tests
   python3-torch        # the independent torch reference of the tests
+  libopenblas0-pthread # a real BLAS under Debian's torch (the benchmark's peer)
 )
 
 missing=()

@@ -160,31 +160,29 @@ static char *read_text_file(const char *path, struct eng_error *err, int *rc)
  * tensor are filled in parallel. */
 #define RANDOM_INIT_CHUNK (1 << 20)
 
-static void random_init(struct native *n, float *host)
+/* Draw parameter i into host (see above). */
+static void random_init_tensor(struct native *n, float *host, int64_t i)
 {
+	const struct param_entry *p = &n->table.entries[i];
+	int64_t nchunks = (p->numel + RANDOM_INIT_CHUNK - 1) / RANDOM_INIT_CHUNK;
 	float std = (float)n->cfg.initializer_range;
 
-	for (int64_t i = 0; i < n->table.count; i++) {
-		const struct param_entry *p = &n->table.entries[i];
-		int64_t nchunks = (p->numel + RANDOM_INIT_CHUNK - 1) / RANDOM_INIT_CHUNK;
-
 #pragma omp parallel for schedule(dynamic, 1) if (nchunks > 1)
-		for (int64_t j = 0; j < nchunks; j++) {
-			int64_t start = j * RANDOM_INIT_CHUNK;
-			int64_t len = p->numel - start < RANDOM_INIT_CHUNK ? p->numel - start
-									    : RANDOM_INIT_CHUNK;
-			float *x = host + p->offset + start;
-			struct rng r;
+	for (int64_t j = 0; j < nchunks; j++) {
+		int64_t start = j * RANDOM_INIT_CHUNK;
+		int64_t len = p->numel - start < RANDOM_INIT_CHUNK ? p->numel - start
+								    : RANDOM_INIT_CHUNK;
+		float *x = host + p->offset + start;
+		struct rng r;
 
-			if (p->init_ones) {
-				for (int64_t q = 0; q < len; q++)
-					x[q] = 1.0f;
-			} else if (p->init_zero) {
-				memset(x, 0, len * sizeof(float));
-			} else {
-				rng_seed(&r, n->seed ^ ((uint64_t)i << 40) ^ (uint64_t)j);
-				rng_normal_fill(&r, x, len, 0.0f, std);
-			}
+		if (p->init_ones) {
+			for (int64_t q = 0; q < len; q++)
+				x[q] = 1.0f;
+		} else if (p->init_zero) {
+			memset(x, 0, len * sizeof(float));
+		} else {
+			rng_seed(&r, n->seed ^ ((uint64_t)i << 40) ^ (uint64_t)j);
+			rng_normal_fill(&r, x, len, 0.0f, std);
 		}
 	}
 }
@@ -206,8 +204,10 @@ static int load_hf_weights(struct native *n, const char *dir, float *host,
 		const struct st_tensor_info *t = st_reader_find(r, p->name);
 
 		if (!t) {
-			if (n->value_model && !strncmp(p->name, "score.", 6))
+			if (n->value_model && !strncmp(p->name, "score.", 6)) {
+				random_init_tensor(n, host, i);
 				continue;
+			}
 			rc = eng_fail(err, -EINVAL, "model_path: tensor %s missing from %s",
 				      p->name, dir);
 			break;
@@ -317,8 +317,12 @@ static int native_initialize(struct engine *e, const struct engine_init_config *
 	host = n->dev->ops->host_memory ? n->params : malloc(bytes);
 	if (!host)
 		return eng_fail(err, -ENOMEM, "parameters: out of host memory");
-	random_init(n, host);
-	rc = cfg->model_path ? load_hf_weights(n, cfg->model_path, host, err) : 0;
+	if (cfg->model_path) {
+		rc = load_hf_weights(n, cfg->model_path, host, err);
+	} else {
+		for (int64_t i = 0; i < n->table.count; i++)
+			random_init_tensor(n, host, i);
+	}
 	if (rc == 0 && host != n->params)
 		rc = upload_params(n, host, err);
 	if (host != n->params)
