@@ -8,6 +8,7 @@
 #include "engine.h"
 #include "native/native_engine.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -18,18 +19,22 @@ static const struct engine_ops *const registry[] = {
 
 #define REGISTRY_LEN (sizeof(registry) / sizeof(registry[0]))
 
-const char *engine_registry_keys(void)
-{
-	static char keys[512];
+static char keys[512];
+static pthread_once_t keys_once = PTHREAD_ONCE_INIT;
 
-	if (keys[0])
-		return keys;
+static void build_keys(void)
+{
 	for (size_t i = 0; i < REGISTRY_LEN; i++) {
 		size_t len = strlen(keys);
 
 		snprintf(keys + len, sizeof(keys) - len, "%s(%s, %s, %s)", i ? ", " : "",
 			 registry[i]->model_type, registry[i]->backend, registry[i]->device);
 	}
+}
+
+const char *engine_registry_keys(void)
+{
+	(void)pthread_once(&keys_once, build_keys);
 	return keys;
 }
 

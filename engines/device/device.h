@@ -185,6 +185,13 @@ const struct device_ops *device_find(const char *name);
 /* Comma-separated names of the built devices, for error messages. */
 const char *device_names(void);
 
+/* Fault injection (tests; STYLE "fault sweeps"): after `n` more successful
+ * device allocations, every device allocation fails (alloc returns NULL)
+ * until called again with n < 0. Devices call device_alloc_fault() first
+ * in their alloc. Process-wide. */
+void device_fail_allocs_after(long n);
+bool device_alloc_fault(void);
+
 /* The CPU device (always built). */
 extern const struct device_ops cpu_device_ops;
 

@@ -7,6 +7,7 @@
  * is NULL are skipped, so callers never see a device that was not built.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "device/device.h"
@@ -60,4 +61,21 @@ const char *device_names(void)
 {
 	(void)pthread_once(&names_once, build_names);
 	return names;
+}
+
+/* < 0: no fault injection; else the number of allocations still allowed. */
+static atomic_long alloc_countdown = -1;
+
+void device_fail_allocs_after(long n)
+{
+	atomic_store(&alloc_countdown, n);
+}
+
+bool device_alloc_fault(void)
+{
+	long c = atomic_load(&alloc_countdown);
+
+	while (c > 0 && !atomic_compare_exchange_weak(&alloc_countdown, &c, c - 1))
+		;
+	return c == 0;
 }

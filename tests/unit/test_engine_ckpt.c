@@ -216,6 +216,57 @@ START_TEST(killed_during_save)
 }
 END_TEST
 
+/* A checkpoint directory is a Hugging Face model directory: a value model
+ * (critic) initialized from an actor's checkpoint takes the backbone and
+ * draws score.* from its seed. */
+START_TEST(critic_from_actor_directory)
+{
+	struct engine *a = make_engine(TINY_QWEN2, "language_model", 21, 1e-3);
+	struct engine_init_config cfg;
+	struct engine_param_view va, vc;
+	struct eng_error err = {0};
+	struct engine *c;
+	char dir[300];
+	int64_t i;
+
+	snprintf(dir, sizeof(dir), "%s/actor", root);
+	ck_assert_int_eq(engine_save_checkpoint(a, dir, 1, 0, CKPT_MODEL, NULL, &err), 0);
+	engine_init_config_defaults(&cfg);
+	cfg.model_type = "value_model";
+	cfg.model_path = dir;
+	cfg.seed = 5;
+	ck_assert_msg(engine_create(&cfg, &c, &err) == 0, "%s", err.msg);
+	/* same backbone tensors, in the same order, minus lm_head */
+	for (i = 0; i < engine_num_params(a); i++) {
+		ck_assert_int_eq(engine_param(a, i, &va, NULL), 0);
+		if (!strcmp(va.name, "lm_head.weight"))
+			continue;
+		ck_assert_int_eq(engine_param(c, i, &vc, NULL), 0);
+		ck_assert_str_eq(vc.name, va.name);
+		ck_assert_mem_eq(vc.host_data, va.host_data, va.numel * sizeof(float));
+	}
+	ck_assert_int_eq(engine_param(c, engine_num_params(c) - 2, &vc, NULL), 0);
+	ck_assert_str_eq(vc.name, "score.weight");
+	ck_assert(vc.host_data[0] != 0.0f && vc.host_data[0] == vc.host_data[0]);
+	ck_assert_int_eq(engine_param(c, engine_num_params(c) - 1, &vc, NULL), 0);
+	ck_assert_str_eq(vc.name, "score.bias");
+	ck_assert(vc.host_data[0] == 0.0f);
+
+	/* a language model needs every tensor: the critic's directory has no
+	 * lm_head.weight, so loading it as an actor is refused by name */
+	snprintf(dir, sizeof(dir), "%s/critic", root);
+	ck_assert_int_eq(engine_save_checkpoint(c, dir, 1, 0, CKPT_MODEL, NULL, &err), 0);
+	engine_destroy(c);
+	cfg.model_type = "language_model";
+	cfg.model_path = dir;
+	c = NULL;
+	ck_assert_int_eq(engine_create(&cfg, &c, &err), -EINVAL);
+	ck_assert_msg(strstr(err.msg, "lm_head.weight"), "%s", err.msg);
+	ck_assert_ptr_null(c);
+	engine_destroy(a);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("engine_ckpt");
@@ -226,6 +277,7 @@ int main(void)
 	tcase_add_test(tc, resume_is_bit_identical);
 	tcase_add_test(tc, contents_and_errors);
 	tcase_add_test(tc, killed_during_save);
+	tcase_add_test(tc, critic_from_actor_directory);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

@@ -96,7 +96,7 @@ static void *cpu_alloc(struct device *dev, size_t bytes)
 	struct cpu_block *b;
 	size_t total;
 
-	if (bytes > SIZE_MAX - 2 * CPU_ALIGN)
+	if (bytes > SIZE_MAX - 2 * CPU_ALIGN || device_alloc_fault())
 		return NULL;
 	total = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN + CPU_ALIGN;
 	b = aligned_alloc(CPU_ALIGN, total);
