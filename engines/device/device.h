@@ -168,9 +168,11 @@ struct device_ops {
 	int (*sync)(struct device *dev);
 	/* Bytes of device memory in use by this device's allocations. */
 	size_t (*mem_in_use)(struct device *dev);
-	/* True when device memory is host memory (copies are then memcpy and
-	 * "offload" only changes the reported placement). */
-	bool host_memory;
+	/* Host memory for offloaded state and staging: page-locked where that
+	 * makes copies faster (cudaHostAlloc), plain aligned memory on the CPU.
+	 * NULL when out of memory; host_free accepts NULL. */
+	void *(*host_alloc)(struct device *dev, size_t bytes);
+	void (*host_free)(struct device *dev, void *ptr);
 };
 
 /* Every device has this as its first member. */
@@ -178,6 +180,17 @@ struct device {
 	const struct device_ops *ops;
 	const struct kernel_table *k;
 	enum matmul_precision prec;
+	/* True when device memory is host memory: copies are memcpy and
+	 * "offload" only changes the reported placement. The CPU device opened
+	 * with ENGINED_CPU_DISCRETE=1 in the environment reports false and keeps
+	 * separate device / host allocations, so that tests exercise the real
+	 * offload path of devices with their own memory. */
+	bool host_memory;
+	/* Bumped by the engine whenever parameter values change (optimizer
+	 * step, load, placement). A device may cache derived copies of
+	 * parameters (bf16 weights for its matmuls), keyed by pointer, while
+	 * the version is unchanged. */
+	uint64_t param_version;
 };
 
 /* Devices built into this binary, by name. */

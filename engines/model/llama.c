@@ -292,6 +292,15 @@ void llama_release(struct llama_model *m)
 	m->arena_floats = 0;
 }
 
+void llama_drop_activations(struct llama_model *m)
+{
+	m->dev->ops->free(m->dev, m->arena);
+	m->arena = NULL;
+	m->arena_floats = 0;
+	m->cap_tokens = 0;
+	m->cap_training = false;
+}
+
 /* --- forward ------------------------------------------------------------ */
 
 static void attention_block_fwd(struct llama_model *m, const struct llama_batch *b,

@@ -55,6 +55,9 @@ int llama_init(struct llama_model *m, struct device *dev,
 	       struct eng_error *err);
 void llama_release(struct llama_model *m);   /* frees arena and inv_freq */
 
+/* Free the activation arena (llama_reserve makes a new one). */
+void llama_drop_activations(struct llama_model *m);
+
 /* Bytes of activations needed for T tokens (training keeps every layer's
  * activations; forward-only keeps one layer's). */
 size_t llama_activation_bytes(const struct model_config *cfg, bool value_model,

@@ -16,33 +16,6 @@
 
 #define ENGINE_STATE_FORMAT 1
 
-/* Host-readable view of a state family; stages through malloc for devices
- * with their own memory. *ret_owned is set when the caller must free. */
-static int family_host(struct native *n, const float *family, const float **ret,
-		       float **ret_owned, struct eng_error *err)
-{
-	size_t bytes = n->table.total * sizeof(float);
-	float *h;
-	int rc;
-
-	*ret_owned = NULL;
-	if (n->dev->ops->host_memory) {
-		*ret = family;
-		return 0;
-	}
-	h = malloc(bytes);
-	if (!h)
-		return eng_fail(err, -ENOMEM, "checkpoint: out of host memory");
-	rc = n->dev->ops->copy_d2h(n->dev, h, family, bytes);
-	if (rc) {
-		free(h);
-		return eng_fail(err, rc, "checkpoint: copy from device failed");
-	}
-	*ret = h;
-	*ret_owned = h;
-	return 0;
-}
-
 /* Write one safetensors file holding the table's tensors of `nfam` state
  * families (data[f], names prefixed by prefix[f]) and record it. */
 static int write_families(struct native *n, struct ckpt_writer *w, const char *file,
@@ -140,20 +113,20 @@ int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_ste
 			 : eng_fail(err, -ENOMEM, "checkpoint: out of memory");
 		free(cfg);
 		if (rc == 0)
-			rc = family_host(n, n->params, &data[0], &owned[0], err);
+			rc = native_family_read(n, FAM_PARAMS, &data[0], &owned[0], err);
 		if (rc == 0)
 			rc = write_families(n, w, "model.safetensors", 1, model_prefix, data, err);
-		free(owned[0]);
+		n->dev->ops->host_free(n->dev, owned[0]);
 		owned[0] = NULL;
 	}
 	if (rc == 0 && (contents & CKPT_OPTIMIZER)) {
-		rc = family_host(n, n->exp_avg, &data[0], &owned[0], err);
+		rc = native_family_read(n, FAM_EXP_AVG, &data[0], &owned[0], err);
 		if (rc == 0)
-			rc = family_host(n, n->exp_avg_sq, &data[1], &owned[1], err);
+			rc = native_family_read(n, FAM_EXP_AVG_SQ, &data[1], &owned[1], err);
 		if (rc == 0)
 			rc = write_families(n, w, "optimizer.safetensors", 2, optim_prefix, data, err);
-		free(owned[0]);
-		free(owned[1]);
+		n->dev->ops->host_free(n->dev, owned[0]);
+		n->dev->ops->host_free(n->dev, owned[1]);
 	}
 	if (rc) {
 		ckpt_writer_abort(w);
@@ -187,7 +160,7 @@ static bool has_content(json_t *state, const char *what)
 struct family_file {
 	const char *file;
 	const char *prefix;
-	float *family;
+	enum native_fam family;
 	struct st_reader *r;
 };
 
@@ -217,20 +190,25 @@ static int check_shapes(struct native *n, const struct family_file *f,
 	return 0;
 }
 
-static int read_family(struct native *n, struct family_file *f, float *host,
+/* Read f's tensors into `host` (the family itself when host-readable, else
+ * a staging buffer then copied to the device). */
+static int read_family(struct native *n, struct family_file *f, float *staging,
 		       struct eng_error *err)
 {
+	float *host = native_family_host_ptr(n, f->family);
 	char name[160];
 	int rc = 0;
 
+	if (!host)
+		host = staging;
 	for (int64_t i = 0; i < n->table.count && !rc; i++) {
 		const struct param_entry *p = &n->table.entries[i];
 
 		snprintf(name, sizeof(name), "%s%s", f->prefix, p->name);
 		rc = st_reader_read_f32(f->r, name, host + p->offset, p->numel, err);
 	}
-	if (rc == 0 && host != f->family)
-		rc = n->dev->ops->copy_h2d(n->dev, f->family, host, n->table.total * sizeof(float));
+	if (rc == 0 && host == staging)
+		rc = native_family_write(n, f->family, host, err);
 	return rc;
 }
 
@@ -260,9 +238,9 @@ int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 {
 	struct native *n = engine_impl(e);
 	struct family_file files[3] = {
-		{"model.safetensors", "", n->params, NULL},
-		{"optimizer.safetensors", "exp_avg.", n->exp_avg, NULL},
-		{"optimizer.safetensors", "exp_avg_sq.", n->exp_avg_sq, NULL},
+		{"model.safetensors", "", FAM_PARAMS, NULL},
+		{"optimizer.safetensors", "exp_avg.", FAM_EXP_AVG, NULL},
+		{"optimizer.safetensors", "exp_avg_sq.", FAM_EXP_AVG_SQ, NULL},
 	};
 	bool want[3] = {contents & CKPT_MODEL, contents & CKPT_OPTIMIZER, contents & CKPT_OPTIMIZER};
 	json_t *state = NULL, *key;
@@ -270,6 +248,7 @@ int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 	int64_t gstep, ostep, sstep;
 	uint64_t rng[4];
 	float *host = NULL;
+	bool staging = false;
 	int rc;
 
 	rc = ckpt_open(dir, (void *)&state, &resolved, err);
@@ -301,19 +280,23 @@ int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 		if (rc == 0)
 			rc = check_shapes(n, &files[f], err);
 	}
-	if (rc == 0 && !n->dev->ops->host_memory &&
-	    !(host = malloc(n->table.total * sizeof(float))))
+	for (int f = 0; f < 3 && !rc; f++)
+		if (want[f] && !native_family_host_ptr(n, files[f].family))
+			staging = true;
+	if (rc == 0 && staging && !(host = malloc(n->table.total * sizeof(float))))
 		rc = eng_fail(err, -ENOMEM, "checkpoint: out of host memory");
 	for (int f = 0; f < 3 && !rc; f++)
 		if (want[f])
-			rc = read_family(n, &files[f], host ? host : files[f].family, err);
+			rc = read_family(n, &files[f], host, err);
 	if (rc == 0 && (contents & CKPT_EXTRA)) {
 		n->optim_step = ostep;
 		n->sched_step = sstep;
 		(void)rng_set_state(&n->rng, rng, NULL);  /* checked in parse_rng */
 	}
-	if (rc == 0 && (contents & CKPT_MODEL))
-		rc = n->dev->ops->memset0(n->dev, n->grads, n->table.total * sizeof(float));
+	if (rc == 0 && (contents & CKPT_MODEL)) {
+		n->dev->param_version++;
+		rc = native_zero_grad(e, err);
+	}
 	if (rc == 0 && ret_global_step)
 		*ret_global_step = gstep;
 out:

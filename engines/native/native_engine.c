@@ -40,7 +40,7 @@ static void dfree(struct native *n, void *p)
 	n->dev->ops->free(n->dev, p);
 }
 
-static void io_release(struct native *n)
+void native_io_release(struct native *n)
 {
 	struct native_io *io = &n->io;
 
@@ -76,12 +76,12 @@ static int io_reserve(struct native *n, int64_t T, int64_t B, struct eng_error *
 		struct native_io old = n->io;
 
 		n->io = io;
-		io_release(n);
+		native_io_release(n);
 		n->io = old;
 		return eng_fail(err, -ENOMEM, "micro-batch buffers: out of memory for %lld tokens",
 				(long long)T);
 	}
-	io_release(n);
+	native_io_release(n);
 	n->io = io;
 	return 0;
 }
@@ -94,11 +94,8 @@ static void native_destroy(struct engine *e)
 		return;
 	if (n->dev) {
 		llama_release(&n->model);
-		io_release(n);
-		dfree(n, n->params);
-		dfree(n, n->grads);
-		dfree(n, n->exp_avg);
-		dfree(n, n->exp_avg_sq);
+		native_io_release(n);
+		native_families_free(n);
 		n->dev->ops->close(n->dev);
 	}
 	free(n->stage);
@@ -227,14 +224,6 @@ static int load_hf_weights(struct native *n, const char *dir, float *host,
 	return rc;
 }
 
-/* Upload host[total] into the parameter family. */
-static int upload_params(struct native *n, const float *host, struct eng_error *err)
-{
-	int rc = n->dev->ops->copy_h2d(n->dev, n->params, host, n->table.total * sizeof(float));
-
-	return rc ? eng_fail(err, rc, "parameters: copy to device failed") : 0;
-}
-
 static int native_initialize(struct engine *e, const struct engine_init_config *cfg,
 			     struct eng_error *err)
 {
@@ -299,22 +288,17 @@ static int native_initialize(struct engine *e, const struct engine_init_config *
 		return eng_fail(err, rc, "device %s: open failed", cfg->device);
 	}
 	bytes = n->table.total * sizeof(float);
-	n->params = dalloc(n, bytes);
-	n->grads = dalloc(n, bytes);
-	n->exp_avg = dalloc(n, bytes);
-	n->exp_avg_sq = dalloc(n, bytes);
 	n->wl = calloc(n->cfg.num_layers, sizeof(*n->wl));
 	n->gl = calloc(n->cfg.num_layers, sizeof(*n->gl));
-	if (!n->params || !n->grads || !n->exp_avg || !n->exp_avg_sq || !n->wl || !n->gl)
-		return eng_fail(err, -ENOMEM,
-				"parameters: cannot allocate 4 x %zu MiB for %lld parameters",
-				bytes >> 20, (long long)n->table.total);
-	if ((rc = n->dev->ops->memset0(n->dev, n->grads, bytes)) ||
-	    (rc = n->dev->ops->memset0(n->dev, n->exp_avg, bytes)) ||
-	    (rc = n->dev->ops->memset0(n->dev, n->exp_avg_sq, bytes)))
-		return eng_fail(err, rc, "device: memset failed");
+	if (!n->wl || !n->gl)
+		return eng_fail(err, -ENOMEM, "engine: out of memory");
+	rc = native_families_alloc(n, err);
+	if (rc)
+		return rc;
 
-	host = n->dev->ops->host_memory ? n->params : malloc(bytes);
+	host = native_family_host_ptr(n, FAM_PARAMS);
+	if (!host)
+		host = malloc(bytes);
 	if (!host)
 		return eng_fail(err, -ENOMEM, "parameters: out of host memory");
 	if (cfg->model_path) {
@@ -323,18 +307,17 @@ static int native_initialize(struct engine *e, const struct engine_init_config *
 		for (int64_t i = 0; i < n->table.count; i++)
 			random_init_tensor(n, host, i);
 	}
-	if (rc == 0 && host != n->params)
-		rc = upload_params(n, host, err);
-	if (host != n->params)
+	if (rc == 0 && host != native_family_host_ptr(n, FAM_PARAMS))
+		rc = native_family_write(n, FAM_PARAMS, host, err);
+	if (host != native_family_host_ptr(n, FAM_PARAMS))
 		free(host);
 	if (rc)
 		return rc;
 
 	n->model.w.layers = n->wl;
 	n->model.g.layers = n->gl;
-	model_weights_bind(&n->table, &n->cfg, n->params, &n->model.w);
-	model_weights_bind(&n->table, &n->cfg, n->grads, &n->model.g);
 	rc = llama_init(&n->model, n->dev, &n->cfg, n->value_model, err);
+	native_rebind(n);
 	if (rc)
 		return rc;
 	n->place = (struct engine_placement){true, true, true};
@@ -577,6 +560,8 @@ static int native_forward_backward(struct engine *e, const struct engine_batch *
 	int rc;
 
 	rc = validate_batch(n, b, err);
+	if (rc == 0)
+		rc = native_require_placed(n, !b->forward_only, false, err);
 	if (rc)
 		return rc;
 	rc = mb_plan_make(b->seq_lens, b->num_seqs, budget, &plan, err);
@@ -611,14 +596,6 @@ static int native_forward_backward(struct engine *e, const struct engine_batch *
 
 /* --- optimizer --------------------------------------------------------- */
 
-static int native_zero_grad(struct engine *e, struct eng_error *err)
-{
-	struct native *n = N(e);
-	int rc = n->dev->ops->memset0(n->dev, n->grads, n->table.total * sizeof(float));
-
-	return rc ? eng_fail(err, rc, "device: zeroing gradients failed") : 0;
-}
-
 static int native_optimizer_step(struct engine *e, struct engine_step_result *ret,
 				 struct eng_error *err)
 {
@@ -628,7 +605,10 @@ static int native_optimizer_step(struct engine *e, struct engine_step_result *re
 	float coef = 1.0f;
 	int rc;
 
-	rc = k->sumsq(n->dev, &sumsq, n->grads, n->table.total);
+	rc = native_require_placed(n, true, true, err);
+	if (rc)
+		return rc;
+	rc = k->sumsq(n->dev, &sumsq, n->fam[FAM_GRADS].dev, n->table.total);
 	if (rc)
 		return eng_fail(err, rc, "optimizer: gradient norm failed");
 	norm = sqrt(sumsq);
@@ -649,7 +629,8 @@ static int native_optimizer_step(struct engine *e, struct engine_step_result *re
 		coef = c < 1.0f ? c : 1.0f;
 	}
 	n->optim_step++;
-	rc = k->adamw(n->dev, n->params, n->grads, n->exp_avg, n->exp_avg_sq, n->table.total,
+	rc = k->adamw(n->dev, n->fam[FAM_PARAMS].dev, n->fam[FAM_GRADS].dev,
+		      n->fam[FAM_EXP_AVG].dev, n->fam[FAM_EXP_AVG_SQ].dev, n->table.total,
 		      lr, n->optim.beta1, n->optim.beta2, n->optim.eps,
 		      n->optim.weight_decay, n->optim_step, coef);
 	if (rc) {
@@ -657,6 +638,7 @@ static int native_optimizer_step(struct engine *e, struct engine_step_result *re
 		return eng_fail(err, rc, "optimizer: AdamW kernel failed");
 	}
 	ret->step = n->optim_step;
+	n->dev->param_version++;
 	return native_zero_grad(e, err);
 }
 
@@ -669,47 +651,35 @@ static int native_lr_scheduler_step(struct engine *e, double *ret_lr, struct eng
 	return 0;
 }
 
-/* --- placement, parameters, status -------------------------------------- */
-
-static int native_to(struct engine *e, bool to_device, bool model, bool optimizer,
-		     bool grad, struct eng_error *err)
-{
-	struct native *n = N(e);
-
-	/* On a host-memory device the state already lives in host memory: only
-	 * the reported placement changes. Devices with their own memory (CUDA)
-	 * move the families through host staging (issue 6). */
-	if (!n->dev->ops->host_memory)
-		return eng_fail(err, -ENODEV, "to: offload is not implemented for device %s",
-				n->dev->ops->name);
-	if (model)
-		n->place.model = to_device;
-	if (optimizer)
-		n->place.optimizer = to_device;
-	if (grad)
-		n->place.grad = to_device;
-	return 0;
-}
+/* --- parameters, status -------------------------------------------------- */
 
 static int64_t native_num_params(struct engine *e)
 {
 	return N(e)->table.count;
 }
 
-static int view(struct native *n, const float *family, int64_t i,
+/* A host-readable view of tensor i of family f: in place when the family is
+ * host-readable, else staged (one tensor at a time) through n->stage. */
+static int view(struct native *n, enum native_fam f, int64_t i,
 		struct engine_param_view *ret, struct eng_error *err)
 {
 	const struct param_entry *p = &n->table.entries[i];
-	const float *src = family + p->offset;
+	const float *h = native_family_host_ptr(n, f);
+	const float *src;
 
-	if (!n->dev->ops->host_memory) {
+	if (h) {
+		src = h + p->offset;
+	} else {
 		float *s = realloc(n->stage, p->numel * sizeof(float));
 		int rc;
 
 		if (!s)
 			return eng_fail(err, -ENOMEM, "%s: out of host memory", p->name);
 		n->stage = s;
-		rc = n->dev->ops->copy_d2h(n->dev, s, src, p->numel * sizeof(float));
+		rc = n->dev->ops->copy_d2h(n->dev, s, n->fam[f].dev + p->offset,
+					   p->numel * sizeof(float));
+		if (rc == 0)
+			rc = n->dev->ops->sync(n->dev);
 		if (rc)
 			return eng_fail(err, rc, "%s: copy from device failed", p->name);
 		src = s;
@@ -727,48 +697,62 @@ static int view(struct native *n, const float *family, int64_t i,
 static int native_param(struct engine *e, int64_t i, struct engine_param_view *ret,
 			struct eng_error *err)
 {
-	return view(N(e), N(e)->params, i, ret, err);
+	return view(N(e), FAM_PARAMS, i, ret, err);
 }
 
 static int native_grad(struct engine *e, int64_t i, struct engine_param_view *ret,
 		       struct eng_error *err)
 {
-	return view(N(e), N(e)->grads, i, ret, err);
+	return view(N(e), FAM_GRADS, i, ret, err);
 }
 
-/* Convert on the device (into a scratch allocation unless the device's
- * memory is host memory), then copy the slice to dst. */
+/* Convert on the device when the parameters are there (into a scratch
+ * allocation unless device memory is host memory), else on the host; then
+ * copy the slice to dst. */
 static int native_param_copy(struct engine *e, int64_t i, enum engine_dtype dtype,
 			     int64_t start, int64_t count, void *dst, struct eng_error *err)
 {
 	struct native *n = N(e);
 	const struct param_entry *p = &n->table.entries[i];
-	const float *src = n->params + p->offset + start;
+	const float *h = native_family_host_ptr(n, FAM_PARAMS);
 	const struct device_ops *o = n->dev->ops;
+	const float *src;
 	void *tmp;
 	int rc;
 
+	if (h) {
+		src = h + p->offset + start;
+		if (dtype == ENGINE_DTYPE_F32)
+			memcpy(dst, src, count * sizeof(float));
+		else if (dtype == ENGINE_DTYPE_BF16)
+			f32_to_bf16_n(src, dst, count);
+		else
+			f32_to_f16_n(src, dst, count);
+		return 0;
+	}
+	src = n->fam[FAM_PARAMS].dev + p->offset + start;
 	if (dtype == ENGINE_DTYPE_F32) {
 		rc = o->copy_d2h(n->dev, dst, src, count * sizeof(float));
+		if (rc == 0)
+			rc = o->sync(n->dev);
 		return rc ? eng_fail(err, rc, "%s: copy from device failed", p->name) : 0;
 	}
-	/* host-memory devices convert straight into dst */
-	tmp = o->host_memory ? dst : dalloc(n, count * sizeof(uint16_t));
+	tmp = dalloc(n, count * sizeof(uint16_t));
 	if (!tmp)
 		return eng_fail(err, -ENOMEM, "%s: out of device memory for conversion", p->name);
 	rc = dtype == ENGINE_DTYPE_BF16 ? n->dev->k->to_bf16(n->dev, tmp, src, count)
 					: n->dev->k->to_f16(n->dev, tmp, src, count);
-	if (rc == 0 && tmp != dst)
+	if (rc == 0)
 		rc = o->copy_d2h(n->dev, dst, tmp, count * sizeof(uint16_t));
-	if (tmp != dst)
-		dfree(n, tmp);
+	if (rc == 0)
+		rc = o->sync(n->dev);
+	dfree(n, tmp);
 	return rc ? eng_fail(err, rc, "%s: conversion failed", p->name) : 0;
 }
 
 static void native_status(struct engine *e, struct engine_status *ret)
 {
 	struct native *n = N(e);
-	size_t fam = n->table.total * sizeof(float);
 
 	snprintf(ret->key, sizeof(ret->key), "%s", n->key);
 	ret->initialized = true;
@@ -778,7 +762,10 @@ static void native_status(struct engine *e, struct engine_status *ret)
 	ret->lr = native_current_lr(n);
 	ret->num_parameters = n->table.total;
 	ret->device_memory = n->dev->ops->mem_in_use(n->dev);
-	ret->host_memory = n->dev->ops->host_memory ? 0 : 4 * fam;
+	ret->host_memory = 0;
+	for (int f = 0; f < FAM_COUNT; f++)
+		if (n->fam[f].host)
+			ret->host_memory += n->table.total * sizeof(float);
 }
 
 #define NATIVE_OPS(mt, dv)                                      \

@@ -23,6 +23,23 @@ struct native_io {
 	float *drows;                  /* [3, cap_tokens] device: their gradients */
 };
 
+/* State families, one allocation each, laid out by the parameter table. */
+enum native_fam {
+	FAM_PARAMS = 0,
+	FAM_GRADS,
+	FAM_EXP_AVG,
+	FAM_EXP_AVG_SQ,
+	FAM_COUNT,
+};
+
+/* Where a family lives: `dev` on the device, or `host` when offloaded
+ * (exactly one is set). On host-memory devices it always stays in `dev`
+ * and offload only changes the placement flags. */
+struct native_family {
+	float *dev;
+	float *host;
+};
+
 struct native {
 	char key[96];
 	struct model_config cfg;
@@ -30,8 +47,7 @@ struct native {
 	struct device *dev;
 
 	struct param_table table;
-	/* One allocation per state family, each [table.total] on the device. */
-	float *params, *grads, *exp_avg, *exp_avg_sq;
+	struct native_family fam[FAM_COUNT];   /* each [table.total] floats */
 	struct layer_weights *wl, *gl; /* [L] bound layer pointers */
 	struct llama_model model;
 	struct native_io io;
@@ -46,6 +62,31 @@ struct native {
 	int64_t default_budget;
 	struct engine_placement place;
 };
+
+/* native_engine.c */
+void native_io_release(struct native *n);
+
+/* native_place.c: placement of the state families. */
+int native_families_alloc(struct native *n, struct eng_error *err);
+void native_families_free(struct native *n);
+int native_to(struct engine *e, bool to_device, bool model, bool optimizer,
+	      bool grad, struct eng_error *err);
+int native_zero_grad(struct engine *e, struct eng_error *err);
+/* Host-readable view of family f: the family itself when host-readable,
+ * else a staged copy returned in *ret_owned (caller frees). */
+int native_family_read(struct native *n, enum native_fam f, const float **ret,
+		       float **ret_owned, struct eng_error *err);
+/* Replace family f's values with host[total]. */
+int native_family_write(struct native *n, enum native_fam f, const float *host,
+			struct eng_error *err);
+/* Host pointer to write family f in place, or NULL when it is in device
+ * memory (then stage and use native_family_write). */
+float *native_family_host_ptr(struct native *n, enum native_fam f);
+/* -EALREADY unless the families a computation needs are on the device. */
+int native_require_placed(struct native *n, bool grads, bool optimizer,
+			  struct eng_error *err);
+/* Point the model at the families' current memory; bump param_version. */
+void native_rebind(struct native *n);
 
 /* native_ckpt.c */
 int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_step,

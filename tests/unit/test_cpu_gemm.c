@@ -19,9 +19,17 @@ START_TEST(device_table)
 	ck_assert_ptr_null(device_find("tpu"));
 	ck_assert_ptr_null(device_find(NULL));
 	ck_assert_ptr_nonnull(strstr(device_names(), "cpu"));
-	ck_assert(ops->host_memory);
 	ck_assert_int_eq(ops->open(&dev, 1, (enum matmul_precision)7), -EINVAL);
 	ck_assert_ptr_null(dev);
+	unsetenv("ENGINED_CPU_DISCRETE");
+	ck_assert_int_eq(ops->open(&dev, 1, MATMUL_FP32), 0);
+	ck_assert(dev->host_memory);
+	ops->close(dev);
+	setenv("ENGINED_CPU_DISCRETE", "1", 1);
+	ck_assert_int_eq(ops->open(&dev, 1, MATMUL_FP32), 0);
+	ck_assert(!dev->host_memory);
+	ops->close(dev);
+	unsetenv("ENGINED_CPU_DISCRETE");
 	ops->close(NULL);
 }
 END_TEST

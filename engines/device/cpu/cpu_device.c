@@ -78,6 +78,8 @@ static int cpu_open(struct device **ret, int threads, enum matmul_precision prec
 	cd->base.ops = &cpu_device_ops;
 	cd->base.k = &cpu_kernel_table;
 	cd->base.prec = prec;
+	cd->base.host_memory = !getenv("ENGINED_CPU_DISCRETE") ||
+			       strcmp(getenv("ENGINED_CPU_DISCRETE"), "1") != 0;
 	if (threads > 0)
 		omp_set_num_threads(threads);
 	cd->threads = threads > 0 ? threads : omp_get_max_threads();
@@ -145,6 +147,19 @@ static size_t cpu_mem_in_use(struct device *dev)
 	return atomic_load(&cpu_dev(dev)->in_use);
 }
 
+/* Host memory is not counted in mem_in_use: it is what "offloaded" means. */
+static void *cpu_host_alloc(struct device *dev, size_t bytes)
+{
+	if (device_alloc_fault())
+		return NULL;
+	return aligned_alloc(CPU_ALIGN, (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN + CPU_ALIGN);
+}
+
+static void cpu_host_free(struct device *dev, void *ptr)
+{
+	free(ptr);
+}
+
 const struct device_ops cpu_device_ops = {
 	.name = "cpu",
 	.open = cpu_open,
@@ -157,5 +172,6 @@ const struct device_ops cpu_device_ops = {
 	.copy_d2d = cpu_copy,
 	.sync = cpu_sync,
 	.mem_in_use = cpu_mem_in_use,
-	.host_memory = true,
+	.host_alloc = cpu_host_alloc,
+	.host_free = cpu_host_free,
 };
