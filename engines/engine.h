@@ -81,6 +81,9 @@ struct engine_init_config {
 	int64_t max_tokens_per_micro_batch;  /* default budget; > 0 */
 	int threads;                /* <= 0: device default */
 	bool bf16_matmul;           /* matmul inputs in bf16, fp32 accumulate */
+	/* Floats of one LM-head logits tile (rows x vocabulary chunk); bounds
+	 * the head's working memory. 0 = 16M (64 MiB). */
+	int64_t lm_tile_floats;
 };
 
 /* Defaults used when a field is left 0: lr 1e-5, betas (0.9, 0.999),

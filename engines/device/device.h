@@ -31,6 +31,14 @@
 
 struct device;
 
+/* Per-row running statistics of an online log-softmax (device memory). */
+struct logprob_stats {
+	double max;     /* max z seen so far */
+	double sum;     /* sum exp(z - max) */
+	double zsum;    /* sum exp(z - max) (z - max) */
+	double zt;      /* z[target] once seen */
+};
+
 /* Precision of matrix products. Master weights, gradients and optimizer
  * state are always fp32; with MATMUL_BF16 the device rounds matmul inputs
  * to bf16 and accumulates in fp32. */
@@ -124,6 +132,30 @@ struct kernel_table {
 	int (*logprob_bwd)(struct device *dev, float *logits, const int32_t *target,
 			   const float *dlogp, const float *dent,
 			   int64_t R, int64_t V, float inv_temp);
+
+	/* The same over vocabulary chunks, so that the LM head reads its
+	 * weight once per pass however many tokens there are (online softmax).
+	 * logits[R, Vc] holds columns [v0, v0 + Vc) of R rows (row stride Vc).
+	 * stats[R] carries per row, in double: max z, S = sum exp(z - max),
+	 * Z = sum exp(z - max) (z - max), and z[target] (when the target falls
+	 * in a chunk). first = true starts the rows; later chunks merge. */
+	int (*logprob_chunk_fwd)(struct device *dev, struct logprob_stats *stats,
+				 const float *logits, const int32_t *target,
+				 int64_t R, int64_t v0, int64_t Vc, float inv_temp,
+				 bool first);
+	/* After the last chunk: lse = max + log S; logp = z[target] - lse (0
+	 * without a target); ent = log S - Z / S; ez = max + Z / S (= sum p z).
+	 * lse[R] and ez[R] are kept for logprob_chunk_bwd. ent may be NULL. */
+	int (*logprob_chunk_finish)(struct device *dev, float *logp, float *ent,
+				    float *lse, float *ez,
+				    const struct logprob_stats *stats,
+				    const int32_t *target, int64_t R);
+	/* In place on a chunk of the same logits: p = exp(z - lse),
+	 * dlogits = inv_temp * (dlogp * (onehot(target) - p) - dent * p * (z - ez)). */
+	int (*logprob_chunk_bwd)(struct device *dev, float *logits,
+				 const int32_t *target, const float *lse,
+				 const float *ez, const float *dlogp, const float *dent,
+				 int64_t R, int64_t v0, int64_t Vc, float inv_temp);
 
 	/* Sum of squares of x[n] in double, fixed reduction order. */
 	int (*sumsq)(struct device *dev, double *ret, const float *x, int64_t n);

@@ -11,9 +11,14 @@
  *   xmid = x_l + att Wo^T
  *   ln2  = rmsnorm(xmid) * w.ln2
  *   x_{l+1} = xmid + (silu(ln2 Wg^T) * (ln2 Wu^T)) Wd^T
- * then lnf = rmsnorm(x_L) * w.norm, and either the LM head (chunks of rows:
- * logits = lnf Wlm^T -> log-prob of the target, entropy; never the whole
- * [T,V] at once; the backward recomputes each chunk) or the value head.
+ * then lnf = rmsnorm(x_L) * w.norm, and either the LM head or the value head.
+ *
+ * LM head: logits are never materialized for the micro-batch. Tiles of
+ * [rows, vocabulary chunk] (at most LM_TILE_FLOATS) are computed, folded
+ * into per-row online-softmax statistics and dropped; the backward
+ * recomputes each tile from the saved lse / E[z]. Iterating vocabulary
+ * chunks inside row blocks reads the [V, C] weight once per pass and
+ * writes each row of its gradient once, whatever the token count.
  *
  * Errors: every step goes through a helper that records the first kernel
  * error in m->rc and makes later steps no-ops; a pass returns m->rc.
@@ -49,7 +54,9 @@ struct global_acts {
 	float *dx, *dln;       /* [T,C] */
 	float *datt, *dq;      /* [T,QD] */
 	float *dk, *dv;        /* [T,KD] */
-	float *logits;         /* [lm_chunk, V] */
+	float *logits;         /* [lm_rows, lm_cols] tile */
+	float *lse, *ez;       /* [T] saved by the LM head forward */
+	struct logprob_stats *stats; /* [T] */
 };
 
 static size_t layer_floats(const struct model_config *c, int64_t T)
@@ -67,44 +74,56 @@ static size_t layer_floats(const struct model_config *c, int64_t T)
 	return n;
 }
 
-static size_t global_floats(const struct model_config *c, int64_t T, int64_t chunk)
+/* Logits tile: up to `tile` floats (LLAMA_LM_TILE_DEFAULT, 64 MiB), as
+ * rows x vocabulary columns: up to tile / LM_MIN_COLS rows, then as many
+ * columns as fit, so the weight is re-read once per row block only. */
+#define LM_MIN_COLS 2048
+
+static int64_t lm_rows(int64_t tile, int64_t T)
+{
+	int64_t max_rows = tile / LM_MIN_COLS > 0 ? tile / LM_MIN_COLS : 1;
+
+	return T < 1 ? 1 : (T < max_rows ? T : max_rows);
+}
+
+static int64_t lm_cols(int64_t tile, const struct model_config *c, int64_t T)
+{
+	int64_t cols = tile / lm_rows(tile, T);
+
+	cols = cols > 0 ? cols : 1;
+	return cols < c->vocab_size ? cols : c->vocab_size;
+}
+
+static size_t global_floats(const struct model_config *c, bool value_model, int64_t tile,
+			    int64_t T)
 {
 	int64_t QD = c->num_heads * c->head_dim, KD = c->num_kv_heads * c->head_dim;
 	size_t C = al(T * c->hidden_size);
+	size_t head = value_model ? 0
+				  : al(lm_rows(tile, T) * lm_cols(tile, c, T)) + 2 * al(T) +
+				    al(T * sizeof(struct logprob_stats) / sizeof(float));
 
 	return 6 * C + al(T) + 3 * al(T * c->intermediate_size) +
-	       2 * al(T * QD) + 2 * al(T * KD) + al(chunk * c->vocab_size);
+	       2 * al(T * QD) + 2 * al(T * KD) + head;
 }
 
-static int64_t lm_chunk_rows(const struct model_config *c, int64_t T)
+size_t llama_activation_bytes(const struct llama_model *m, int64_t T, bool training)
 {
-	/* ~16M floats (64 MiB) of logits per chunk, at least 16 rows. */
-	int64_t rows = (16 << 20) / c->vocab_size;
+	int64_t slots = training ? m->cfg.num_layers : 1;
 
-	if (rows < 16)
-		rows = 16;
-	return rows < T ? rows : (T > 0 ? T : 1);
-}
-
-size_t llama_activation_bytes(const struct model_config *cfg, bool value_model,
-			      int64_t T, bool training)
-{
-	int64_t slots = training ? cfg->num_layers : 1;
-
-	return sizeof(float) * (slots * layer_floats(cfg, T) +
-				global_floats(cfg, T, value_model ? 0 : lm_chunk_rows(cfg, T)));
+	return sizeof(float) * (slots * layer_floats(&m->cfg, T) +
+				global_floats(&m->cfg, m->value_model, m->lm_tile, T));
 }
 
 int llama_reserve(struct llama_model *m, int64_t T, bool training,
 		  struct eng_error *err)
 {
-	size_t need = llama_activation_bytes(&m->cfg, m->value_model, T, training) / sizeof(float);
+	size_t need = llama_activation_bytes(m, T, training) / sizeof(float);
 	float *a;
 
 	if (m->arena && need <= m->arena_floats) {
 		m->cap_tokens = T;
 		m->cap_training = training;
-		m->lm_chunk = lm_chunk_rows(&m->cfg, T);
 		return 0;
 	}
 	a = m->dev->ops->alloc(m->dev, need * sizeof(float));
@@ -117,7 +136,6 @@ int llama_reserve(struct llama_model *m, int64_t T, bool training,
 	m->arena_floats = need;
 	m->cap_tokens = T;
 	m->cap_training = training;
-	m->lm_chunk = lm_chunk_rows(&m->cfg, T);
 	return 0;
 }
 
@@ -174,7 +192,12 @@ static void global_acts_at(const struct llama_model *m, int64_t T, bool training
 	g->dq = TAKE(T * QD);
 	g->dk = TAKE(T * KD);
 	g->dv = TAKE(T * KD);
-	g->logits = m->value_model ? NULL : TAKE(m->lm_chunk * c->vocab_size);
+	if (!m->value_model) {
+		g->logits = TAKE(lm_rows(m->lm_tile, T) * lm_cols(m->lm_tile, c, T));
+		g->lse = TAKE(T);
+		g->ez = TAKE(T);
+		g->stats = (struct logprob_stats *)TAKE(T * sizeof(struct logprob_stats) / sizeof(float));
+	}
 #undef TAKE
 }
 
@@ -264,6 +287,7 @@ int llama_init(struct llama_model *m, struct device *dev,
 	m->dev = dev;
 	m->cfg = *cfg;
 	m->value_model = value_model;
+	m->lm_tile = LLAMA_LM_TILE_DEFAULT;
 	m->arena = NULL;
 	m->arena_floats = 0;
 	m->cap_tokens = 0;
@@ -348,6 +372,33 @@ static void mlp_block_fwd(struct llama_model *m, int64_t T, const struct layer_w
 	lin_fwd(m, x_out, h, w->w_down, T, C, F, 1.0f);
 }
 
+/* row_logp/row_ent [T] through tiles of [rows, vocabulary chunk]. */
+static void lm_head_fwd(struct llama_model *m, const struct llama_batch *b, float inv_temp,
+			struct global_acts *g, float *row_logp, float *row_ent)
+{
+	const struct model_config *c = &m->cfg;
+	int64_t T = b->T, C = c->hidden_size, V = c->vocab_size;
+	int64_t rows = lm_rows(m->lm_tile, T), cols = lm_cols(m->lm_tile, c, T);
+
+	for (int64_t r0 = 0; r0 < T && !m->rc; r0 += rows) {
+		int64_t R = T - r0 < rows ? T - r0 : rows;
+
+		for (int64_t v0 = 0; v0 < V && !m->rc; v0 += cols) {
+			int64_t Vc = V - v0 < cols ? V - v0 : cols;
+
+			lin_fwd(m, g->logits, g->lnf + r0 * C, m->w.lm_head + v0 * C, R, Vc, C, 0.0f);
+			if (!m->rc)
+				m->rc = m->dev->k->logprob_chunk_fwd(m->dev, g->stats + r0, g->logits,
+								     b->targets + r0, R, v0, Vc,
+								     inv_temp, v0 == 0);
+		}
+		if (!m->rc)
+			m->rc = m->dev->k->logprob_chunk_finish(m->dev, row_logp + r0, row_ent + r0,
+								g->lse + r0, g->ez + r0,
+								g->stats + r0, b->targets + r0, R);
+	}
+}
+
 int llama_forward(struct llama_model *m, const struct llama_batch *b,
 		  float inv_temp, bool training, float *row_logp, float *row_ent,
 		  float *row_val)
@@ -391,15 +442,7 @@ int llama_forward(struct llama_model *m, const struct llama_batch *b,
 		bias_add(m, row_val, m->w.score_bias, T, 1);
 		return m->rc;
 	}
-	for (int64_t r0 = 0; r0 < T && !m->rc; r0 += m->lm_chunk) {
-		int64_t R = T - r0 < m->lm_chunk ? T - r0 : m->lm_chunk;
-
-		lin_fwd(m, g.logits, g.lnf + r0 * C, m->w.lm_head, R, c->vocab_size, C, 0.0f);
-		if (!m->rc)
-			m->rc = m->dev->k->logprob_fwd(m->dev, row_logp + r0, row_ent + r0,
-						       g.logits, b->targets + r0, R,
-						       c->vocab_size, inv_temp);
-	}
+	lm_head_fwd(m, b, inv_temp, &g, row_logp, row_ent);
 	return m->rc;
 }
 
@@ -412,6 +455,7 @@ static void head_bwd(struct llama_model *m, const struct llama_batch *b, float i
 {
 	const struct model_config *c = &m->cfg;
 	int64_t T = b->T, C = c->hidden_size, V = c->vocab_size;
+	int64_t rows = lm_rows(m->lm_tile, T), cols = lm_cols(m->lm_tile, c, T);
 
 	if (m->value_model) {
 		/* row_val = lnf score^T + bias: dlnf = dval score; dscore += dval^T lnf */
@@ -424,16 +468,22 @@ static void head_bwd(struct llama_model *m, const struct llama_batch *b, float i
 		bias_bwd(m, m->g.score_bias, drow_val, T, 1);
 		return;
 	}
-	for (int64_t r0 = 0; r0 < T && !m->rc; r0 += m->lm_chunk) {
-		int64_t R = T - r0 < m->lm_chunk ? T - r0 : m->lm_chunk;
+	for (int64_t r0 = 0; r0 < T && !m->rc; r0 += rows) {
+		int64_t R = T - r0 < rows ? T - r0 : rows;
 
-		lin_fwd(m, g->logits, g->lnf + r0 * C, m->w.lm_head, R, V, C, 0.0f);
-		if (!m->rc)
-			m->rc = m->dev->k->logprob_bwd(m->dev, g->logits, b->targets + r0,
-						       drow_logp + r0, drow_ent + r0, R, V,
-						       inv_temp);
-		lin_bwd_in(m, g->dln + r0 * C, g->logits, m->w.lm_head, R, V, C, 0.0f);
-		lin_bwd_w(m, m->g.lm_head, g->logits, g->lnf + r0 * C, R, V, C);
+		for (int64_t v0 = 0; v0 < V && !m->rc; v0 += cols) {
+			int64_t Vc = V - v0 < cols ? V - v0 : cols;
+			const float *W = m->w.lm_head + v0 * C;
+
+			lin_fwd(m, g->logits, g->lnf + r0 * C, W, R, Vc, C, 0.0f);
+			if (!m->rc)
+				m->rc = m->dev->k->logprob_chunk_bwd(m->dev, g->logits, b->targets + r0,
+								     g->lse + r0, g->ez + r0,
+								     drow_logp + r0, drow_ent + r0,
+								     R, v0, Vc, inv_temp);
+			lin_bwd_in(m, g->dln + r0 * C, g->logits, W, R, Vc, C, v0 ? 1.0f : 0.0f);
+			lin_bwd_w(m, m->g.lm_head + v0 * C, g->logits, g->lnf + r0 * C, R, Vc, C);
+		}
 	}
 }
 

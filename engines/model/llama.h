@@ -31,6 +31,9 @@ struct llama_batch {
 	const int32_t *targets;    /* [T] next token in the same sequence, or -1 */
 };
 
+/* Default LM-head logits tile: 16M floats (64 MiB). */
+#define LLAMA_LM_TILE_DEFAULT (16 << 20)
+
 struct llama_model {
 	struct device *dev;
 	struct model_config cfg;
@@ -38,7 +41,7 @@ struct llama_model {
 	struct model_weights w;    /* parameters (device) */
 	struct model_weights g;    /* gradients (device), same layout */
 	float *inv_freq;           /* [D/2] device */
-	int64_t lm_chunk;          /* rows per LM-head chunk */
+	int64_t lm_tile;           /* floats per LM-head logits tile */
 
 	/* Activation arena (device), sized for `cap_tokens` tokens. */
 	float *arena;
@@ -60,8 +63,7 @@ void llama_drop_activations(struct llama_model *m);
 
 /* Bytes of activations needed for T tokens (training keeps every layer's
  * activations; forward-only keeps one layer's). */
-size_t llama_activation_bytes(const struct model_config *cfg, bool value_model,
-			      int64_t T, bool training);
+size_t llama_activation_bytes(const struct llama_model *m, int64_t T, bool training);
 /* Make the arena hold T tokens; -ENOMEM leaves the old arena in place. */
 int llama_reserve(struct llama_model *m, int64_t T, bool training,
 		  struct eng_error *err);

@@ -249,6 +249,8 @@ static int native_initialize(struct engine *e, const struct engine_init_config *
 		return rc;
 	if (cfg->max_tokens_per_micro_batch <= 0)
 		return eng_fail(err, -EINVAL, "max_tokens_per_micro_batch: must be > 0");
+	if (cfg->lm_tile_floats < 0)
+		return eng_fail(err, -EINVAL, "lm_tile_floats: must be >= 0");
 	dops = device_find(cfg->device);
 	if (!dops)
 		return eng_fail(err, -ENODEV, "device: %s is not built into this binary (built: %s)",
@@ -317,6 +319,8 @@ static int native_initialize(struct engine *e, const struct engine_init_config *
 	n->model.w.layers = n->wl;
 	n->model.g.layers = n->gl;
 	rc = llama_init(&n->model, n->dev, &n->cfg, n->value_model, err);
+	if (cfg->lm_tile_floats > 0)
+		n->model.lm_tile = cfg->lm_tile_floats;
 	native_rebind(n);
 	if (rc)
 		return rc;

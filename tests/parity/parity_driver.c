@@ -41,6 +41,7 @@ struct parity_case {
 	double temperature;
 	struct engine_optim_config optim;
 	int64_t max_tokens;
+	int64_t lm_tile;
 	int steps;
 	int threads;
 };
@@ -133,6 +134,9 @@ static int read_case(const char *dir, struct parity_case *c)
 	rc |= json_num(root, "max_tokens_per_micro_batch", &mt_tokens);
 	rc |= json_num(root, "steps", &steps);
 	rc |= json_num(root, "threads", &threads);
+	/* optional: LM-head tile size, small to force row and vocabulary chunks */
+	c->lm_tile = json_is_number(json_object_get(root, "lm_tile_floats"))
+		     ? (int64_t)json_number_value(json_object_get(root, "lm_tile_floats")) : 0;
 	json_decref(root);
 	if (rc)
 		return -1;
@@ -407,6 +411,7 @@ static int run_case(const char *dir, struct eng_error *err)
 	cfg.sched.type = LR_SCHEDULE_CONSTANT;
 	cfg.max_tokens_per_micro_batch = c.max_tokens;
 	cfg.threads = c.threads;
+	cfg.lm_tile_floats = c.lm_tile;
 	rc = engine_create(&cfg, &e, err);
 	if (rc)
 		goto out;

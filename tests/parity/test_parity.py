@@ -180,10 +180,18 @@ def write_case(d, name, model_type, hf, seed):
     return cfg, params, vm, batch
 
 
-def write_case_json(d, model_type, clip):
+# Cases run with a tiny LM-head logits tile: 256 floats give one row per
+# tile and two vocabulary chunks (300 = 256 + 44), so the online softmax
+# across chunks and the per-chunk backward are compared with torch too.
+LM_TILE_FLOATS = {"llama_untied_gqa": 256, "qwen3_qknorm_headdim_bias": 700}
+
+
+def write_case_json(d, name, model_type, clip):
     case = dict(model_type=model_type, temperature=TEMPERATURE, clip_grad=clip,
                 max_tokens_per_micro_batch=MICRO_BATCH_TOKENS, steps=STEPS,
                 threads=2, **OPTIM)
+    if name in LM_TILE_FLOATS:
+        case["lm_tile_floats"] = LM_TILE_FLOATS[name]
     with open(os.path.join(d, "case.json"), "w") as f:
         json.dump(case, f, indent=2)
 
@@ -400,7 +408,7 @@ def main():
             cfg, params, vm, batch = write_case(d, name, model_type, hf, 100 + seed)
             ref = reference_run(cfg, params, vm, batch, "auto", torch.float64)
             clip = ref["clip"]
-            write_case_json(d, model_type, clip)
+            write_case_json(d, name, model_type, clip)
             floor = reference_run(cfg, params, vm, batch, clip, torch.float32)
             if not all(n > clip for n in ref["grad_norms"]):
                 tab.add(name, "clip", "reference norms %s vs clip %g" % (ref["grad_norms"], clip),

@@ -121,6 +121,16 @@ int cpu_attention_bwd(struct device *dev, float *dq, float *dk, float *dv,
 int cpu_logprob_fwd(struct device *dev, float *logp, float *ent,
 		    const float *logits, const int32_t *target,
 		    int64_t R, int64_t V, float inv_temp);
+int cpu_logprob_chunk_fwd(struct device *dev, struct logprob_stats *stats,
+			  const float *logits, const int32_t *target,
+			  int64_t R, int64_t v0, int64_t Vc, float inv_temp, bool first);
+int cpu_logprob_chunk_finish(struct device *dev, float *logp, float *ent, float *lse,
+			     float *ez, const struct logprob_stats *stats,
+			     const int32_t *target, int64_t R);
+int cpu_logprob_chunk_bwd(struct device *dev, float *logits, const int32_t *target,
+			  const float *lse, const float *ez, const float *dlogp,
+			  const float *dent, int64_t R, int64_t v0, int64_t Vc,
+			  float inv_temp);
 int cpu_logprob_bwd(struct device *dev, float *logits, const int32_t *target,
 		    const float *dlogp, const float *dent,
 		    int64_t R, int64_t V, float inv_temp);

@@ -147,3 +147,111 @@ int cpu_logprob_bwd(struct device *dev, float *logits, const int32_t *target,
 	}
 	return 0;
 }
+
+/* --- vocabulary chunks (online softmax) --------------------------------- */
+
+static int check_chunk(const int32_t *target, int64_t R, int64_t v0, int64_t Vc,
+		       float inv_temp)
+{
+	if (R < 0 || v0 < 0 || Vc <= 0 || !(inv_temp > 0.0f))
+		return -EINVAL;
+	(void)target;
+	return 0;
+}
+
+int cpu_logprob_chunk_fwd(struct device *dev, struct logprob_stats *stats,
+			  const float *logits, const int32_t *target,
+			  int64_t R, int64_t v0, int64_t Vc, float inv_temp, bool first)
+{
+	int64_t r;
+	int err;
+
+	err = check_chunk(target, R, v0, Vc, inv_temp);
+	if (err < 0)
+		return err;
+	cpu_enter(dev);
+#pragma omp parallel for schedule(dynamic, 1)
+	for (r = 0; r < R; r++) {
+		const float *l = logits + r * Vc;
+		struct logprob_stats *st = &stats[r];
+		struct row_stats c;
+		int64_t t = target[r];
+
+		row_stats(&c, l, Vc, inv_temp, true);
+		if (first) {
+			st->max = c.max;
+			st->sum = c.sum;
+			st->zsum = c.zsum;
+			st->zt = 0.0;
+		} else {
+			/* merge: rebase both parts on the larger max M */
+			double M = st->max > c.max ? st->max : c.max;
+			double e1 = exp(st->max - M), e2 = exp((double)c.max - M);
+
+			st->zsum = e1 * (st->zsum + (st->max - M) * st->sum) +
+				   e2 * (c.zsum + ((double)c.max - M) * c.sum);
+			st->sum = e1 * st->sum + e2 * c.sum;
+			st->max = M;
+		}
+		if (t >= v0 && t < v0 + Vc)
+			st->zt = (double)(l[t - v0] * inv_temp);
+	}
+	return 0;
+}
+
+int cpu_logprob_chunk_finish(struct device *dev, float *logp, float *ent, float *lse,
+			     float *ez, const struct logprob_stats *stats,
+			     const int32_t *target, int64_t R)
+{
+	int64_t r;
+
+	if (R < 0)
+		return -EINVAL;
+	cpu_enter(dev);
+#pragma omp parallel for schedule(static)
+	for (r = 0; r < R; r++) {
+		const struct logprob_stats *st = &stats[r];
+		double log_s = log(st->sum), l = st->max + log_s;
+
+		logp[r] = target[r] >= 0 ? (float)(st->zt - l) : 0.0f;
+		if (ent)
+			ent[r] = (float)(log_s - st->zsum / st->sum);
+		lse[r] = (float)l;
+		ez[r] = (float)(st->max + st->zsum / st->sum);
+	}
+	return 0;
+}
+
+int cpu_logprob_chunk_bwd(struct device *dev, float *logits, const int32_t *target,
+			  const float *lse, const float *ez, const float *dlogp,
+			  const float *dent, int64_t R, int64_t v0, int64_t Vc,
+			  float inv_temp)
+{
+	int64_t r;
+	int err;
+
+	err = check_chunk(target, R, v0, Vc, inv_temp);
+	if (err < 0)
+		return err;
+	cpu_enter(dev);
+#pragma omp parallel for schedule(dynamic, 1)
+	for (r = 0; r < R; r++) {
+		float *l = logits + r * Vc;
+		float a = (dlogp && target[r] >= 0) ? dlogp[r] : 0.0f;
+		float b = dent ? dent[r] : 0.0f;
+		float L = lse[r], E = ez[r];
+		int64_t t = target[r], j;
+
+		/* dl_j = inv_temp (a (onehot_j - p_j) - b p_j (z_j - ez)) */
+#pragma omp simd
+		for (j = 0; j < Vc; j++) {
+			float z = l[j] * inv_temp;
+			float p = cpu_expf(z - L);
+
+			l[j] = -inv_temp * p * (a + b * (z - E));
+		}
+		if (t >= v0 && t < v0 + Vc)
+			l[t - v0] += inv_temp * a;
+	}
+	return 0;
+}
