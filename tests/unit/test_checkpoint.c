@@ -3,6 +3,7 @@
  * the disk (also across a fresh writer), `latest`, overwriting a name, and
  * a writer killed with SIGKILL in the middle of a save.
  */
+#include "check_run.h"
 #include <check.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -447,8 +448,6 @@ int main(void)
 {
 	Suite *s = suite_create("checkpoint");
 	TCase *tc = tcase_create("core");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_unchecked_fixture(tc, make_base, remove_base);
 	tcase_add_checked_fixture(tc, setup, NULL);
@@ -460,9 +459,5 @@ int main(void)
 	tcase_add_test(tc, crash_mid_save);
 	tcase_add_test(tc, concurrent_writers);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return check_run(s);
 }

@@ -23,6 +23,7 @@
  *   default(1000000.0, 64)                       # Qwen2.5-0.5B
  *   llama3(500000.0, 128, 8.0, 1.0, 4.0, 8192)   # Llama-3.1-8B
  */
+#include "check_run.h"
 #include <check.h>
 #include <jansson.h>
 #include <math.h>
@@ -587,8 +588,6 @@ int main(void)
 {
 	Suite *s = suite_create("config");
 	TCase *tc = tcase_create("core");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(tc, real_configs);
 	tcase_add_test(tc, defaults);
@@ -596,9 +595,5 @@ int main(void)
 	tcase_add_test(tc, json_round_trip);
 	tcase_add_test(tc, rope_inv_freq);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return check_run(s);
 }

@@ -2,6 +2,7 @@
  * vocabulary chunks against the whole-row kernels (themselves checked
  * against double-precision loops in test_cpu_kernels): the same log-probs,
  * entropies and logit gradients however the vocabulary is split. */
+#include "check_run.h"
 #include "cpu_test_util.h"
 
 #define R 6
@@ -77,14 +78,8 @@ int main(void)
 {
 	Suite *s = suite_create("cpu_logprob_chunks");
 	TCase *tc = tcase_create("core");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(tc, chunks_match_whole_rows);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return check_run(s);
 }

@@ -1,4 +1,5 @@
 /* test_err.c — the error-recording convention of err.h. */
+#include "check_run.h"
 #include <check.h>
 #include <string.h>
 
@@ -24,14 +25,8 @@ int main(void)
 {
 	Suite *s = suite_create("err");
 	TCase *tc = tcase_create("core");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(tc, first_failure_wins);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return check_run(s);
 }

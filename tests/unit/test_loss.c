@@ -1,6 +1,7 @@
 /* test_loss.c — hand-computed cases, normalization properties and spec
  * errors of the loss library (engines/loss). The torch comparison of every
  * loss lives in tests/loss/loss_ref.py. */
+#include "check_run.h"
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
@@ -785,8 +786,6 @@ int main(void)
 {
 	Suite *su = suite_create("loss");
 	TCase *tc = tcase_create("core");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(tc, ppo_three_tokens_by_hand);
 	tcase_add_test(tc, value_clipping_by_hand);
@@ -800,9 +799,5 @@ int main(void)
 	tcase_add_test(tc, clip_cov_seeded_choice);
 	tcase_add_test(tc, adapter_io_checks_and_forward_only);
 	suite_add_tcase(su, tc);
-	sr = srunner_create(su);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return check_run(su);
 }

@@ -9,6 +9,7 @@
  * an item), so the pop order, and hence the partition, does not depend on
  * the heap's layout and the scan reproduces it.
  */
+#include "check_run.h"
 #include <check.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -449,8 +450,6 @@ int main(void)
 {
 	Suite *s = suite_create("planner");
 	TCase *tc = tcase_create("core");
-	SRunner *sr;
-	int failed;
 
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, random_against_reference);
@@ -460,9 +459,5 @@ int main(void)
 	tcase_add_test(tc, errors);
 	tcase_add_test(tc, large_and_adversarial);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return check_run(s);
 }

@@ -6,6 +6,7 @@
  * independently of rng.c. The first splitmix64 output from 0,
  * 0xe220a8397b1dcdaf, is also the value published with splitmix64.
  */
+#include "check_run.h"
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
@@ -181,17 +182,11 @@ int main(void)
 {
 	Suite *s = suite_create("rng");
 	TCase *tc = tcase_create("core");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(tc, known_outputs);
 	tcase_add_test(tc, known_normals);
 	tcase_add_test(tc, reproducible_and_round_trip);
 	tcase_add_test(tc, normal_moments);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return check_run(s);
 }

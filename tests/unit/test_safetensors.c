@@ -7,6 +7,7 @@
  * once against the Python `safetensors` package, see ref_file), and
  * libxxhash's one-shot XXH64 on an in-memory buffer.
  */
+#include "check_run.h"
 #include <check.h>
 #include <fcntl.h>
 #include <math.h>
@@ -734,8 +735,6 @@ int main(void)
 {
 	Suite *s = suite_create("safetensors");
 	TCase *tc = tcase_create("core");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_unchecked_fixture(tc, make_base, remove_base);
 	tcase_add_checked_fixture(tc, setup, NULL);
@@ -751,9 +750,5 @@ int main(void)
 	tcase_add_test(tc, xxh64_of_files);
 	tcase_add_test(tc, writer_abort_and_errors);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return check_run(s);
 }

@@ -15,6 +15,7 @@
  *
  * The printed values are pasted below with the steps they belong to.
  */
+#include "check_run.h"
 #include <check.h>
 #include <math.h>
 #include <string.h>
@@ -165,17 +166,11 @@ int main(void)
 {
 	Suite *s = suite_create("schedule");
 	TCase *tc = tcase_create("core");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_loop_test(tc, factors_match_torch, 0,
 			    (int)(sizeof(cases) / sizeof(cases[0])));
 	tcase_add_test(tc, shapes);
 	tcase_add_test(tc, validation);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return check_run(s);
 }
