@@ -7,8 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "grpc/health/v1/health.pb-c.h"
+#include "param_bucket.h"
 #include "transport.h"
 
 #define SVC "/engined.v1.TrainingEngine/"
@@ -56,6 +58,91 @@ int ec_connect(const char *target, struct ec_client **ret, struct ec_status *st)
 	}
 	*ret = c;
 	return set_st(st, 0, "");
+}
+
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	char *buf = NULL;
+	size_t len = 0, cap = 0, n;
+
+	if (!f)
+		return NULL;
+	do {
+		if (cap - len < 4096) {
+			char *nb = realloc(buf, cap + 65536);
+
+			if (!nb) {
+				free(buf);
+				fclose(f);
+				return NULL;
+			}
+			buf = nb;
+			cap += 65536;
+		}
+		n = fread(buf + len, 1, cap - len - 1, f);
+		len += n;
+	} while (n > 0 && len < (16u << 20));
+	fclose(f);
+	buf[len] = '\0';
+	return buf;
+}
+
+int ec_connect_opts(const char *target, const struct ec_options *o,
+		    struct ec_client **ret, struct ec_status *st)
+{
+	struct ect_security sec;
+	struct ec_client *c;
+	char *ca = NULL, *cert = NULL, *key = NULL, *tok = NULL;
+	char msg[ECT_MSG_MAX] = "";
+	int r = 0;
+
+	memset(&sec, 0, sizeof(sec));
+	if (o && o->tls_ca_file && !(ca = slurp(o->tls_ca_file)))
+		r = set_st(st, EC_INVALID_ARGUMENT, "tls_ca_file: cannot read");
+	if (!r && o && o->tls_cert_file && !(cert = slurp(o->tls_cert_file)))
+		r = set_st(st, EC_INVALID_ARGUMENT, "tls_cert_file: cannot read");
+	if (!r && o && o->tls_key_file && !(key = slurp(o->tls_key_file)))
+		r = set_st(st, EC_INVALID_ARGUMENT, "tls_key_file: cannot read");
+	if (!r && o && o->token_file && !o->token) {
+		tok = slurp(o->token_file);
+		if (!tok)
+			r = set_st(st, EC_INVALID_ARGUMENT, "token_file: cannot read");
+		else
+			tok[strcspn(tok, "\r\n")] = '\0';
+	}
+	if (r)
+		goto out;
+	sec.root_pem = ca;
+	sec.cert_pem = cert;
+	sec.key_pem = key;
+	sec.server_name = o ? o->tls_server_name : NULL;
+	sec.token = o && o->token ? o->token : tok;
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		r = set_st(st, EC_RESOURCE_EXHAUSTED, "out of memory");
+		goto out;
+	}
+	r = ect_open_secure(target, 1LL << 30, &sec, &c->ch, msg);
+	if (r) {
+		free(c);
+		r = set_st(st, r, msg);
+		goto out;
+	}
+	*ret = c;
+	r = set_st(st, 0, "");
+out:
+	free(ca);
+	free(cert);
+	if (key) {
+		explicit_bzero(key, strlen(key));
+		free(key);
+	}
+	if (tok) {
+		explicit_bzero(tok, strlen(tok));
+		free(tok);
+	}
+	return r;
 }
 
 void ec_close(struct ec_client *c)
@@ -209,21 +296,29 @@ void ec_tensor_1d(Engined__V1__Tensor *t, Engined__V1__DType dtype, int64_t *sha
 
 /* --- weights -------------------------------------------------------------- */
 
+/* Each ParamBucket is decoded where gRPC received it (param_bucket.h):
+ * its TensorSlices are copied once, from gRPC's buffers into the tensor
+ * being assembled. */
+
+/* The tensor being assembled, or the one last handed out. */
 struct partial {
 	char *name;
 	Engined__V1__DType dtype;
 	int ndim;
 	int64_t shape[8];
-	uint8_t *data;
 	int64_t nbytes, filled;
 };
 
 struct ec_weights {
 	struct ect_stream *s;
-	Engined__V1__ParamBucket *bucket;  /* being consumed */
+	struct ecb_bucket b;               /* being consumed (b.msg != NULL) */
 	size_t next_slice;
-	struct partial cur;                /* tensor being assembled */
-	struct partial out;                /* last handed out */
+	struct partial t;
+	bool assembling;                   /* t is incomplete */
+	/* The tensor's bytes: one buffer, reused (the caller's view of the
+	 * previous tensor ends with the next call). */
+	uint8_t *buf;                      /* [buf_cap] */
+	size_t buf_cap;
 	bool ended;
 	int64_t bytes, messages;
 };
@@ -254,92 +349,122 @@ int ec_weights_open(struct ec_client *c, const Engined__V1__GetPerTensorParamReq
 	return set_st(st, 0, "");
 }
 
-static void partial_free(struct partial *p)
+/* Room for a tensor of n bytes in w->buf (contents not kept). Large
+ * tensors (an embedding is hundreds of MiB) get transparent huge pages
+ * where the kernel offers them: 512x fewer first-touch faults. */
+static int buf_reserve(struct ec_weights *w, size_t n)
 {
-	free(p->name);
-	free(p->data);
-	memset(p, 0, sizeof(*p));
+	const size_t huge = 2 << 20;
+	size_t cap = n < 64 ? 64 : n;
+	uint8_t *p;
+
+	if (n <= w->buf_cap && w->buf)
+		return 0;
+	free(w->buf);
+	w->buf = NULL;
+	w->buf_cap = 0;
+	if (cap >= huge) {
+		cap = (cap + huge - 1) / huge * huge;
+		p = aligned_alloc(huge, cap);
+		if (p)
+			(void)madvise(p, cap, MADV_HUGEPAGE);
+	} else {
+		p = malloc(cap);
+	}
+	if (!p)
+		return -ENOMEM;
+	w->buf = p;
+	w->buf_cap = cap;
+	return 0;
+}
+
+/* Start assembling the tensor that slice sl opens. */
+static int tensor_start(struct ec_weights *w, const Engined__V1__TensorSlice *sl,
+			struct ec_status *st)
+{
+	struct partial *t = &w->t;
+
+	free(t->name);
+	memset(t, 0, sizeof(*t));
+	w->assembling = false;
+	if (sl->tensor_bytes < 0)
+		return set_st(st, EC_DATA_LOSS, "inconsistent TensorSlice in stream");
+	t->name = strdup(sl->name);
+	if (!t->name || buf_reserve(w, (size_t)sl->tensor_bytes) < 0)
+		return set_st(st, EC_RESOURCE_EXHAUSTED, "out of memory");
+	t->dtype = sl->dtype;
+	t->ndim = sl->n_shape > 8 ? 8 : (int)sl->n_shape;
+	for (int k = 0; k < t->ndim; k++)
+		t->shape[k] = sl->shape[k];
+	t->nbytes = sl->tensor_bytes;
+	w->assembling = true;
+	return 0;
 }
 
 int ec_weights_next(struct ec_weights *w, struct ec_tensor *ret, int *ret_done,
 		    struct ec_status *st)
 {
 	char msg[ECT_MSG_MAX] = "";
+	struct partial *t = &w->t;
 
-	partial_free(&w->out);
 	for (;;) {
-		Engined__V1__TensorSlice *sl;
-		uint8_t *m = NULL;
-		size_t mlen = 0;
+		const struct ect_seg *segs;
+		const Engined__V1__TensorSlice *sl;
+		size_t n = 0, mlen = 0;
 		int r;
 
-		if (w->bucket && w->next_slice < w->bucket->n_slices) {
-			sl = w->bucket->slices[w->next_slice++];
+		if (w->b.msg && w->next_slice < w->b.msg->n_slices) {
+			sl = w->b.msg->slices[w->next_slice++];
 			if (sl->tensor_offset == 0) {
-				partial_free(&w->cur);
-				w->cur.name = strdup(sl->name);
-				w->cur.dtype = sl->dtype;
-				w->cur.ndim = sl->n_shape > 8 ? 8 : (int)sl->n_shape;
-				for (int k = 0; k < w->cur.ndim; k++)
-					w->cur.shape[k] = sl->shape[k];
-				w->cur.nbytes = sl->tensor_bytes;
-				w->cur.data = malloc(sl->tensor_bytes ? (size_t)sl->tensor_bytes : 1);
-				if (!w->cur.name || !w->cur.data)
-					return set_st(st, EC_RESOURCE_EXHAUSTED, "out of memory");
+				r = tensor_start(w, sl, st);
+				if (r)
+					return r;
 			}
-			if (!w->cur.data || strcmp(w->cur.name, sl->name) ||
-			    sl->tensor_offset != w->cur.filled ||
-			    sl->tensor_offset + sl->length > w->cur.nbytes ||
-			    sl->data_offset < 0 ||
-			    (size_t)(sl->data_offset + sl->length) > w->bucket->data.len)
+			if (!w->assembling || strcmp(t->name, sl->name) ||
+			    sl->tensor_offset != t->filled || sl->length < 0 ||
+			    sl->tensor_offset + sl->length > t->nbytes || sl->data_offset < 0 ||
+			    ecb_copy(&w->b, (size_t)sl->data_offset, w->buf + sl->tensor_offset,
+				     (size_t)sl->length) < 0)
 				return set_st(st, EC_DATA_LOSS, "inconsistent TensorSlice in stream");
-			memcpy(w->cur.data + sl->tensor_offset,
-			       w->bucket->data.data + sl->data_offset, (size_t)sl->length);
-			w->cur.filled += sl->length;
-			if (w->cur.filled == w->cur.nbytes) {
-				w->out = w->cur;
-				memset(&w->cur, 0, sizeof(w->cur));
-				ret->name = w->out.name;
-				ret->dtype = w->out.dtype;
-				ret->ndim = w->out.ndim;
-				memcpy(ret->shape, w->out.shape, sizeof(ret->shape));
-				ret->data = w->out.data;
-				ret->nbytes = (size_t)w->out.nbytes;
+			t->filled += sl->length;
+			if (t->filled == t->nbytes) {
+				w->assembling = false;
+				ret->name = t->name;
+				ret->dtype = t->dtype;
+				ret->ndim = t->ndim;
+				memcpy(ret->shape, t->shape, sizeof(ret->shape));
+				ret->data = w->buf;
+				ret->nbytes = (size_t)t->nbytes;
 				*ret_done = 0;
 				return set_st(st, 0, "");
 			}
 			continue;
 		}
-		if (w->bucket) {
-			bool last = w->bucket->last;
-
-			ec_free(w->bucket);
-			w->bucket = NULL;
-			if (last)
+		if (w->b.msg) {
+			if (w->b.msg->last)
 				w->ended = true;
+			ecb_clear(&w->b);
 		}
+		r = ect_stream_next_segs(w->s, &segs, &n, &mlen, msg);
 		if (w->ended) {
-			r = ect_stream_next(w->s, &m, &mlen, msg);
-			if (r == 1) {
-				free(m);
+			if (r == 1)
 				return set_st(st, EC_DATA_LOSS, "message after the last bucket");
-			}
 			if (r)
 				return set_st(st, r, msg);
 			*ret_done = 1;
 			return set_st(st, 0, "");
 		}
-		r = ect_stream_next(w->s, &m, &mlen, msg);
 		if (r == 0)
 			return set_st(st, EC_DATA_LOSS, "stream ended without a last bucket");
 		if (r != 1)
 			return set_st(st, r, msg);
-		w->bucket = engined__v1__param_bucket__unpack(NULL, mlen, m);
-		free(m);
-		if (!w->bucket)
+		r = ecb_parse(&w->b, segs, n, mlen);
+		if (r == -ENOMEM)
+			return set_st(st, EC_RESOURCE_EXHAUSTED, "out of memory");
+		if (r < 0)
 			return set_st(st, EC_DATA_LOSS, "cannot decode a ParamBucket");
 		w->next_slice = 0;
-		w->bytes += (int64_t)w->bucket->data.len;
+		w->bytes += (int64_t)w->b.data_len;
 		w->messages++;
 	}
 }
@@ -358,9 +483,9 @@ void ec_weights_close(struct ec_weights *w)
 {
 	if (!w)
 		return;
+	ecb_free(&w->b);
 	ect_stream_close(w->s);
-	ec_free(w->bucket);
-	partial_free(&w->cur);
-	partial_free(&w->out);
+	free(w->t.name);
+	free(w->buf);
 	free(w);
 }

@@ -1,6 +1,9 @@
 /* enginectl — command-line client of engined.
  *
- *   enginectl [--addr ADDR] [--timeout SEC] COMMAND [options]
+ *   enginectl [--addr ADDR] [--timeout SEC] [--tls-ca PEM [--tls-cert PEM
+ *              --tls-key PEM] [--tls-server-name NAME]] [--token-file FILE]
+ *             COMMAND [options]
+ *   (the token may also come from $ENGINED_TOKEN)
  *     status
  *     init [--preset NAME | --config model.json | --model-path DIR]
  *          [--model-type T] [--device D] [--seed N] [--lr X] [--bf16-matmul]
@@ -29,11 +32,14 @@
 
 static const char *addr = "127.0.0.1:50051";
 static double timeout_s = 0;
+static struct ec_options sec;   /* TLS files, token file (global options) */
 
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: enginectl [--addr ADDR] [--timeout SEC] COMMAND [options]\n"
+		"usage: enginectl [--addr ADDR] [--timeout SEC] [security] COMMAND [options]\n"
+		"security: --tls-ca PEM (TLS) [--tls-cert PEM --tls-key PEM] (mutual TLS)\n"
+		"          [--tls-server-name NAME] [--token-file FILE] ($ENGINED_TOKEN)\n"
 		"  status\n"
 		"  init [--preset NAME | --config model.json | --model-path DIR]\n"
 		"       [--model-type language_model|value_model] [--device cpu|cuda]\n"
@@ -66,7 +72,10 @@ static struct ec_client *connect_or_die(void)
 	struct ec_client *c = NULL;
 	struct ec_status st;
 
-	if (ec_connect(addr, &c, &st)) {
+	sec.token = getenv("ENGINED_TOKEN");
+	if (sec.token && !sec.token[0])
+		sec.token = NULL;
+	if (ec_connect_opts(addr, &sec, &c, &st)) {
 		fail("connect", &st);
 		exit(1);
 	}
@@ -795,6 +804,21 @@ int main(int argc, char **argv)
 			i += 2;
 		} else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) {
 			timeout_s = atof(argv[i + 1]);
+			i += 2;
+		} else if (!strcmp(argv[i], "--tls-ca") && i + 1 < argc) {
+			sec.tls_ca_file = argv[i + 1];
+			i += 2;
+		} else if (!strcmp(argv[i], "--tls-cert") && i + 1 < argc) {
+			sec.tls_cert_file = argv[i + 1];
+			i += 2;
+		} else if (!strcmp(argv[i], "--tls-key") && i + 1 < argc) {
+			sec.tls_key_file = argv[i + 1];
+			i += 2;
+		} else if (!strcmp(argv[i], "--tls-server-name") && i + 1 < argc) {
+			sec.tls_server_name = argv[i + 1];
+			i += 2;
+		} else if (!strcmp(argv[i], "--token-file") && i + 1 < argc) {
+			sec.token_file = argv[i + 1];
 			i += 2;
 		} else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
 			usage(stdout);

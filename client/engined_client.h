@@ -37,6 +37,19 @@ struct ec_client;
 /* target: "127.0.0.1:50051", "unix:/run/engined.sock". The connection is
  * made lazily; an unreachable daemon shows as UNAVAILABLE on the first call. */
 int ec_connect(const char *target, struct ec_client **ret, struct ec_status *st);
+/* Security options of ec_connect_opts; every field may be NULL. */
+struct ec_options {
+	const char *tls_ca_file;      /* CA of the server's certificate: TLS */
+	const char *tls_cert_file;    /* client certificate chain (mutual TLS) */
+	const char *tls_key_file;     /* its private key */
+	const char *tls_server_name;  /* name to check the certificate against */
+	const char *token;            /* bearer token */
+	const char *token_file;       /* or: the first line of this file */
+};
+/* Like ec_connect with TLS and/or a bearer token. Files are read here:
+ * a missing file is INVALID_ARGUMENT naming it. */
+int ec_connect_opts(const char *target, const struct ec_options *o,
+		    struct ec_client **ret, struct ec_status *st);
 void ec_close(struct ec_client *c);                  /* accepts NULL */
 /* Deadline of each later call in ms; <= 0: none (the default is 0). */
 void ec_set_timeout_ms(struct ec_client *c, int64_t ms);

@@ -13,10 +13,24 @@
 struct ect_channel;
 struct ect_stream;
 
-/* max_recv_bytes: reply size limit (<= 0: 1 GiB). Returns 0 or a status
- * code; *ret untouched on failure. */
+/* Channel security; all PEM text (NUL-terminated), copied by ect_open.
+ * TLS when root_pem is set (client certificate: cert_pem + key_pem). */
+struct ect_security {
+	const char *root_pem;
+	const char *cert_pem;
+	const char *key_pem;
+	const char *server_name;   /* certificate name check override, or NULL */
+	const char *token;         /* sent as `authorization: Bearer <token>` */
+};
+
+/* max_recv_bytes: reply size limit (<= 0: 1 GiB). sec may be NULL
+ * (plaintext, no token). Returns 0 or a status code; *ret untouched on
+ * failure. */
 int ect_open(const char *target, int64_t max_recv_bytes, struct ect_channel **ret,
 	     char msg[ECT_MSG_MAX]);
+int ect_open_secure(const char *target, int64_t max_recv_bytes,
+		    const struct ect_security *sec, struct ect_channel **ret,
+		    char msg[ECT_MSG_MAX]);
 void ect_close(struct ect_channel *ch);  /* accepts NULL */
 
 /* One unary call. timeout_ms <= 0: no deadline. On OK *ret_resp is a
@@ -35,5 +49,18 @@ int ect_stream_open(struct ect_channel *ch, const char *method, const void *req,
 int ect_stream_next(struct ect_stream *s, uint8_t **ret_msg, size_t *ret_len,
 		    char msg[ECT_MSG_MAX]);
 void ect_stream_close(struct ect_stream *s);  /* accepts NULL */
+
+/* One piece of a received message, in gRPC's own buffers. */
+struct ect_seg {
+	const uint8_t *data;
+	size_t len;
+};
+
+/* ect_stream_next without the copy (for large messages): on 1,
+ * segs[0..*ret_n) are the message's bytes in order, *ret_len in all,
+ * borrowed from gRPC until the next call on the stream or its close.
+ * Other return values as ect_stream_next. */
+int ect_stream_next_segs(struct ect_stream *s, const struct ect_seg **ret_segs,
+			 size_t *ret_n, size_t *ret_len, char msg[ECT_MSG_MAX]);
 
 #endif

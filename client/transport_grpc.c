@@ -21,6 +21,8 @@
 
 struct ect_channel {
 	grpc_channel *channel;
+	grpc_metadata auth_md;      /* authorization, when has_auth */
+	bool has_auth;
 };
 
 struct ect_stream {
@@ -31,6 +33,14 @@ struct ect_stream {
 	grpc_slice details;
 	bool ended;       /* status received */
 	int tag;          /* distinct addresses for pluck */
+	/* The message lent out by ect_stream_next_segs (until the next call):
+	 * the buffer, its reader (which owns a decompressed copy when the
+	 * message came compressed) and the segments over its slices. */
+	grpc_byte_buffer *held;
+	grpc_byte_buffer_reader rd;
+	bool rd_live;
+	struct ect_seg *segs;          /* [segs_cap] */
+	size_t segs_cap;
 };
 
 static gpr_timespec deadline_of(int64_t timeout_ms)
@@ -79,9 +89,17 @@ static int bb_copy(grpc_byte_buffer *bb, uint8_t **ret, size_t *ret_len)
 int ect_open(const char *target, int64_t max_recv_bytes, struct ect_channel **ret,
 	     char msg[ECT_MSG_MAX])
 {
+	return ect_open_secure(target, max_recv_bytes, NULL, ret, msg);
+}
+
+int ect_open_secure(const char *target, int64_t max_recv_bytes,
+		    const struct ect_security *sec, struct ect_channel **ret,
+		    char msg[ECT_MSG_MAX])
+{
 	struct ect_channel *ch = calloc(1, sizeof(*ch));
 	grpc_channel_credentials *creds;
-	grpc_arg args[2];
+	grpc_ssl_pem_key_cert_pair pair;
+	grpc_arg args[3];
 	grpc_channel_args ca;
 
 	if (!ch) {
@@ -99,14 +117,43 @@ int ect_open(const char *target, int64_t max_recv_bytes, struct ect_channel **re
 	args[1].value.integer = -1;
 	ca.num_args = 2;
 	ca.args = args;
-	creds = grpc_insecure_credentials_create();
-	ch->channel = grpc_channel_create(target, creds, &ca);
-	grpc_channel_credentials_release(creds);
+	if (sec && sec->server_name) {
+		args[2].type = GRPC_ARG_STRING;
+		args[2].key = (char *)GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
+		args[2].value.string = (char *)sec->server_name;
+		ca.num_args = 3;
+	}
+	if (sec && sec->root_pem) {
+		pair.private_key = sec->key_pem;
+		pair.cert_chain = sec->cert_pem;
+		creds = grpc_ssl_credentials_create(sec->root_pem,
+				sec->cert_pem && sec->key_pem ? &pair : NULL, NULL, NULL);
+	} else {
+		creds = grpc_insecure_credentials_create();
+	}
+	ch->channel = creds ? grpc_channel_create(target, creds, &ca) : NULL;
+	if (creds)
+		grpc_channel_credentials_release(creds);
 	if (!ch->channel) {
 		free(ch);
 		grpc_shutdown();
 		snprintf(msg, ECT_MSG_MAX, "cannot create a channel to %s", target);
 		return CODE_UNAVAILABLE;
+	}
+	if (sec && sec->token) {
+		char *v = malloc(strlen(sec->token) + 8);
+
+		if (!v) {
+			ect_close(ch);
+			set_msg(msg, "out of memory", 13);
+			return CODE_RESOURCE_EXHAUSTED;
+		}
+		sprintf(v, "Bearer %s", sec->token);
+		ch->auth_md.key = grpc_slice_from_static_string("authorization");
+		ch->auth_md.value = grpc_slice_from_copied_string(v);
+		explicit_bzero(v, strlen(v));
+		free(v);
+		ch->has_auth = true;
 	}
 	*ret = ch;
 	return 0;
@@ -116,6 +163,8 @@ void ect_close(struct ect_channel *ch)
 {
 	if (!ch)
 		return;
+	if (ch->has_auth)
+		grpc_slice_unref(ch->auth_md.value);
 	grpc_channel_destroy(ch->channel);
 	free(ch);
 	grpc_shutdown();
@@ -160,6 +209,10 @@ int ect_unary(struct ect_channel *ch, const char *method, const void *req, size_
 	grpc_metadata_array_init(&md_trailing);
 	memset(ops, 0, sizeof(ops));
 	ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+	if (ch->has_auth) {
+		ops[0].data.send_initial_metadata.count = 1;
+		ops[0].data.send_initial_metadata.metadata = &ch->auth_md;
+	}
 	ops[1].op = GRPC_OP_SEND_MESSAGE;
 	ops[1].data.send_message.send_message = send_bb;
 	ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -224,6 +277,10 @@ int ect_stream_open(struct ect_channel *ch, const char *method, const void *req,
 	grpc_slice_unref(s);
 	memset(ops, 0, sizeof(ops));
 	ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+	if (ch->has_auth) {
+		ops[0].data.send_initial_metadata.count = 1;
+		ops[0].data.send_initial_metadata.metadata = &ch->auth_md;
+	}
 	ops[1].op = GRPC_OP_SEND_MESSAGE;
 	ops[1].data.send_message.send_message = send_bb;
 	ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -266,13 +323,24 @@ static int stream_finish(struct ect_stream *st, char msg[ECT_MSG_MAX])
 	return (int)st->status;
 }
 
-int ect_stream_next(struct ect_stream *st, uint8_t **ret_msg, size_t *ret_len,
-		    char msg[ECT_MSG_MAX])
+static void stream_drop_held(struct ect_stream *st)
+{
+	if (st->rd_live)
+		grpc_byte_buffer_reader_destroy(&st->rd);
+	st->rd_live = false;
+	if (st->held)
+		grpc_byte_buffer_destroy(st->held);
+	st->held = NULL;
+}
+
+/* Wait for the next message: 1 with *ret (caller destroys it), or the
+ * stream's final status. */
+static int stream_recv(struct ect_stream *st, grpc_byte_buffer **ret, char msg[ECT_MSG_MAX])
 {
 	grpc_byte_buffer *bb = NULL;
 	grpc_op op;
-	int r;
 
+	stream_drop_held(st);
 	if (st->ended)
 		return stream_finish(st, msg);
 	memset(&op, 0, sizeof(op));
@@ -283,14 +351,71 @@ int ect_stream_next(struct ect_stream *st, uint8_t **ret_msg, size_t *ret_len,
 	grpc_completion_queue_pluck(st->cq, &st->tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
 	if (!bb)
 		return stream_finish(st, msg);
+	*ret = bb;
+	return 1;
+}
+
+/* End a stream from the client side after a local failure. */
+static int stream_abort(struct ect_stream *st, int code, const char *why,
+			char msg[ECT_MSG_MAX])
+{
+	stream_drop_held(st);
+	grpc_call_cancel(st->call, NULL);
+	stream_finish(st, NULL);
+	set_msg(msg, why, strlen(why));
+	return code;
+}
+
+int ect_stream_next_segs(struct ect_stream *st, const struct ect_seg **ret_segs,
+			 size_t *ret_n, size_t *ret_len, char msg[ECT_MSG_MAX])
+{
+	grpc_byte_buffer *bb = NULL;
+	grpc_slice *sl;
+	size_t n = 0, len = 0;
+	int r = stream_recv(st, &bb, msg);
+
+	if (r != 1)
+		return r;
+	st->held = bb;
+	/* The reader decompresses when needed; peek lends its slices. */
+	if (!grpc_byte_buffer_reader_init(&st->rd, bb))
+		return stream_abort(st, CODE_INTERNAL, "cannot read a message", msg);
+	st->rd_live = true;
+	while (grpc_byte_buffer_reader_peek(&st->rd, &sl)) {
+		if (n == st->segs_cap) {
+			size_t cap = st->segs_cap ? 2 * st->segs_cap : 64;
+			struct ect_seg *g = realloc(st->segs, cap * sizeof(*g));
+
+			if (!g)
+				return stream_abort(st, CODE_RESOURCE_EXHAUSTED,
+						    "out of memory", msg);
+			st->segs = g;
+			st->segs_cap = cap;
+		}
+		st->segs[n].data = GRPC_SLICE_START_PTR(*sl);
+		st->segs[n].len = GRPC_SLICE_LENGTH(*sl);
+		len += st->segs[n++].len;
+	}
+	*ret_segs = st->segs;
+	*ret_n = n;
+	*ret_len = len;
+	return 1;
+}
+
+int ect_stream_next(struct ect_stream *st, uint8_t **ret_msg, size_t *ret_len,
+		    char msg[ECT_MSG_MAX])
+{
+	grpc_byte_buffer *bb = NULL;
+	int r = stream_recv(st, &bb, msg);
+
+	if (r != 1)
+		return r;
 	r = bb_copy(bb, ret_msg, ret_len);
 	grpc_byte_buffer_destroy(bb);
-	if (r < 0) {
-		grpc_call_cancel(st->call, NULL);
-		stream_finish(st, NULL);
-		set_msg(msg, "out of memory", 13);
-		return CODE_RESOURCE_EXHAUSTED;
-	}
+	if (r == -ENOMEM)
+		return stream_abort(st, CODE_RESOURCE_EXHAUSTED, "out of memory", msg);
+	if (r < 0)
+		return stream_abort(st, CODE_INTERNAL, "cannot read a message", msg);
 	return 1;
 }
 
@@ -298,10 +423,12 @@ void ect_stream_close(struct ect_stream *st)
 {
 	if (!st)
 		return;
+	stream_drop_held(st);
 	if (!st->ended) {
 		grpc_call_cancel(st->call, NULL);
 		stream_finish(st, NULL);
 	}
+	free(st->segs);
 	grpc_slice_unref(st->details);
 	grpc_metadata_array_destroy(&st->md_initial);
 	grpc_metadata_array_destroy(&st->md_trailing);

@@ -18,20 +18,12 @@
 
 #include <protobuf-c/protobuf-c.h>
 
+#include "auth.h"
+#include "config.h"
 #include "engine.h"
 #include "err.h"
+#include "metrics.h"
 #include "rpc.h"
-
-struct daemon_config {
-	const char *listen;
-	const char *checkpoint_root;  /* realpath'ed at start */
-	const char *model_root;
-	int threads;                  /* engine compute threads; <= 0 default */
-	int pollers;
-	int64_t max_request_bytes;    /* default 512 MiB */
-	int64_t max_send_bytes;
-	int64_t default_micro_batch_tokens;
-};
 
 struct job;
 struct daemon;
@@ -39,6 +31,15 @@ struct daemon;
 enum method_where {
 	RUN_INLINE,  /* answered on the poller thread (never waits) */
 	RUN_ENGINE,  /* queued for the engine thread */
+	RUN_OWN,     /* run takes the call over and answers it later itself
+		      * (Health/Watch, reflection): returns 0 once it has, or
+		      * an error for dispatch to answer */
+};
+
+/* Method flags. */
+enum {
+	M_READ_ONLY = 1 << 0,  /* allowed with a read-only token */
+	M_HEALTH = 1 << 1,     /* exempt from tokens with auth.health_exempt */
 };
 
 /* Bits of the modes a method may run in (gate). */
@@ -57,8 +58,10 @@ enum {
 struct method {
 	const char *path;
 	const char *name;
-	const ProtobufCMessageDescriptor *req_desc;
+	const ProtobufCMessageDescriptor *req_desc;  /* NULL: client streaming */
 	bool server_streaming;
+	bool client_streaming;
+	unsigned flags;
 	enum method_where where;
 	bool needs_init;
 	unsigned modes;
@@ -75,12 +78,26 @@ struct job {
 	void (*prep_free)(void *prep);
 	uint8_t *reply;               /* packed reply (malloc), owned */
 	size_t reply_len;
+	char identity[AUTH_NAME_MAX + 300];  /* "token:NAME", "cert:CN" or "-" */
+	/* Set by handlers for the metrics (engine thread). */
+	int64_t m_tokens;             /* training ForwardBackward: tokens */
+	bool m_step;                  /* an OptimizerStep ran */
+	double m_grad_norm;
+	bool m_saved;                 /* a checkpoint was saved */
 };
 
+struct health_watch;
+
 struct daemon {
-	struct daemon_config cfg;
+	struct daemon_config cfg;     /* borrowed from main */
 	struct rpc_server *rpc;
 	struct timespec started;      /* CLOCK_MONOTONIC */
+	struct auth auth;
+	struct metrics metrics;
+	/* TLS PEM text for the server (borrowed from main; NULL: no TLS). */
+	const char *tls_cert, *tls_key, *tls_client_ca;
+	/* Reflection: the embedded descriptor set, indexed (reflection.c). */
+	struct reflection *refl;
 
 	/* Engine thread only. */
 	struct engine *engine;
@@ -93,6 +110,11 @@ struct daemon {
 	bool stopping;                /* lock: refuse new work */
 	bool busy;                    /* lock */
 	const char *current_job;      /* lock: method name or NULL */
+	struct timespec job_started;  /* lock: CLOCK_MONOTONIC, when busy */
+	int64_t in_flight;            /* lock: engine jobs queued + running */
+	bool engine_done;             /* lock: the engine thread has finished */
+	struct health_watch *watches; /* lock: Health/Watch streams */
+	struct health_watch *watches_draining;  /* main thread, while stopping */
 	struct engine_status snap;    /* lock: status after the last job */
 	pthread_t engine_thread;
 	bool engine_thread_started;
@@ -112,9 +134,30 @@ int daemon_init(struct daemon *d, const struct daemon_config *cfg,
 /* Start serving: the engine thread, then the gRPC server. */
 int daemon_start(struct daemon *d, char *errbuf, size_t errlen);
 /* Graceful stop: refuse new calls with UNAVAILABLE, let the running job
- * finish, answer queued jobs UNAVAILABLE, stop the server. Blocks. */
-void daemon_stop(struct daemon *d);
+ * finish (and save_on_stop), answer queued jobs UNAVAILABLE, stop the
+ * server. Blocks up to cfg.grace_ms for the engine thread; returns
+ * -ETIMEDOUT when it is still running then (the process must exit without
+ * freeing what that thread uses), else 0. */
+int daemon_stop(struct daemon *d);
+/* SIGHUP: re-read the token file and the TLS files. The old ones stay in
+ * force when the new ones are bad. Returns 0 or the first error. */
+int daemon_reload(struct daemon *d, struct eng_error *err);
+/* Seconds the running job has been running, 0 when idle. */
+double daemon_job_seconds(struct daemon *d);
+/* One log line per RPC: method, peer, identity, status, duration; also
+ * counts it in the metrics. method_idx: index in daemon_methods or -1. */
+void daemon_log_rpc(struct daemon *d, struct rpc_call *call, int method_idx,
+		    const char *identity, enum rpc_code code, const char *msg);
 void daemon_fini(struct daemon *d);
+
+/* RUN_OWN handlers: free the job once its call has been handed over. */
+void daemon_job_release(struct job *j);
+
+/* Save a checkpoint to `rel` under the checkpoint root, confined (engine
+ * thread): SaveCheckpoint and shutdown.save_on_stop. */
+int daemon_save_checkpoint(struct daemon *d, const char *rel, int64_t global_step,
+			   int max_to_keep, unsigned contents, size_t *ret_bytes,
+			   struct eng_error *err);
 
 /* Map an engine error code to a gRPC status code. */
 enum rpc_code daemon_rpc_code(int err);
@@ -142,6 +185,16 @@ int h_validate_load_checkpoint(struct daemon *d, struct job *j, struct eng_error
 int h_run_load_checkpoint(struct daemon *d, struct job *j, struct eng_error *err);
 int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err);
 int h_run_health_check(struct daemon *d, struct job *j, struct eng_error *err);
+/* health.c: grpc.health.v1.Health/Watch */
+int h_run_health_watch(struct daemon *d, struct job *j, struct eng_error *err);
+/* Send the current status to every watcher (after `stopping` changed);
+ * at_exit: end the streams (the server is going away). */
+void health_watch_broadcast(struct daemon *d, bool at_exit);
+/* reflection.c: grpc.reflection.v1alpha and v1 ServerReflectionInfo,
+ * answered from the descriptor set embedded at build time. */
+int reflection_init(struct daemon *d, struct eng_error *err);
+void reflection_fini(struct daemon *d);
+int h_run_reflection(struct daemon *d, struct job *j, struct eng_error *err);
 
 /* stream.c */
 int h_validate_get_params(struct daemon *d, struct job *j, struct eng_error *err);

@@ -1,17 +1,20 @@
 /* dispatch.c — the dispatch table, the gate, the job queue and the engine
  * thread.
  *
- * Every RPC goes through on_call(): decode (protobuf-c), the static gate
- * (shutting down -> UNAVAILABLE), the method's validate (a rejected request
- * never reaches the engine), then either an inline answer (GetStatus,
- * Health: never queued behind a long job) or a FIFO job for the engine
- * thread, which re-checks the state gate (initialized, mode) when the job
- * comes up, runs it and replies. Engine error codes become gRPC status codes
- * only here, and each RPC is logged once here.
+ * Every RPC goes through on_call(): authentication (bearer token, read-only
+ * vs full), decode (protobuf-c), the static gate (shutting down ->
+ * UNAVAILABLE), the method's validate (a rejected request never reaches
+ * the engine), then either an inline answer (GetStatus, Health: never
+ * queued behind a long job), a handler that takes the call over (Health
+ * Watch, reflection), or a FIFO job for the engine thread, which checks the
+ * call's deadline and the state gate (initialized, mode) when the job comes
+ * up, runs it and replies. Engine error codes become gRPC status codes only
+ * here, and each RPC is logged once (daemon_log_rpc).
  */
 #include "daemon.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,52 +22,63 @@
 #include "engined/v1/engine.pb-c.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "log.h"
+#include "tls.h"
 
 #define SVC "/engined.v1.TrainingEngine/"
 
+#define ENG(p, n, desc, init, md, v, r) \
+	{ .path = SVC p, .name = n, .req_desc = desc, .where = RUN_ENGINE, \
+	  .needs_init = init, .modes = md, .validate = v, .run = r }
+
 const struct method daemon_methods[] = {
-	{ SVC "Initialize", "Initialize", &engined__v1__initialize_request__descriptor,
-	  false, RUN_ENGINE, false, MODES_ANY,
-	  h_validate_initialize, h_run_initialize },
-	{ SVC "SetMode", "SetMode", &engined__v1__set_mode_request__descriptor,
-	  false, RUN_ENGINE, true, MODES_ANY,
-	  h_validate_set_mode, h_run_set_mode },
-	{ SVC "ForwardBackward", "ForwardBackward",
-	  &engined__v1__forward_backward_request__descriptor,
-	  false, RUN_ENGINE, true, MODES_ANY,
-	  h_validate_forward_backward, h_run_forward_backward },
-	{ SVC "OptimizerStep", "OptimizerStep",
-	  &engined__v1__optimizer_step_request__descriptor,
-	  false, RUN_ENGINE, true, MODES_IDLE | MODES_TRAIN,
-	  NULL, h_run_optimizer_step },
-	{ SVC "LrSchedulerStep", "LrSchedulerStep",
-	  &engined__v1__lr_scheduler_step_request__descriptor,
-	  false, RUN_ENGINE, true, MODES_ANY,
-	  NULL, h_run_lr_scheduler_step },
-	{ SVC "ToDevice", "ToDevice", &engined__v1__to_device_request__descriptor,
-	  false, RUN_ENGINE, true, MODES_ANY,
-	  h_validate_to_device, h_run_to_device },
-	{ SVC "GetPerTensorParam", "GetPerTensorParam",
-	  &engined__v1__get_per_tensor_param_request__descriptor,
-	  true, RUN_ENGINE, true, MODES_ANY,
-	  h_validate_get_params, h_run_get_params },
-	{ SVC "SaveCheckpoint", "SaveCheckpoint",
-	  &engined__v1__save_checkpoint_request__descriptor,
-	  false, RUN_ENGINE, true, MODES_ANY,
-	  h_validate_save_checkpoint, h_run_save_checkpoint },
-	{ SVC "LoadCheckpoint", "LoadCheckpoint",
-	  &engined__v1__load_checkpoint_request__descriptor,
-	  false, RUN_ENGINE, true, MODES_ANY,
-	  h_validate_load_checkpoint, h_run_load_checkpoint },
-	{ SVC "GetStatus", "GetStatus", &engined__v1__get_status_request__descriptor,
-	  false, RUN_INLINE, false, MODES_ANY,
-	  NULL, h_run_get_status },
-	{ "/grpc.health.v1.Health/Check", "Health.Check",
-	  &grpc__health__v1__health_check_request__descriptor,
-	  false, RUN_INLINE, false, MODES_ANY,
-	  NULL, h_run_health_check },
+	ENG("Initialize", "Initialize", &engined__v1__initialize_request__descriptor,
+	    false, MODES_ANY, h_validate_initialize, h_run_initialize),
+	ENG("SetMode", "SetMode", &engined__v1__set_mode_request__descriptor,
+	    true, MODES_ANY, h_validate_set_mode, h_run_set_mode),
+	ENG("ForwardBackward", "ForwardBackward",
+	    &engined__v1__forward_backward_request__descriptor,
+	    true, MODES_ANY, h_validate_forward_backward, h_run_forward_backward),
+	ENG("OptimizerStep", "OptimizerStep", &engined__v1__optimizer_step_request__descriptor,
+	    true, MODES_IDLE | MODES_TRAIN, NULL, h_run_optimizer_step),
+	ENG("LrSchedulerStep", "LrSchedulerStep",
+	    &engined__v1__lr_scheduler_step_request__descriptor,
+	    true, MODES_ANY, NULL, h_run_lr_scheduler_step),
+	ENG("ToDevice", "ToDevice", &engined__v1__to_device_request__descriptor,
+	    true, MODES_ANY, h_validate_to_device, h_run_to_device),
+	{ .path = SVC "GetPerTensorParam", .name = "GetPerTensorParam",
+	  .req_desc = &engined__v1__get_per_tensor_param_request__descriptor,
+	  .server_streaming = true, .flags = M_READ_ONLY, .where = RUN_ENGINE,
+	  .needs_init = true, .modes = MODES_ANY,
+	  .validate = h_validate_get_params, .run = h_run_get_params },
+	ENG("SaveCheckpoint", "SaveCheckpoint", &engined__v1__save_checkpoint_request__descriptor,
+	    true, MODES_ANY, h_validate_save_checkpoint, h_run_save_checkpoint),
+	ENG("LoadCheckpoint", "LoadCheckpoint", &engined__v1__load_checkpoint_request__descriptor,
+	    true, MODES_ANY, h_validate_load_checkpoint, h_run_load_checkpoint),
+	{ .path = SVC "GetStatus", .name = "GetStatus",
+	  .req_desc = &engined__v1__get_status_request__descriptor,
+	  .flags = M_READ_ONLY, .where = RUN_INLINE, .modes = MODES_ANY,
+	  .run = h_run_get_status },
+	{ .path = "/grpc.health.v1.Health/Check", .name = "Health.Check",
+	  .req_desc = &grpc__health__v1__health_check_request__descriptor,
+	  .flags = M_READ_ONLY | M_HEALTH, .where = RUN_INLINE, .modes = MODES_ANY,
+	  .run = h_run_health_check },
+	{ .path = "/grpc.health.v1.Health/Watch", .name = "Health.Watch",
+	  .req_desc = &grpc__health__v1__health_check_request__descriptor,
+	  .server_streaming = true, .flags = M_READ_ONLY | M_HEALTH, .where = RUN_OWN,
+	  .modes = MODES_ANY, .run = h_run_health_watch },
+	{ .path = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+	  .name = "Reflection.v1alpha", .server_streaming = true, .client_streaming = true,
+	  .flags = M_READ_ONLY, .where = RUN_OWN, .modes = MODES_ANY,
+	  .run = h_run_reflection },
+	{ .path = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+	  .name = "Reflection.v1", .server_streaming = true, .client_streaming = true,
+	  .flags = M_READ_ONLY, .where = RUN_OWN, .modes = MODES_ANY,
+	  .run = h_run_reflection },
 };
 const int daemon_n_methods = sizeof(daemon_methods) / sizeof(daemon_methods[0]);
+
+_Static_assert(sizeof(daemon_methods) / sizeof(daemon_methods[0]) < METRICS_METHODS,
+	       "metrics has a row per method plus one");
 
 static const char *const mode_names[] = { "IDLE", "TRAIN", "EVAL" };
 
@@ -118,25 +132,40 @@ static void job_free(struct job *j)
 	free(j);
 }
 
+static int method_index(const struct method *m)
+{
+	return m ? (int)(m - daemon_methods) : -1;
+}
+
+void daemon_log_rpc(struct daemon *d, struct rpc_call *call, int method_idx,
+		    const char *identity, enum rpc_code code, const char *msg)
+{
+	const char *name = method_idx >= 0 ? daemon_methods[method_idx].name :
+			   rpc_call_method(call);
+	double s = rpc_call_elapsed(call);
+
+	metrics_rpc(&d->metrics, method_idx, (int)code, s);
+	if (code == RPC_OK)
+		log_msg(LOG_LVL_INFO, "rpc %s peer=%s identity=%s status=OK %.1f ms", name,
+			rpc_call_peer(call), identity, s * 1e3);
+	else
+		log_msg(code == RPC_INTERNAL || code == RPC_DATA_LOSS ? LOG_LVL_ERROR :
+			LOG_LVL_INFO, "rpc %s peer=%s identity=%s status=%s %.1f ms: %s",
+			name, rpc_call_peer(call), identity, rpc_code_name(code), s * 1e3,
+			msg && msg[0] ? msg : "-");
+}
+
 /* Reply, log the outcome once and free the job. */
-static void job_finish(struct job *j, int r, const struct eng_error *err)
+static void job_finish(struct daemon *d, struct job *j, int r, const struct eng_error *err)
 {
 	enum rpc_code code = daemon_rpc_code(r);
-	const char *msg = err && err->code ? err->msg : "";
-	const char *name = j->m ? j->m->name : rpc_call_method(j->call);
-	double ms = rpc_call_elapsed(j->call) * 1e3;
+	const char *msg = r < 0 ? (err && err->code && err->msg[0] ? err->msg :
+				   eng_strerror(r)) : "";
 
-	if (r == 0) {
-		log_msg(LOG_LVL_INFO, "rpc %s peer=%s status=OK %.1f ms", name,
-			rpc_call_peer(j->call), ms);
-	} else {
-		log_msg(code == RPC_INTERNAL ? LOG_LVL_ERROR : LOG_LVL_INFO,
-			"rpc %s peer=%s status=%s %.1f ms: %s", name,
-			rpc_call_peer(j->call), rpc_code_name(code), ms,
-			msg[0] ? msg : eng_strerror(r));
-	}
+	daemon_log_rpc(d, j->call, method_index(j->m), j->identity[0] ? j->identity : "-",
+		       code, msg);
 	if (r < 0)
-		rpc_reply_status(j->call, code, msg[0] ? msg : eng_strerror(r));
+		rpc_reply_status(j->call, code, msg);
 	else if (j->m && j->m->server_streaming)
 		rpc_reply_status(j->call, RPC_OK, NULL);
 	else
@@ -162,27 +191,52 @@ static int gate(struct daemon *d, const struct method *m, struct eng_error *err)
 	return 0;
 }
 
+static double now_s(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
 /* Run one job; the status snapshot is refreshed before the reply goes out,
  * so that a GetStatus sent after the reply sees the job's effects. */
 static void run_job(struct daemon *d, struct job *j)
 {
 	struct eng_error err;
+	double t0 = now_s(), dt;
 	int r;
 
 	eng_error_clear(&err);
 	if (rpc_call_cancelled(j->call)) {
 		r = eng_fail(&err, -ECANCELED, "call cancelled before it ran");
+	} else if (rpc_call_expired(j->call)) {
+		r = eng_fail(&err, -ETIMEDOUT,
+			     "deadline passed after %.3f s in the queue; the job did not run",
+			     rpc_call_elapsed(j->call));
 	} else {
 		r = gate(d, j->m, &err);
 		if (r == 0)
 			r = j->m->run(d, j, &err);
+	}
+	dt = now_s() - t0;
+	if (r == 0) {
+		if (j->m_tokens > 0)
+			metrics_forward_backward(&d->metrics, j->m_tokens, dt);
+		if (j->m_step)
+			metrics_optimizer_step(&d->metrics, dt, j->m_grad_norm);
+		if (j->m_saved)
+			metrics_checkpoint_saved(&d->metrics);
 	}
 	daemon_update_snapshot(d);
 	pthread_mutex_lock(&d->lock);
 	d->busy = false;
 	d->current_job = NULL;
 	pthread_mutex_unlock(&d->lock);
-	job_finish(j, r, &err);
+	job_finish(d, j, r, &err);
+	pthread_mutex_lock(&d->lock);
+	d->in_flight--;
+	pthread_mutex_unlock(&d->lock);
 }
 
 void daemon_update_snapshot(struct daemon *d)
@@ -195,6 +249,57 @@ void daemon_update_snapshot(struct daemon *d)
 	pthread_mutex_lock(&d->lock);
 	d->snap = st;
 	pthread_mutex_unlock(&d->lock);
+}
+
+double daemon_job_seconds(struct daemon *d)
+{
+	struct timespec now;
+	double s = 0;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	pthread_mutex_lock(&d->lock);
+	if (d->busy)
+		s = (double)(now.tv_sec - d->job_started.tv_sec) +
+		    (double)(now.tv_nsec - d->job_started.tv_nsec) * 1e-9;
+	pthread_mutex_unlock(&d->lock);
+	return s;
+}
+
+/* Engine thread, stopping: the checkpoint of shutdown.save_on_stop. */
+static void save_on_stop(struct daemon *d)
+{
+	struct eng_error err;
+	struct engine_status st;
+	size_t bytes = 0;
+	double t0 = now_s();
+	int r;
+
+	if (!d->cfg.save_on_stop)
+		return;
+	if (!d->engine) {
+		log_msg(LOG_LVL_INFO, "save_on_stop: engine not initialized, nothing to save");
+		return;
+	}
+	eng_error_clear(&err);
+	engine_status(d->engine, &st);
+	pthread_mutex_lock(&d->lock);
+	d->busy = true;
+	d->current_job = "save_on_stop";
+	clock_gettime(CLOCK_MONOTONIC, &d->job_started);
+	pthread_mutex_unlock(&d->lock);
+	r = daemon_save_checkpoint(d, d->cfg.save_on_stop, st.step, 0, CKPT_ALL, &bytes, &err);
+	pthread_mutex_lock(&d->lock);
+	d->busy = false;
+	d->current_job = NULL;
+	pthread_mutex_unlock(&d->lock);
+	if (r < 0) {
+		log_msg(LOG_LVL_ERROR, "save_on_stop: checkpoint '%s' failed: %s",
+			d->cfg.save_on_stop, err.msg[0] ? err.msg : eng_strerror(r));
+		return;
+	}
+	metrics_checkpoint_saved(&d->metrics);
+	log_msg(LOG_LVL_INFO, "save_on_stop: saved step %lld to '%s' (%zu bytes, %.2f s)",
+		(long long)st.step, d->cfg.save_on_stop, bytes, now_s() - t0);
 }
 
 static void *engine_thread_main(void *arg)
@@ -218,6 +323,7 @@ static void *engine_thread_main(void *arg)
 		d->queued--;
 		d->busy = true;
 		d->current_job = j->m->name;
+		clock_gettime(CLOCK_MONOTONIC, &d->job_started);
 		pthread_mutex_unlock(&d->lock);
 
 		streaming = j->m->server_streaming;
@@ -241,14 +347,75 @@ static void *engine_thread_main(void *arg)
 
 		eng_error_clear(&err);
 		eng_fail(&err, -ESHUTDOWN, "daemon is shutting down");
-		job_finish(j, -ESHUTDOWN, &err);
+		job_finish(d, j, -ESHUTDOWN, &err);
+		pthread_mutex_lock(&d->lock);
+		d->in_flight--;
+		pthread_mutex_unlock(&d->lock);
 		j = next;
 	}
-	/* Parameters may be freed below: let gRPC drop zero-copy slices first. */
+	/* Parameters are read below and may be freed: let gRPC drop
+	 * zero-copy slices first. */
 	stream_wait_released(d);
+	save_on_stop(d);
 	engine_destroy(d->engine);
 	d->engine = NULL;
+	pthread_mutex_lock(&d->lock);
+	d->engine_done = true;
+	pthread_cond_broadcast(&d->cond);
+	pthread_mutex_unlock(&d->lock);
 	return NULL;
+}
+
+/* Who the caller is, for the log: the token's name, the certificate's CN. */
+static void set_identity(struct job *j, const char *token_name, const char *cert)
+{
+	if (token_name[0] && cert)
+		snprintf(j->identity, sizeof(j->identity), "token:%s,cert:%s", token_name, cert);
+	else if (token_name[0])
+		snprintf(j->identity, sizeof(j->identity), "token:%s", token_name);
+	else if (cert)
+		snprintf(j->identity, sizeof(j->identity), "cert:%s", cert);
+	else
+		snprintf(j->identity, sizeof(j->identity), "-");
+}
+
+/* Token check. Returns 0, or the refusal in err (-EACCES: no valid token
+ * -> UNAUTHENTICATED is set by the caller; -EPERM: read-only token). */
+static int authorize(struct daemon *d, struct job *j, struct rpc_call *call,
+		     struct eng_error *err, enum rpc_code *ret_code)
+{
+	const struct method *m = j->m;
+	const char *hdr = rpc_call_authorization(call);
+	char name[AUTH_NAME_MAX];
+	enum auth_level lvl;
+
+	lvl = auth_check(&d->auth, hdr, name);
+	set_identity(j, name, rpc_call_cert_identity(call));
+	if (!auth_enabled(&d->auth) || (m && (m->flags & M_HEALTH) && d->cfg.health_exempt))
+		return 0;
+	if (lvl == AUTH_NONE) {
+		__atomic_add_fetch(&d->metrics.auth_failures, 1, __ATOMIC_RELAXED);
+		*ret_code = RPC_UNAUTHENTICATED;
+		return eng_fail(err, -EACCES, hdr ?
+				"authorization: bearer token not accepted" :
+				"authorization: missing (send 'authorization: Bearer <token>')");
+	}
+	if (m && lvl == AUTH_READ && !(m->flags & M_READ_ONLY)) {
+		*ret_code = RPC_PERMISSION_DENIED;
+		return eng_fail(err, -EPERM, "authorization: token '%s' is read-only; %s needs a full token",
+				name, m->name);
+	}
+	return 0;
+}
+
+/* Answer a call that never became a job (status only). */
+static void refuse(struct daemon *d, struct job *j, enum rpc_code code, const char *msg)
+{
+	daemon_log_rpc(d, j->call, method_index(j->m), j->identity[0] ? j->identity : "-",
+		       code, msg);
+	rpc_reply_status(j->call, code, msg);
+	j->call = NULL;
+	job_free(j);
 }
 
 /* Poller thread: a new call. Never blocks. */
@@ -256,7 +423,8 @@ static void on_call(void *ctx, struct rpc_call *call, int method,
 		    const uint8_t *req, size_t len, bool has_message)
 {
 	struct daemon *d = ctx;
-	const struct method *m = &daemon_methods[method];
+	const struct method *m = method >= 0 ? &daemon_methods[method] : NULL;
+	enum rpc_code code = RPC_OK;
 	struct eng_error err;
 	struct job *j;
 	int r;
@@ -270,35 +438,61 @@ static void on_call(void *ctx, struct rpc_call *call, int method,
 	j->m = m;
 	j->call = call;
 
+	/* Who may call: before anything else, even for unknown methods. */
+	if (authorize(d, j, call, &err, &code) < 0) {
+		refuse(d, j, code, err.msg);
+		return;
+	}
+	if (!m) {
+		char msg[300];
+
+		snprintf(msg, sizeof(msg), "unknown method %s", rpc_call_method(call));
+		refuse(d, j, RPC_UNIMPLEMENTED, msg);
+		return;
+	}
+
 	pthread_mutex_lock(&d->lock);
 	r = d->stopping ? -ESHUTDOWN : 0;
 	pthread_mutex_unlock(&d->lock);
 	if (r < 0) {
 		eng_fail(&err, r, "daemon is shutting down");
-		job_finish(j, r, &err);
+		job_finish(d, j, r, &err);
+		return;
+	}
+	if (m->client_streaming) {
+		/* The handler reads the messages itself. */
+		r = m->run(d, j, &err);
+		if (r < 0)
+			job_finish(d, j, r, &err);
 		return;
 	}
 	if (!has_message) {
-		job_finish(j, eng_fail(&err, -EINVAL, "request: no message"), &err);
+		job_finish(d, j, eng_fail(&err, -EINVAL, "request: no message"), &err);
 		return;
 	}
 	j->req = protobuf_c_message_unpack(m->req_desc, NULL, len, req);
 	if (!j->req) {
-		job_finish(j, eng_fail(&err, -EINVAL,
-				       "request: not a valid %s message (%zu bytes)",
-				       m->req_desc->name, len), &err);
+		job_finish(d, j, eng_fail(&err, -EINVAL,
+					  "request: not a valid %s message (%zu bytes)",
+					  m->req_desc->name, len), &err);
 		return;
 	}
 	if (m->validate) {
 		r = m->validate(d, j, &err);
 		if (r < 0) {
-			job_finish(j, r, &err);
+			job_finish(d, j, r, &err);
 			return;
 		}
 	}
 	if (m->where == RUN_INLINE) {
 		r = m->run(d, j, &err);
-		job_finish(j, r, &err);
+		job_finish(d, j, r, &err);
+		return;
+	}
+	if (m->where == RUN_OWN) {
+		r = m->run(d, j, &err);
+		if (r < 0)
+			job_finish(d, j, r, &err);
 		return;
 	}
 
@@ -306,7 +500,16 @@ static void on_call(void *ctx, struct rpc_call *call, int method,
 	if (d->stopping) {
 		pthread_mutex_unlock(&d->lock);
 		eng_fail(&err, -ESHUTDOWN, "daemon is shutting down");
-		job_finish(j, -ESHUTDOWN, &err);
+		job_finish(d, j, -ESHUTDOWN, &err);
+		return;
+	}
+	if (d->cfg.max_concurrent_calls > 0 && d->in_flight >= d->cfg.max_concurrent_calls) {
+		int64_t n = d->in_flight;
+
+		pthread_mutex_unlock(&d->lock);
+		eng_fail(&err, -E2BIG, "server: %lld calls queued or running (server.max_concurrent_calls = %d); retry later",
+			 (long long)n, d->cfg.max_concurrent_calls);
+		job_finish(d, j, -E2BIG, &err);
 		return;
 	}
 	if (d->tail)
@@ -315,13 +518,24 @@ static void on_call(void *ctx, struct rpc_call *call, int method,
 		d->head = j;
 	d->tail = j;
 	d->queued++;
+	d->in_flight++;
 	pthread_cond_signal(&d->cond);
 	pthread_mutex_unlock(&d->lock);
+}
+
+/* RUN_OWN handlers: the job's call is theirs; they free the rest. */
+void daemon_job_release(struct job *j)
+{
+	j->call = NULL;
+	job_free(j);
 }
 
 int daemon_init(struct daemon *d, const struct daemon_config *cfg,
 		char *errbuf, size_t errlen)
 {
+	struct eng_error err;
+	int r;
+
 	memset(d, 0, sizeof(*d));
 	d->cfg = *cfg;
 	clock_gettime(CLOCK_MONOTONIC, &d->started);
@@ -329,6 +543,19 @@ int daemon_init(struct daemon *d, const struct daemon_config *cfg,
 	pthread_cond_init(&d->cond, NULL);
 	pthread_mutex_init(&d->zc_lock, NULL);
 	pthread_cond_init(&d->zc_cond, NULL);
+	metrics_init(&d->metrics);
+	eng_error_clear(&err);
+	r = auth_init(&d->auth, cfg->token_file, &err);
+	if (r < 0) {
+		snprintf(errbuf, errlen, "auth.token_file: %s", err.msg[0] ? err.msg :
+			 eng_strerror(r));
+		return r;
+	}
+	r = reflection_init(d, &err);
+	if (r < 0) {
+		snprintf(errbuf, errlen, "reflection: %s", err.msg);
+		return r;
+	}
 	return 0;
 }
 
@@ -346,13 +573,20 @@ int daemon_start(struct daemon *d, char *errbuf, size_t errlen)
 	for (int i = 0; i < daemon_n_methods; i++) {
 		regs[i].path = daemon_methods[i].path;
 		regs[i].server_streaming = daemon_methods[i].server_streaming;
+		regs[i].client_streaming = daemon_methods[i].client_streaming;
 	}
 	memset(&rc, 0, sizeof(rc));
-	rc.listen = d->cfg.listen;
+	rc.listen = (const char *const *)d->cfg.listen;
+	rc.n_listen = d->cfg.n_listen;
 	rc.max_recv_bytes = d->cfg.max_request_bytes;
 	rc.max_send_bytes = d->cfg.max_send_bytes;
 	rc.pollers = d->cfg.pollers;
-	rc.max_concurrent_streams = 64;
+	rc.max_concurrent_streams = d->cfg.max_concurrent_streams;
+	rc.default_deadline_ms = d->cfg.default_deadline_ms;
+	rc.tls_cert = d->tls_cert;
+	rc.tls_key = d->tls_key;
+	rc.tls_client_ca = d->tls_client_ca;
+	rc.tls_require_client_cert = d->cfg.tls_require_client_cert;
 	r = rpc_server_start(&rc, regs, daemon_n_methods, on_call, d, &d->rpc,
 			     errbuf, errlen);
 	if (r < 0) {
@@ -364,31 +598,105 @@ int daemon_start(struct daemon *d, char *errbuf, size_t errlen)
 		d->engine_thread_started = false;
 		return r;
 	}
+	if (d->cfg.metrics_listen) {
+		r = metrics_start(d, d->cfg.metrics_listen, errbuf, errlen);
+		if (r < 0) {
+			(void)daemon_stop(d);
+			return r;
+		}
+	}
 	return 0;
 }
 
-void daemon_stop(struct daemon *d)
+int daemon_stop(struct daemon *d)
 {
+	struct timespec until;
+	char job[48];
+	bool done;
+
 	/* New calls: gRPC refuses them once shut down; calls racing with us
 	 * see `stopping`. The running job finishes, queued ones are refused. */
 	pthread_mutex_lock(&d->lock);
 	d->stopping = true;
 	pthread_cond_broadcast(&d->cond);
 	pthread_mutex_unlock(&d->lock);
+	health_watch_broadcast(d, false);
 	if (d->rpc)
 		rpc_server_shutdown(d->rpc);
 	if (d->engine_thread_started) {
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_sec += d->cfg.grace_ms / 1000;
+		until.tv_nsec += (d->cfg.grace_ms % 1000) * 1000000L;
+		if (until.tv_nsec >= 1000000000L) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000L;
+		}
+		pthread_mutex_lock(&d->lock);
+		while (!d->engine_done &&
+		       pthread_cond_timedwait(&d->cond, &d->lock, &until) != ETIMEDOUT)
+			;
+		done = d->engine_done;
+		snprintf(job, sizeof(job), "%s", d->current_job ? d->current_job : "?");
+		pthread_mutex_unlock(&d->lock);
+		if (!done) {
+			log_msg(LOG_LVL_ERROR,
+				"shutdown: the running job (%s) did not finish within shutdown.grace_s = %.1f s",
+				job, (double)d->cfg.grace_ms / 1e3);
+			return -ETIMEDOUT;
+		}
 		pthread_join(d->engine_thread, NULL);
 		d->engine_thread_started = false;
 	}
+	health_watch_broadcast(d, true);
+	metrics_fini(&d->metrics);
 	if (d->rpc) {
 		rpc_server_destroy(d->rpc, 2000);
 		d->rpc = NULL;
 	}
+	return 0;
+}
+
+int daemon_reload(struct daemon *d, struct eng_error *err)
+{
+	struct tls_pem pem;
+	int r, first = 0;
+
+	r = auth_reload(&d->auth, err);
+	if (r < 0) {
+		log_msg(LOG_LVL_ERROR, "reload: auth.token_file: %s; the old tokens stay in force",
+			err->msg);
+		first = r;
+	} else if (auth_enabled(&d->auth)) {
+		log_msg(LOG_LVL_INFO, "reload: %d tokens from %s", r, d->cfg.token_file);
+	}
+	if (d->cfg.tls_cert && d->rpc) {
+		struct eng_error e2;
+
+		eng_error_clear(&e2);
+		r = tls_pem_load(d->cfg.tls_cert, d->cfg.tls_key, d->cfg.tls_client_ca, &pem, &e2);
+		if (r == 0)
+			r = rpc_server_set_tls(d->rpc, pem.cert, pem.key, pem.client_ca);
+		if (r < 0) {
+			log_msg(LOG_LVL_ERROR, "reload: %s; the old certificates stay in force",
+				e2.msg[0] ? e2.msg : eng_strerror(r));
+			if (!first) {
+				*err = e2;
+				first = r;
+			}
+		} else {
+			log_msg(LOG_LVL_INFO,
+				"reload: TLS certificate %s (until %s) for new connections",
+				pem.subject, pem.not_after);
+			tls_pem_free(&pem);
+		}
+	}
+	return first;
 }
 
 void daemon_fini(struct daemon *d)
 {
+	reflection_fini(d);
+	auth_fini(&d->auth);
 	pthread_cond_destroy(&d->zc_cond);
 	pthread_mutex_destroy(&d->zc_lock);
 	pthread_cond_destroy(&d->cond);

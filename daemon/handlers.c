@@ -75,7 +75,7 @@ static bool finite_nonneg(double x)
 
 struct init_prep {
 	struct engine_init_config cfg;
-	char *model_path;             /* confined, owned */
+	struct paths_pin model;       /* model_path pinned beneath the root, owned */
 };
 
 static void init_prep_free(void *p)
@@ -84,7 +84,7 @@ static void init_prep_free(void *p)
 
 	if (!ip)
 		return;
-	free(ip->model_path);
+	paths_unpin(&ip->model);
 	free(ip);
 }
 
@@ -100,6 +100,7 @@ int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err
 	ip = calloc(1, sizeof(*ip));
 	if (!ip)
 		return -ENOMEM;
+	ip->model.fd = -1;
 	j->prep = ip;
 	j->prep_free = init_prep_free;
 	c = &ip->cfg;
@@ -116,6 +117,8 @@ int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err
 		c->backend = q->backend;
 	if (q->device[0])
 		c->device = q->device;
+	else if (d->cfg.default_device)
+		c->device = d->cfg.default_device;
 	r = engine_registry_lookup(c->model_type, c->backend, c->device, &ops, err);
 	if (r < 0)
 		return r;
@@ -133,11 +136,12 @@ int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err
 	} else if (q->hf_config_json[0]) {
 		c->hf_config_json = q->hf_config_json;
 	} else {
-		r = path_confine(d->cfg.model_root, q->model_path, "model_path", true,
-				 &ip->model_path, err);
+		/* Pinned now, read on the engine thread through the pin. */
+		r = paths_pin(d->cfg.model_root, q->model_path, "model_path", PIN_DIR,
+			      &ip->model, err);
 		if (r < 0)
 			return r;
-		c->model_path = ip->model_path;
+		c->model_path = ip->model.path;
 	}
 	if (c->hf_config_json) {
 		struct eng_error perr;
@@ -209,6 +213,9 @@ int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err
 	if (q->offload) {
 		c->param_offload = q->offload->param_offload;
 		c->optimizer_offload = q->offload->optimizer_offload;
+	} else {
+		c->param_offload = d->cfg.param_offload;
+		c->optimizer_offload = d->cfg.optimizer_offload;
 	}
 	if (q->max_tokens_per_micro_batch < 0)
 		return eng_fail(err, -EINVAL, "max_tokens_per_micro_batch: must be >= 0");
@@ -501,6 +508,8 @@ int h_run_forward_backward(struct daemon *d, struct job *j, struct eng_error *er
 		t_val.data.len = (size_t)p->n * 4;
 		resp.values = &t_val;
 	}
+	if (!p->forward_only)
+		j->m_tokens = p->n;
 	nm = p->has_loss ? fb_loss_metrics(&lc, &loss, ment, FB_MAX_METRICS) : 0;
 	resp.loss = loss;
 	for (int i = 0; i < nm; i++)
@@ -532,6 +541,8 @@ int h_run_optimizer_step(struct daemon *d, struct job *j, struct eng_error *err)
 	r = engine_optimizer_step(d->engine, &sr, err);
 	if (r < 0)
 		return r;
+	j->m_step = true;
+	j->m_grad_norm = sr.grad_norm;
 	resp.grad_norm = sr.grad_norm;
 	resp.skipped = sr.skipped;
 	resp.lr = sr.lr;
@@ -650,24 +661,38 @@ int h_run_save_checkpoint(struct daemon *d, struct job *j, struct eng_error *err
 	const Engined__V1__SaveCheckpointRequest *q = (const void *)j->req;
 	struct ckpt_prep *c = j->prep;
 	Engined__V1__SaveCheckpointResponse resp = ENGINED__V1__SAVE_CHECKPOINT_RESPONSE__INIT;
-	char *abs = NULL;
 	size_t bytes = 0;
 	int r;
 
-	/* Confine again: the tree may have changed since validation. */
-	r = path_confine(d->cfg.checkpoint_root, c->rel, "path", false, &abs, err);
+	r = daemon_save_checkpoint(d, c->rel, q->global_step, q->max_to_keep, c->contents,
+				   &bytes, err);
 	if (r < 0)
 		return r;
-	r = paths_make_parents(abs, err);
-	if (r == 0)
-		r = engine_save_checkpoint(d->engine, abs, q->global_step, q->max_to_keep,
-					   c->contents, &bytes, err);
-	free(abs);
-	if (r < 0)
-		return r;
+	j->m_saved = true;
 	resp.path = c->rel;
 	resp.bytes = (int64_t)bytes;
 	return job_set_reply(j, &resp.base);
+}
+
+int daemon_save_checkpoint(struct daemon *d, const char *rel, int64_t global_step,
+			   int max_to_keep, unsigned contents, size_t *ret_bytes,
+			   struct eng_error *err)
+{
+	struct paths_pin pin = { .fd = -1 };
+	int r;
+
+	/* Resolved again now (the tree may have changed since validation)
+	 * and pinned: the writer works through the parent's descriptor, so
+	 * a component swapped for a symlink mid-save cannot redirect it. */
+	r = paths_pin(d->cfg.checkpoint_root, rel, "path", PIN_PARENT_CREATE, &pin, err);
+	if (r < 0)
+		return r;
+	r = engine_save_checkpoint(d->engine, pin.path, global_step, max_to_keep,
+				   contents, ret_bytes, err);
+	if (r < 0)
+		paths_pin_fix_message(&pin, err);
+	paths_unpin(&pin);
+	return r;
 }
 
 int h_validate_load_checkpoint(struct daemon *d, struct job *j, struct eng_error *err)
@@ -681,16 +706,18 @@ int h_run_load_checkpoint(struct daemon *d, struct job *j, struct eng_error *err
 {
 	struct ckpt_prep *c = j->prep;
 	Engined__V1__LoadCheckpointResponse resp = ENGINED__V1__LOAD_CHECKPOINT_RESPONSE__INIT;
-	char *abs = NULL;
+	struct paths_pin pin = { .fd = -1 };
 	int64_t step = 0;
 	int r;
 
-	r = path_confine(d->cfg.checkpoint_root, c->rel, "path", true, &abs, err);
+	r = paths_pin(d->cfg.checkpoint_root, c->rel, "path", PIN_DIR, &pin, err);
 	if (r < 0)
 		return r;
 	stream_wait_released(d);
-	r = engine_load_checkpoint(d->engine, abs, c->contents, &step, err);
-	free(abs);
+	r = engine_load_checkpoint(d->engine, pin.path, c->contents, &step, err);
+	if (r < 0)
+		paths_pin_fix_message(&pin, err);
+	paths_unpin(&pin);
 	if (r < 0)
 		return r;
 	resp.global_step = step;

@@ -1,13 +1,23 @@
-/* main.c — engined: command line, signals, lifetime.
+/* main.c — engined: configuration, signals, systemd notification, lifetime.
  *
- *   engined [--listen ADDR] [--checkpoint-root DIR] [--model-root DIR]
- *           [--threads N] [--log-level L] [--max-request-bytes N]
- *           [--pollers N] [--port-file PATH]
+ *   engined [--config FILE] [options]        serve
+ *   engined --check-config FILE [options]    validate, print, exit 0 / 1
  *
- * SIGINT/SIGTERM are blocked before any thread exists (gRPC's threads
- * inherit the mask) and handled by the libuv loop of the main thread; on
- * either the daemon refuses new calls, lets the running job finish, and
- * exits 0.
+ * Settings come from the built-in defaults, then the INI file, then the
+ * command line in order (`-o section.key=value` sets any key; the flags
+ * below are shorthands). See config.c for the keys.
+ *
+ * Signals: SIGINT/SIGTERM/SIGHUP are blocked before any thread exists
+ * (gRPC's threads inherit the mask) and handled by the libuv loop of the
+ * main thread. SIGTERM/SIGINT: stop accepting, let the running job finish
+ * (bounded by shutdown.grace_s), save_on_stop, exit 0 (1 when the grace ran
+ * out). SIGHUP: re-read the token file and the TLS files.
+ *
+ * systemd (Type=notify): READY=1 once every address is bound and the
+ * pollers run; WATCHDOG=1 from a libuv timer at half WATCHDOG_USEC, held
+ * back while one job has run longer than watchdog.stuck_job_s; STATUS=
+ * with the engine state; STOPPING=1 on shutdown. Without NOTIFY_SOCKET
+ * these are no-ops.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -17,11 +27,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <systemd/sd-daemon.h>
 #include <uv.h>
 
 #include "daemon.h"
 #include "log.h"
 #include "paths.h"
+#include "tls.h"
 
 #ifndef ENGINED_VERSION
 #define ENGINED_VERSION "unknown"
@@ -30,107 +42,132 @@
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: engined [options]\n"
-		"  --listen ADDR           address to serve on (default 127.0.0.1:50051;\n"
-		"                          unix:/path for a unix socket; port 0 picks one)\n"
-		"  --checkpoint-root DIR   checkpoints live under DIR (default ./var/checkpoints)\n"
-		"  --model-root DIR        model_path of Initialize is under DIR (default ./var/models)\n"
-		"  --threads N             engine compute threads (default: all cores)\n"
-		"  --log-level L           error, warn, info (default) or debug\n"
-		"  --max-request-bytes N   request size limit (default 536870912)\n"
-		"  --pollers N             gRPC completion-queue threads (default 1)\n"
-		"  --port-file PATH        write the bound TCP port to PATH once serving\n"
+		"usage: engined [--config FILE] [options]\n"
+		"       engined --check-config FILE [options]\n"
+		"  -c, --config FILE        read settings from FILE (INI; see README)\n"
+		"  --check-config FILE      validate FILE (and the options), print the\n"
+		"                           effective settings, exit 0 (valid) or 1\n"
+		"  -o, --set SECTION.KEY=V  set any key (overrides the file)\n"
+		"  --listen ADDR            server.listen; repeat for several addresses\n"
+		"                           (host:port, [v6]:port, unix:/path; port 0 picks one)\n"
+		"  --checkpoint-root DIR    paths.checkpoint_root (default ./var/checkpoints)\n"
+		"  --model-root DIR         paths.model_root (default ./var/models)\n"
+		"  --threads N              engine.threads (default: all cores)\n"
+		"  --log-level L            log.level: error, warn, info (default), debug\n"
+		"  --max-request-bytes N    server.max_request_bytes (default 512M)\n"
+		"  --pollers N              server.pollers (default 1)\n"
+		"  --port-file PATH         server.port_file: bound TCP ports, one a line\n"
+		"  --tls-cert FILE          tls.cert     --tls-key FILE   tls.key\n"
+		"  --tls-client-ca FILE     tls.client_ca (mutual TLS)\n"
+		"  --token-file FILE        auth.token_file (bearer tokens)\n"
+		"  --metrics-listen ADDR    metrics.listen (Prometheus text, GET /metrics)\n"
+		"  --insecure               server.insecure: allow a non-loopback address\n"
+		"                           without tokens or mutual TLS\n"
 		"  --version, --help\n");
 }
 
-static int parse_i64(const char *s, int64_t min, int64_t *ret)
-{
-	char *end;
-	long long v;
+/* Shorthand flags: option value -> "section.key". */
+struct flag_key {
+	int val;
+	const char *section, *key;
+};
 
-	errno = 0;
-	v = strtoll(s, &end, 10);
-	if (errno || end == s || *end || v < min)
+enum {
+	OPT_CHECK = 1000, OPT_LISTEN, OPT_CKPT, OPT_MODEL, OPT_THREADS, OPT_LEVEL,
+	OPT_MAXREQ, OPT_POLLERS, OPT_PORTFILE, OPT_CERT, OPT_KEY, OPT_CA, OPT_TOKENS,
+	OPT_METRICS, OPT_INSECURE, OPT_VERSION,
+};
+
+static const struct flag_key flag_keys[] = {
+	{ OPT_LISTEN, "server", "listen" },
+	{ OPT_CKPT, "paths", "checkpoint_root" },
+	{ OPT_MODEL, "paths", "model_root" },
+	{ OPT_THREADS, "engine", "threads" },
+	{ OPT_LEVEL, "log", "level" },
+	{ OPT_MAXREQ, "server", "max_request_bytes" },
+	{ OPT_POLLERS, "server", "pollers" },
+	{ OPT_PORTFILE, "server", "port_file" },
+	{ OPT_CERT, "tls", "cert" },
+	{ OPT_KEY, "tls", "key" },
+	{ OPT_CA, "tls", "client_ca" },
+	{ OPT_TOKENS, "auth", "token_file" },
+	{ OPT_METRICS, "metrics", "listen" },
+	{ OPT_INSECURE, "server", "insecure" },
+};
+
+static const struct option opts[] = {
+	{ "config", required_argument, NULL, 'c' },
+	{ "check-config", required_argument, NULL, OPT_CHECK },
+	{ "set", required_argument, NULL, 'o' },
+	{ "listen", required_argument, NULL, OPT_LISTEN },
+	{ "checkpoint-root", required_argument, NULL, OPT_CKPT },
+	{ "model-root", required_argument, NULL, OPT_MODEL },
+	{ "threads", required_argument, NULL, OPT_THREADS },
+	{ "log-level", required_argument, NULL, OPT_LEVEL },
+	{ "max-request-bytes", required_argument, NULL, OPT_MAXREQ },
+	{ "pollers", required_argument, NULL, OPT_POLLERS },
+	{ "port-file", required_argument, NULL, OPT_PORTFILE },
+	{ "tls-cert", required_argument, NULL, OPT_CERT },
+	{ "tls-key", required_argument, NULL, OPT_KEY },
+	{ "tls-client-ca", required_argument, NULL, OPT_CA },
+	{ "token-file", required_argument, NULL, OPT_TOKENS },
+	{ "metrics-listen", required_argument, NULL, OPT_METRICS },
+	{ "insecure", no_argument, NULL, OPT_INSECURE },
+	{ "version", no_argument, NULL, OPT_VERSION },
+	{ "help", no_argument, NULL, 'h' },
+	{ NULL, 0, NULL, 0 },
+};
+
+/* `-o section.key=value`. */
+static int set_dotted(struct daemon_config *cfg, const char *arg, char err[CONFIG_ERR_MAX])
+{
+	char buf[4200];
+	char *dot, *eq;
+
+	if (strlen(arg) >= sizeof(buf)) {
+		snprintf(err, CONFIG_ERR_MAX, "-o: argument too long");
 		return -EINVAL;
-	*ret = v;
-	return 0;
+	}
+	strcpy(buf, arg);
+	eq = strchr(buf, '=');
+	dot = strchr(buf, '.');
+	if (!eq || !dot || dot > eq) {
+		snprintf(err, CONFIG_ERR_MAX, "expected SECTION.KEY=VALUE");
+		return -EINVAL;
+	}
+	*dot = '\0';
+	*eq = '\0';
+	return config_set(cfg, buf, dot + 1, eq + 1, true, err);
 }
 
-static void on_signal(uv_signal_t *h, int signum)
+/* Parse the command line over the file's settings. Returns 0, 1 (config
+ * error, message printed) or 2 (usage); *ret_exit_now for --help/--version. */
+static int parse_args(int argc, char **argv, struct daemon_config *cfg,
+		      const char **ret_check, bool *ret_exit_now)
 {
-	log_msg(LOG_LVL_INFO, "received %s: finishing the running job, then exiting",
-		signum == SIGINT ? "SIGINT" : "SIGTERM");
-	uv_stop(h->loop);
-}
-
-int main(int argc, char **argv)
-{
-	static const struct option opts[] = {
-		{ "listen", required_argument, NULL, 'l' },
-		{ "checkpoint-root", required_argument, NULL, 'c' },
-		{ "model-root", required_argument, NULL, 'm' },
-		{ "threads", required_argument, NULL, 't' },
-		{ "log-level", required_argument, NULL, 'L' },
-		{ "max-request-bytes", required_argument, NULL, 'R' },
-		{ "pollers", required_argument, NULL, 'P' },
-		{ "port-file", required_argument, NULL, 'p' },
-		{ "version", no_argument, NULL, 'V' },
-		{ "help", no_argument, NULL, 'h' },
-		{ NULL, 0, NULL, 0 },
-	};
-	struct daemon_config cfg;
-	static struct daemon d;
-	const char *ckpt_root = "./var/checkpoints", *model_root = "./var/models";
-	const char *port_file = NULL;
-	char *ckpt_real = NULL, *model_real = NULL;
-	char errbuf[512];
-	struct eng_error err;
-	sigset_t mask;
-	uv_loop_t loop;
-	uv_signal_t sig_int, sig_term;
-	enum log_level lvl;
-	int64_t v;
+	const char *file = NULL, *check = NULL;
+	char err[CONFIG_ERR_MAX];
 	int c, r;
 
-	memset(&cfg, 0, sizeof(cfg));
-	cfg.listen = "127.0.0.1:50051";
-	cfg.pollers = 1;
-	cfg.max_request_bytes = 512LL << 20;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+	/* Pass 1: which file. */
+	opterr = 1;
+	while ((c = getopt_long(argc, argv, "c:o:h", opts, NULL)) != -1) {
 		switch (c) {
-		case 'l': cfg.listen = optarg; break;
-		case 'c': ckpt_root = optarg; break;
-		case 'm': model_root = optarg; break;
-		case 'p': port_file = optarg; break;
-		case 't':
-			if (parse_i64(optarg, 0, &v) < 0 || v > 1024)
-				goto bad;
-			cfg.threads = (int)v;
-			break;
-		case 'P':
-			if (parse_i64(optarg, 1, &v) < 0 || v > 8)
-				goto bad;
-			cfg.pollers = (int)v;
-			break;
-		case 'R':
-			if (parse_i64(optarg, 1024, &v) < 0 || v > INT32_MAX)
-				goto bad;
-			cfg.max_request_bytes = v;
-			break;
-		case 'L':
-			if (log_parse_level(optarg, &lvl) < 0)
-				goto bad;
-			log_set_level(lvl);
-			break;
-		case 'V':
+		case 'c': file = optarg; break;
+		case OPT_CHECK: check = optarg; break;
+		case OPT_VERSION:
 			printf("engined %s\n", ENGINED_VERSION);
+			*ret_exit_now = true;
 			return 0;
 		case 'h':
 			usage(stdout);
+			*ret_exit_now = true;
 			return 0;
-		default:
+		case '?':
 			usage(stderr);
 			return 2;
+		default:
+			break;
 		}
 	}
 	if (optind < argc) {
@@ -138,72 +175,372 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	/* Replies and streams are at most a bucket plus headers, or a request's
-	 * worth of per-token outputs. */
-	cfg.max_send_bytes = cfg.max_request_bytes > (64LL << 20) ?
-			     cfg.max_request_bytes : (64LL << 20);
+	if (check && file && strcmp(check, file)) {
+		fprintf(stderr, "engined: --config and --check-config name different files\n");
+		return 2;
+	}
+	if (check)
+		file = check;
+	if (file && config_load_file(cfg, file, err) < 0) {
+		fprintf(stderr, "engined: %s\n", err);
+		return 1;
+	}
+
+	/* Pass 2: the command line overrides, in order. */
+	optind = 0;
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, "c:o:h", opts, NULL)) != -1) {
+		const struct flag_key *fk = NULL;
+
+		if (c == 'o') {
+			r = set_dotted(cfg, optarg, err);
+			if (r < 0) {
+				fprintf(stderr, "engined: -o %s: %s\n", optarg, err);
+				return 1;
+			}
+			continue;
+		}
+		for (size_t i = 0; i < sizeof(flag_keys) / sizeof(flag_keys[0]); i++)
+			if (flag_keys[i].val == c)
+				fk = &flag_keys[i];
+		if (!fk)
+			continue;
+		r = config_set(cfg, fk->section, fk->key, c == OPT_INSECURE ? "true" : optarg,
+			       true, err);
+		if (r < 0) {
+			fprintf(stderr, "engined: %s\n", err);
+			return 1;
+		}
+	}
+	if (cfg->max_send_bytes == 0)
+		cfg->max_send_bytes = cfg->max_request_bytes > (64LL << 20) ?
+				      cfg->max_request_bytes : (64LL << 20);
+	if (config_validate(cfg, err) < 0) {
+		fprintf(stderr, "engined: %s\n", err);
+		return 1;
+	}
+	*ret_check = check;
+	return 0;
+}
+
+/* --- the loop: signals, watchdog, status ---------------------------------- */
+
+struct main_ctx {
+	struct daemon *d;
+	uv_loop_t loop;
+	uv_signal_t sig_int, sig_term, sig_hup;
+	uv_timer_t tick;
+	bool notify;              /* NOTIFY_SOCKET is set */
+	uint64_t watchdog_usec;   /* 0: off */
+	bool stuck;               /* pings held back */
+	char last_status[512];
+	char listen_desc[256];
+};
+
+static void status_line(struct main_ctx *m, char *buf, size_t len)
+{
+	static const char *const modes[] = { "IDLE", "TRAIN", "EVAL" };
+	struct daemon *d = m->d;
+	struct engine_status st;
+	char job[48] = "", run[96] = "idle";
+	int64_t queued;
+	double job_s = daemon_job_seconds(d);
+
+	pthread_mutex_lock(&d->lock);
+	st = d->snap;
+	queued = d->queued;
+	if (d->current_job)
+		snprintf(job, sizeof(job), "%s", d->current_job);
+	pthread_mutex_unlock(&d->lock);
+	if (job[0])
+		snprintf(run, sizeof(run), "running %s (%.0f s)", job, job_s);
+	if (!st.initialized)
+		snprintf(buf, len, "serving on %s; engine not initialized; %s", m->listen_desc,
+			 run);
+	else
+		snprintf(buf, len, "serving on %s; %s step %lld, mode %s, %s, %lld queued",
+			 m->listen_desc, st.key, (long long)st.step,
+			 modes[st.mode <= ENGINE_MODE_EVAL ? st.mode : 0], run,
+			 (long long)queued);
+}
+
+static void on_tick(uv_timer_t *t)
+{
+	struct main_ctx *m = t->data;
+	struct daemon *d = m->d;
+	char st[512];
+	double job_s;
+
+	if (m->watchdog_usec) {
+		job_s = daemon_job_seconds(d);
+		if (d->cfg.stuck_job_ms > 0 && job_s * 1e3 > (double)d->cfg.stuck_job_ms) {
+			if (!m->stuck) {
+				m->stuck = true;
+				log_msg(LOG_LVL_ERROR,
+					"watchdog: one job has run %.1f s (> watchdog.stuck_job_s = %.1f s); no longer pinging systemd",
+					job_s, (double)d->cfg.stuck_job_ms / 1e3);
+				sd_notifyf(0, "STATUS=engine stuck: one job has run %.0f s", job_s);
+			}
+		} else {
+			if (m->stuck)
+				log_msg(LOG_LVL_WARN, "watchdog: the long job ended; pinging again");
+			m->stuck = false;
+			sd_notify(0, "WATCHDOG=1");
+		}
+	}
+	if (m->notify && !m->stuck) {
+		status_line(m, st, sizeof(st));
+		if (strcmp(st, m->last_status)) {
+			sd_notifyf(0, "STATUS=%s", st);
+			snprintf(m->last_status, sizeof(m->last_status), "%s", st);
+		}
+	}
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+	struct main_ctx *m = h->data;
+
+	if (signum == SIGHUP) {
+		struct eng_error err;
+
+		eng_error_clear(&err);
+		log_msg(LOG_LVL_INFO, "received SIGHUP: re-reading tokens and certificates");
+		sd_notify(0, "RELOADING=1");
+		(void)daemon_reload(m->d, &err);
+		sd_notify(0, "READY=1");
+		return;
+	}
+	log_msg(LOG_LVL_INFO, "received %s: finishing the running job, then exiting",
+		signum == SIGINT ? "SIGINT" : "SIGTERM");
+	uv_stop(h->loop);
+}
+
+static int write_port_file(const struct daemon_config *cfg, struct daemon *d)
+{
+	char tmp[4200];
+	FILE *f;
+
+	if (!cfg->port_file)
+		return 0;
+	/* Written whole then renamed: a reader never sees a partial file. */
+	snprintf(tmp, sizeof(tmp), "%s.tmp-%d", cfg->port_file, (int)getpid());
+	f = fopen(tmp, "w");
+	if (!f)
+		goto fail;
+	for (int i = 0; i < cfg->n_listen; i++)
+		if (rpc_server_port_of(d->rpc, i) > 0)
+			fprintf(f, "%d\n", rpc_server_port_of(d->rpc, i));
+	if (fclose(f) != 0 || rename(tmp, cfg->port_file) < 0)
+		goto fail;
+	return 0;
+fail:
+	log_msg(LOG_LVL_WARN, "server.port_file: cannot write %s: %s", cfg->port_file,
+		strerror(errno));
+	unlink(tmp);
+	return -errno;
+}
+
+/* The addresses with the ports actually bound ("127.0.0.1:0" -> ":41234"). */
+static void describe_listen(const struct daemon_config *cfg, struct daemon *d,
+			    char *buf, size_t len)
+{
+	size_t off = 0;
+
+	buf[0] = '\0';
+	for (int i = 0; i < cfg->n_listen && off < len; i++) {
+		const char *a = cfg->listen[i];
+		const char *colon = strrchr(a, ':');
+		int port = rpc_server_port_of(d->rpc, i);
+
+		if (port > 0 && colon)
+			off += (size_t)snprintf(buf + off, len - off, "%s%.*s:%d", i ? ", " : "",
+						(int)(colon - a), a, port);
+		else
+			off += (size_t)snprintf(buf + off, len - off, "%s%s", i ? ", " : "", a);
+	}
+}
+
+static int check_config(const struct daemon_config *cfg, const char *file)
+{
+	struct eng_error err;
+	struct auth_tokens *t = NULL;
+	struct tls_pem pem;
 
 	eng_error_clear(&err);
-	if (paths_prepare_root(ckpt_root, &ckpt_real, &err) < 0 ||
-	    paths_prepare_root(model_root, &model_real, &err) < 0) {
+	if (cfg->token_file) {
+		if (auth_tokens_load(cfg->token_file, &t, &err) < 0) {
+			fprintf(stderr, "engined: %s: auth.token_file: %s\n", file, err.msg);
+			return 1;
+		}
+		fprintf(stderr, "engined: %s: %d tokens\n", cfg->token_file, auth_tokens_count(t));
+		auth_tokens_free(t);
+	}
+	if (cfg->tls_cert) {
+		if (tls_pem_load(cfg->tls_cert, cfg->tls_key, cfg->tls_client_ca, &pem, &err) < 0) {
+			fprintf(stderr, "engined: %s: %s\n", file, err.msg);
+			return 1;
+		}
+		fprintf(stderr, "engined: TLS certificate %s, valid until %s%s\n", pem.subject,
+			pem.not_after, pem.client_ca ? "; client certificates verified" : "");
+		tls_pem_free(&pem);
+	}
+	printf("; engined %s: effective configuration of %s\n", ENGINED_VERSION, file);
+	config_dump(cfg, stdout);
+	fprintf(stderr, "engined: %s: configuration OK\n", file);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static struct daemon_config cfg;
+	static struct daemon d;
+	static struct main_ctx m;
+	const char *check = NULL;
+	char *ckpt_real = NULL, *model_real = NULL;
+	char errbuf[1024];
+	struct eng_error err;
+	struct tls_pem pem;
+	bool have_pem = false, exit_now = false;
+	sigset_t mask;
+	int r;
+
+	if (config_init(&cfg) < 0) {
+		fprintf(stderr, "engined: out of memory\n");
+		return 1;
+	}
+	r = parse_args(argc, argv, &cfg, &check, &exit_now);
+	if (r || exit_now) {
+		config_free(&cfg);
+		return r;
+	}
+	if (check) {
+		r = check_config(&cfg, check);
+		config_free(&cfg);
+		return r;
+	}
+	log_set_level((enum log_level)cfg.log_level);
+
+	eng_error_clear(&err);
+	if (cfg.tls_cert) {
+		if (tls_pem_load(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca, &pem, &err) < 0) {
+			fprintf(stderr, "engined: %s\n", err.msg);
+			config_free(&cfg);
+			return 1;
+		}
+		have_pem = true;
+	}
+	if (paths_prepare_root(cfg.checkpoint_root, &ckpt_real, &err) < 0 ||
+	    paths_prepare_root(cfg.model_root, &model_real, &err) < 0) {
 		fprintf(stderr, "engined: %s\n", err.msg);
 		return 1;
 	}
+	free(cfg.checkpoint_root);
+	free(cfg.model_root);
 	cfg.checkpoint_root = ckpt_real;
 	cfg.model_root = model_real;
+	for (int i = 0; i < cfg.n_listen; i++) {
+		if (config_addr_is_local(cfg.listen[i]))
+			continue;
+		if (cfg.insecure && !cfg.token_file && !(have_pem && cfg.tls_client_ca))
+			log_msg(LOG_LVL_WARN,
+				"%s: serving without client authentication (server.insecure): anyone who reaches this address controls the engine",
+				cfg.listen[i]);
+		else if (!have_pem)
+			log_msg(LOG_LVL_WARN,
+				"%s: bearer tokens travel in clear text without TLS; set [tls] cert and key",
+				cfg.listen[i]);
+	}
 	(void)engine_registry_keys();  /* fill its static table before threads */
 
 	sigemptyset(&mask);
 	sigaddset(&mask, SIGINT);
 	sigaddset(&mask, SIGTERM);
+	sigaddset(&mask, SIGHUP);
 	pthread_sigmask(SIG_BLOCK, &mask, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
-	daemon_init(&d, &cfg, errbuf, sizeof(errbuf));
-	r = daemon_start(&d, errbuf, sizeof(errbuf));
+	r = daemon_init(&d, &cfg, errbuf, sizeof(errbuf));
+	if (r == 0) {
+		d.tls_cert = have_pem ? pem.cert : NULL;
+		d.tls_key = have_pem ? pem.key : NULL;
+		d.tls_client_ca = have_pem ? pem.client_ca : NULL;
+		r = daemon_start(&d, errbuf, sizeof(errbuf));
+	}
+	if (have_pem) {
+		/* gRPC has its own copy now. */
+		tls_pem_free(&pem);
+		d.tls_cert = d.tls_key = d.tls_client_ca = NULL;
+	}
 	if (r < 0) {
 		fprintf(stderr, "engined: %s\n", errbuf);
+		sd_notifyf(0, "STATUS=failed to start: %s\nERRNO=%d", errbuf, -r);
 		daemon_fini(&d);
+		config_free(&cfg);
 		return 1;
 	}
+	describe_listen(&cfg, &d, m.listen_desc, sizeof(m.listen_desc));
 	log_msg(LOG_LVL_INFO,
-		"engined %s serving on %s (port %d); checkpoints under %s, models under %s; engines: %s",
-		ENGINED_VERSION, cfg.listen, rpc_server_port(d.rpc), ckpt_real, model_real,
-		engine_registry_keys());
-	if (port_file) {
-		FILE *f = fopen(port_file, "w");
+		"engined %s serving on %s%s%s; checkpoints under %s, models under %s; engines: %s",
+		ENGINED_VERSION, m.listen_desc, have_pem ? (cfg.tls_client_ca ?
+		" (mutual TLS)" : " (TLS)") : "", cfg.token_file ? " with bearer tokens" : "",
+		ckpt_real, model_real, engine_registry_keys());
+	if (d.metrics.http_port > 0)
+		log_msg(LOG_LVL_INFO, "metrics on http://%s/metrics (port %d)", cfg.metrics_listen,
+			d.metrics.http_port);
+	(void)write_port_file(&cfg, &d);
 
-		if (f) {
-			fprintf(f, "%d\n", rpc_server_port(d.rpc));
-			fclose(f);
-		} else {
-			log_msg(LOG_LVL_WARN, "cannot write %s: %s", port_file, strerror(errno));
-		}
+	/* Every address is bound and the pollers run: calls are answered. */
+	m.d = &d;
+	m.notify = getenv("NOTIFY_SOCKET") != NULL;
+	if (sd_watchdog_enabled(0, &m.watchdog_usec) <= 0)
+		m.watchdog_usec = 0;
+	status_line(&m, m.last_status, sizeof(m.last_status));
+	sd_notifyf(0, "READY=1\nSTATUS=%s\nMAINPID=%d", m.last_status, (int)getpid());
+
+	uv_loop_init(&m.loop);
+	uv_signal_init(&m.loop, &m.sig_int);
+	uv_signal_init(&m.loop, &m.sig_term);
+	uv_signal_init(&m.loop, &m.sig_hup);
+	m.sig_int.data = m.sig_term.data = m.sig_hup.data = &m;
+	uv_signal_start(&m.sig_int, on_signal, SIGINT);
+	uv_signal_start(&m.sig_term, on_signal, SIGTERM);
+	uv_signal_start(&m.sig_hup, on_signal, SIGHUP);
+	uv_timer_init(&m.loop, &m.tick);
+	m.tick.data = &m;
+	if (m.notify || m.watchdog_usec) {
+		uint64_t period = m.watchdog_usec ? m.watchdog_usec / 2000 : 1000;
+
+		if (period < 10)
+			period = 10;
+		if (period > 1000)
+			period = 1000;
+		if (m.watchdog_usec)
+			log_msg(LOG_LVL_INFO, "watchdog: pinging systemd every %llu ms",
+				(unsigned long long)period);
+		uv_timer_start(&m.tick, on_tick, 0, period);
 	}
-
-	uv_loop_init(&loop);
-	uv_signal_init(&loop, &sig_int);
-	uv_signal_init(&loop, &sig_term);
-	uv_signal_start(&sig_int, on_signal, SIGINT);
-	uv_signal_start(&sig_term, on_signal, SIGTERM);
 	/* Only this thread takes the signals (libuv forwards them to the loop). */
 	pthread_sigmask(SIG_UNBLOCK, &mask, NULL);
-	uv_run(&loop, UV_RUN_DEFAULT);
+	uv_run(&m.loop, UV_RUN_DEFAULT);
 	pthread_sigmask(SIG_BLOCK, &mask, NULL);
 
-	daemon_stop(&d);
-	uv_close((uv_handle_t *)&sig_int, NULL);
-	uv_close((uv_handle_t *)&sig_term, NULL);
-	uv_run(&loop, UV_RUN_DEFAULT);
-	uv_loop_close(&loop);
+	sd_notify(0, "STOPPING=1\nSTATUS=draining: finishing the running job");
+	r = daemon_stop(&d);
+	if (r < 0) {
+		/* The engine thread still runs: nothing it uses may be freed. */
+		sd_notify(0, "STATUS=shutdown grace ran out");
+		log_msg(LOG_LVL_ERROR, "engined exiting with the job still running");
+		_exit(1);
+	}
+	uv_close((uv_handle_t *)&m.sig_int, NULL);
+	uv_close((uv_handle_t *)&m.sig_term, NULL);
+	uv_close((uv_handle_t *)&m.sig_hup, NULL);
+	uv_close((uv_handle_t *)&m.tick, NULL);
+	uv_run(&m.loop, UV_RUN_DEFAULT);
+	uv_loop_close(&m.loop);
 	daemon_fini(&d);
-	free(ckpt_real);
-	free(model_real);
+	config_free(&cfg);
 	log_msg(LOG_LVL_INFO, "engined stopped");
 	return 0;
-
-bad:
-	fprintf(stderr, "engined: bad option value '%s'\n", optarg);
-	usage(stderr);
-	return 2;
 }

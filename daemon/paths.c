@@ -1,17 +1,25 @@
 /* paths.c — path confinement under the checkpoint and model roots (see
- * paths.h). Components are resolved one at a time with lstat + realpath so
- * that a symlink anywhere in the existing part of the path is followed and
- * checked; the part that does not exist yet is plain names (no ".."), so
- * whatever is created there stays beneath its resolved parent. */
+ * paths.h). path_confine checks a path by name (lexically, then the
+ * existing part with lstat + realpath): the early refusal with clear
+ * messages. paths_pin is the check that counts: the kernel resolves the
+ * path beneath an O_PATH descriptor of the root (openat2 RESOLVE_BENEATH;
+ * on kernels without openat2, one O_NOFOLLOW component at a time) and the
+ * directory stays pinned by its descriptor while the engine uses it, so a
+ * rename or a symlink swapped in after the check changes nothing. */
 #include "paths.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
+#include <unistd.h>
+
+#include <linux/openat2.h>
 
 static bool within(const char *root, const char *p)
 {
@@ -194,4 +202,203 @@ int paths_make_parents(const char *abs, struct eng_error *err)
 	if (r < 0)
 		return eng_fail(err, -EIO, "cannot create '%s': %s", buf, strerror(-r));
 	return 0;
+}
+
+/* --- pinned locations (openat2) ----------------------------------------- */
+
+static bool have_openat2 = true;  /* cleared on ENOSYS (kernels < 5.6) */
+
+/* openat2(RESOLVE_BENEATH) of a directory; on kernels without openat2,
+ * the same walk one component at a time with O_NOFOLLOW (stricter: no
+ * symlink at all). */
+static int open_dir_beneath(int root_fd, const char *rel)
+{
+	struct open_how how;
+	char buf[PATH_MAX], *comp, *save = NULL;
+	int fd, next;
+
+	if (have_openat2) {
+		memset(&how, 0, sizeof(how));
+		how.flags = O_PATH | O_DIRECTORY | O_CLOEXEC;
+		how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+		fd = (int)syscall(SYS_openat2, root_fd, rel, &how, sizeof(how));
+		if (fd >= 0 || errno != ENOSYS)
+			return fd;
+		have_openat2 = false;
+	}
+	if (strlen(rel) >= sizeof(buf)) {
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	strcpy(buf, rel);
+	fd = fcntl(root_fd, F_DUPFD_CLOEXEC, 0);
+	for (comp = strtok_r(buf, "/", &save); comp && fd >= 0;
+	     comp = strtok_r(NULL, "/", &save)) {
+		if (!strcmp(comp, "..")) {
+			close(fd);
+			errno = EXDEV;
+			return -1;
+		}
+		next = openat(fd, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (next < 0 && errno == ENOTDIR) {
+			struct stat st;
+
+			/* O_NOFOLLOW on a symlink to a directory gives ENOTDIR. */
+			if (fstatat(fd, comp, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode))
+				errno = ELOOP;
+		}
+		close(fd);
+		fd = next;
+	}
+	return fd;
+}
+
+static int pin_fail(int e, const char *field, const char *rel, struct eng_error *err)
+{
+	switch (e) {
+	case EXDEV:
+	case ELOOP:
+		return eng_fail(err, -EPERM, "%s: '%s' escapes the root (through '..' or a symlink)",
+				field, rel);
+	case ENOENT:
+		return eng_fail(err, -ENOENT, "%s: '%s' does not exist", field, rel);
+	case ENOTDIR:
+		return eng_fail(err, -EINVAL, "%s: '%s': a component is not a directory",
+				field, rel);
+	case EACCES:
+	case EPERM:
+		return eng_fail(err, -EPERM, "%s: '%s': permission denied", field, rel);
+	case EAGAIN:
+		return eng_fail(err, -EPERM, "%s: '%s' changed while being resolved", field, rel);
+	default:
+		return eng_fail(err, -EIO, "%s: '%s': %s", field, rel, strerror(e));
+	}
+}
+
+void paths_unpin(struct paths_pin *p)
+{
+	if (p->fd >= 0)
+		close(p->fd);
+	p->fd = -1;
+}
+
+int paths_pin(const char *root_real, const char *rel, const char *field,
+	      enum paths_pin_mode mode, struct paths_pin *ret, struct eng_error *err)
+{
+	char *abs = NULL, *norm, *last, prefix[PATH_MAX];
+	int root_fd, fd = -1, r, e;
+	struct stat st;
+
+	/* A first check by name (absolute, "..", the root itself, symlinks
+	 * out as they are now), with the messages clients know; the kernel's
+	 * resolution below is the one that counts. */
+	r = path_confine(root_real, rel, field, mode == PIN_DIR, &abs, err);
+	if (r < 0)
+		return r;
+	free(abs);
+	norm = paths_normalize(rel);
+	if (!norm)
+		return -ENOMEM;
+	root_fd = open(root_real, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (root_fd < 0) {
+		r = eng_fail(err, -EIO, "%s: cannot open the root: %s", field, strerror(errno));
+		free(norm);
+		return r;
+	}
+	if (mode == PIN_DIR) {
+		fd = open_dir_beneath(root_fd, norm);
+		if (fd < 0) {
+			r = pin_fail(errno, field, rel, err);
+			goto out;
+		}
+		snprintf(ret->path, sizeof(ret->path), "/proc/self/fd/%d", fd);
+		snprintf(ret->shown, sizeof(ret->shown), "%s", norm);
+		goto done;
+	}
+
+	/* PIN_PARENT_CREATE: walk the parents, creating what is missing;
+	 * each directory is made inside one that is already pinned. */
+	last = strrchr(norm, '/');
+	ret->shown[0] = '\0';
+	if (!last) {
+		fd = fcntl(root_fd, F_DUPFD_CLOEXEC, 0);
+		last = norm;
+	} else {
+		char *p = norm;
+		int parent_fd = fcntl(root_fd, F_DUPFD_CLOEXEC, 0);
+
+		*last++ = '\0';
+		while (parent_fd >= 0) {
+			char *slash = strchr(p, '/');
+			size_t n = slash ? (size_t)(slash - norm) : strlen(norm);
+			const char *comp;
+
+			memcpy(prefix, norm, n);
+			prefix[n] = '\0';
+			comp = strrchr(prefix, '/') ? strrchr(prefix, '/') + 1 : prefix;
+			fd = open_dir_beneath(root_fd, prefix);
+			if (fd < 0 && errno == ENOENT) {
+				if (mkdirat(parent_fd, comp, 0755) < 0 && errno != EEXIST) {
+					e = errno;
+					close(parent_fd);
+					r = pin_fail(e, field, rel, err);
+					goto out;
+				}
+				fd = open_dir_beneath(root_fd, prefix);
+			}
+			e = errno;
+			close(parent_fd);
+			parent_fd = -1;
+			if (fd < 0) {
+				r = pin_fail(e, field, rel, err);
+				goto out;
+			}
+			if (!slash)
+				break;
+			p = slash + 1;
+			parent_fd = fd;
+		}
+		if (fd < 0) {
+			r = pin_fail(errno, field, rel, err);
+			goto out;
+		}
+	}
+	if (fd < 0) {
+		r = pin_fail(errno, field, rel, err);
+		goto out;
+	}
+	if (fstatat(fd, last, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)) {
+		r = eng_fail(err, -EPERM, "%s: '%s' is a symlink (refused)", field, rel);
+		goto out;
+	}
+	snprintf(ret->path, sizeof(ret->path), "/proc/self/fd/%d/%s", fd, last);
+	if (last != norm)
+		snprintf(ret->shown, sizeof(ret->shown), "%s", norm);  /* the parent */
+done:
+	ret->fd = fd;
+	fd = -1;
+	r = 0;
+out:
+	if (fd >= 0)
+		close(fd);
+	close(root_fd);
+	free(norm);
+	return r;
+}
+
+void paths_pin_fix_message(const struct paths_pin *p, struct eng_error *err)
+{
+	char prefix[48], out[sizeof(err->msg)], *hit;
+	size_t n;
+
+	if (p->fd < 0)
+		return;
+	n = (size_t)snprintf(prefix, sizeof(prefix), "/proc/self/fd/%d", p->fd);
+	hit = strstr(err->msg, prefix);
+	if (!hit)
+		return;
+	if ((size_t)snprintf(out, sizeof(out), "%.*s<root>%s%s%s", (int)(hit - err->msg),
+			     err->msg, p->shown[0] ? "/" : "", p->shown, hit + n) >= sizeof(out))
+		return;  /* would not fit: keep the message as it is */
+	memcpy(err->msg, out, sizeof(out));
 }

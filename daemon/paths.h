@@ -19,6 +19,37 @@
 int path_confine(const char *root_real, const char *rel, const char *field,
 		 bool must_exist, char **ret_abs, struct eng_error *err);
 
+/* A location pinned beneath a root: `fd` is an O_PATH descriptor of a
+ * directory that the kernel resolved beneath the root (openat2 with
+ * RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS: no "..", no absolute symlink,
+ * no symlink leading out), and `path` names the target through that
+ * descriptor ("/proc/self/fd/7/name" or "/proc/self/fd/7"). Code that
+ * takes paths (the checkpoint writer, the model loader) opens everything
+ * through the pinned directory, so renaming or swapping a component for a
+ * symlink after the check cannot redirect it out of the root. */
+struct paths_pin {
+	int fd;                 /* -1: none */
+	char path[64 + 256];
+	char shown[512];        /* the relative path, for messages */
+};
+
+enum paths_pin_mode {
+	PIN_DIR,                /* `rel` is an existing directory: pin it */
+	PIN_PARENT_CREATE,      /* pin rel's parent (created as needed); rel's
+				 * last component is a name inside it that
+				 * must not be a symlink */
+};
+
+/* Refusals as path_confine (-EPERM naming `field`), -ENOENT for a missing
+ * PIN_DIR target, -ENOTDIR when a component is not a directory. On
+ * success fill *ret (release with paths_unpin). */
+int paths_pin(const char *root_real, const char *rel, const char *field,
+	      enum paths_pin_mode mode, struct paths_pin *ret, struct eng_error *err);
+void paths_unpin(struct paths_pin *p);
+/* Replace "/proc/self/fd/N" in err->msg by the relative path (messages of
+ * code that was handed p->path). */
+void paths_pin_fix_message(const struct paths_pin *p, struct eng_error *err);
+
 /* Create `dir` (and parents) if missing, then return its realpath
  * (malloc'ed) in *ret. */
 int paths_prepare_root(const char *dir, char **ret, struct eng_error *err);

@@ -49,35 +49,56 @@ struct rpc_server;
 struct rpc_call;
 
 struct rpc_server_config {
-	const char *listen;            /* "127.0.0.1:50051", "unix:/path" */
+	const char *const *listen;     /* "127.0.0.1:50051", "unix:/path" */
+	int n_listen;
 	int64_t max_recv_bytes;        /* request size limit */
 	int64_t max_send_bytes;        /* reply / stream message size limit */
 	int pollers;                   /* completion-queue threads, >= 1 */
 	int max_concurrent_streams;
+	int64_t default_deadline_ms;   /* for calls without one; 0: none */
+	/* TLS on every TCP address when cert and key are set (unix sockets
+	 * stay plaintext: their file mode guards them). PEM text, copied. */
+	const char *tls_cert;
+	const char *tls_key;
+	const char *tls_client_ca;     /* mutual TLS */
+	bool tls_require_client_cert;  /* with client_ca: refuse clients without */
 };
 
 /* Registered method paths ("/engined.v1.TrainingEngine/GetStatus"), index
- * = method id passed to on_call. A call to any other path is answered
- * UNIMPLEMENTED by this module. */
+ * = method id passed to on_call. A call to any other path reaches on_call
+ * with method -1, no message, and must be answered (UNIMPLEMENTED, or
+ * UNAUTHENTICATED first). */
 struct rpc_method_reg {
 	const char *path;
 	bool server_streaming;
+	bool client_streaming;         /* messages come through rpc_recv_next */
 };
 
 /* Delivered on a poller thread: `req` (len bytes) is the request message,
  * borrowed for the duration of the callback; has_message is false when the
- * client sent none. The callee owns `call` from here on. */
+ * client sent none (always for client-streaming methods). The callee owns
+ * `call` from here on. */
 typedef void (*rpc_on_call_fn)(void *ctx, struct rpc_call *call, int method,
 			       const uint8_t *req, size_t len, bool has_message);
 
-/* Create the server, bind, start `cfg->pollers` threads. On failure writes
- * a message into errbuf and returns a negative errno; *ret untouched. */
+/* Create the server, bind every address, start `cfg->pollers` threads. On
+ * failure writes a message into errbuf and returns a negative errno; *ret
+ * untouched. */
 int rpc_server_start(const struct rpc_server_config *cfg,
 		     const struct rpc_method_reg *methods, int n_methods,
 		     rpc_on_call_fn on_call, void *ctx,
 		     struct rpc_server **ret, char *errbuf, size_t errlen);
-/* Port actually bound (TCP), 0 for unix sockets. */
+/* Port bound for listen address i (TCP), 0 for unix sockets. */
+int rpc_server_port_of(const struct rpc_server *s, int i);
+/* The first TCP port bound, 0 when there is none. */
 int rpc_server_port(const struct rpc_server *s);
+/* New TLS certificates (PEM text, copied) for handshakes from now on;
+ * connections already made keep theirs, so calls in progress go on.
+ * -EINVAL when the server was started without TLS. */
+int rpc_server_set_tls(struct rpc_server *s, const char *cert, const char *key,
+		       const char *client_ca);
+/* Bytes of stream messages handed to gRPC since the start. */
+int64_t rpc_server_bytes_streamed(const struct rpc_server *s);
 /* Stop accepting calls (new ones get UNAVAILABLE from gRPC); calls in
  * progress continue. Idempotent. */
 void rpc_server_shutdown(struct rpc_server *s);
@@ -111,11 +132,28 @@ int rpc_stream_wait(struct rpc_call *c);
 
 /* True once the client cancelled, the deadline passed or the peer left. */
 bool rpc_call_cancelled(struct rpc_call *c);
+/* Client streaming: ask for the next message. `fn` runs once on a poller
+ * thread with it (borrowed for the callback), or with end = true when the
+ * client has half-closed or the call is over. It is delivered only once no
+ * stream send is in flight, so `fn` may rpc_stream_send a reply (never
+ * wait for it there: it would block the poller). Returns 0, or -EBUSY when
+ * a receive is already pending. */
+typedef void (*rpc_recv_fn)(void *user, struct rpc_call *c, const uint8_t *msg,
+			    size_t len, bool end);
+int rpc_recv_next(struct rpc_call *c, rpc_recv_fn fn, void *user);
+
 /* "ipv4:127.0.0.1:40000"; valid while the call is owned. */
 const char *rpc_call_peer(const struct rpc_call *c);
 /* Method path, as registered (or as requested for unknown methods). */
 const char *rpc_call_method(const struct rpc_call *c);
+/* Value of the `authorization` header, NULL when absent. */
+const char *rpc_call_authorization(const struct rpc_call *c);
+/* Common name of a verified TLS client certificate, NULL without one. */
+const char *rpc_call_cert_identity(const struct rpc_call *c);
 /* Monotonic seconds since the call arrived. */
 double rpc_call_elapsed(const struct rpc_call *c);
+/* True once the call's deadline (the client's, else the server default)
+ * has passed. */
+bool rpc_call_expired(const struct rpc_call *c);
 
 #endif

@@ -10,6 +10,11 @@
  * Several poller threads may see events of one call at once, and the
  * engine thread sends on streams: every field of a call is under its lock,
  * and start_batch is only called with that lock held.
+ *
+ * TLS: each TCP address gets its own credentials with a certificate-config
+ * fetcher (gRPC calls it at every handshake); rpc_server_set_tls bumps a
+ * generation and each listener's fetcher hands gRPC the new config once.
+ * Established connections keep their session, so running calls go on.
  */
 #include "rpc.h"
 
@@ -26,6 +31,7 @@
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
 #include <grpc/support/alloc.h>
+#include <grpc/support/string_util.h>
 #include <grpc/support/time.h>
 
 #include "log.h"
@@ -33,12 +39,15 @@
 #define SLOTS_PER_METHOD 4
 #define GENERIC_SLOTS 2
 #define MAX_POLLERS 8
+#define MAX_LISTEN 8
+#define AUTHZ_MAX 4096
 
 enum tag_kind {
 	TAG_ACCEPT,        /* obj: struct accept_slot (registered method) */
 	TAG_ACCEPT_GENERIC,/* obj: struct accept_slot (any other method) */
 	TAG_CLOSE,         /* obj: struct rpc_call */
 	TAG_SEND,          /* obj: struct rpc_call, one stream message */
+	TAG_RECV,          /* obj: struct rpc_call, one client message */
 	TAG_FINISH,        /* obj: struct rpc_call, the status batch */
 	TAG_SHUTDOWN,      /* obj: struct rpc_server */
 };
@@ -65,7 +74,10 @@ struct rpc_call {
 	int method;
 	char *method_path;          /* malloc'ed */
 	char *peer;                 /* gpr_malloc'ed */
+	char *authz;                /* `authorization` header, malloc'ed or NULL */
+	char *cert_ident;           /* verified client certificate CN or NULL */
 	struct timespec t0;
+	gpr_timespec deadline;      /* GPR_CLOCK_MONOTONIC; infinite: none */
 
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
@@ -80,7 +92,18 @@ struct rpc_call {
 	grpc_byte_buffer *reply_bb;
 	grpc_slice status_details;
 	bool has_status_details;
-	struct tag close_tag, send_tag, finish_tag;
+	/* client streaming */
+	rpc_recv_fn recv_fn;
+	void *recv_user;
+	bool recv_wanted;           /* asked for, posted once no send is in flight */
+	bool recv_pending;          /* RECV_MESSAGE batch in flight */
+	grpc_byte_buffer *recv_bb;
+	struct tag close_tag, send_tag, finish_tag, recv_tag;
+};
+
+struct tls_listener {
+	struct rpc_server *srv;
+	unsigned gen_seen;          /* tls_lock */
 };
 
 struct rpc_server {
@@ -91,7 +114,10 @@ struct rpc_server {
 	void **method_handles;
 	rpc_on_call_fn on_call;
 	void *ctx;
-	int port;
+	int ports[MAX_LISTEN];
+	int n_listen;
+	int64_t default_deadline_ms;
+	int64_t bytes_streamed;     /* atomic */
 	int n_pollers;
 	pthread_t pollers[MAX_POLLERS];
 
@@ -103,6 +129,13 @@ struct rpc_server {
 	struct tag shutdown_tag;
 	struct accept_slot *slots;  /* n_methods * SLOTS_PER_METHOD + GENERIC_SLOTS */
 	int n_slots;
+
+	/* TLS (tls_on: TCP addresses use it) */
+	bool tls_on;
+	pthread_mutex_t tls_lock;
+	unsigned tls_gen;           /* tls_lock: bumped by each new config */
+	char *tls_cert, *tls_key, *tls_ca;  /* tls_lock, malloc'ed */
+	struct tls_listener listeners[MAX_LISTEN];
 };
 
 static const char *const code_names[] = {
@@ -134,7 +167,9 @@ static int slot_post(struct accept_slot *s)
 		s->tag.kind = TAG_ACCEPT;
 		e = grpc_server_request_registered_call(srv->server,
 				srv->method_handles[s->method], &s->call, &s->deadline,
-				&s->md, &s->payload, srv->cq, srv->cq, &s->tag);
+				&s->md,
+				srv->methods[s->method].client_streaming ? NULL : &s->payload,
+				srv->cq, srv->cq, &s->tag);
 	} else {
 		s->tag.kind = TAG_ACCEPT_GENERIC;
 		grpc_call_details_init(&s->details);
@@ -171,7 +206,11 @@ static void call_free(struct rpc_call *c)
 		grpc_byte_buffer_destroy(c->send_bb);
 	if (c->reply_bb)
 		grpc_byte_buffer_destroy(c->reply_bb);
+	if (c->recv_bb)
+		grpc_byte_buffer_destroy(c->recv_bb);
 	gpr_free(c->peer);
+	free(c->authz);
+	free(c->cert_ident);
 	free(c->method_path);
 	pthread_cond_destroy(&c->cond);
 	pthread_mutex_destroy(&c->lock);
@@ -193,6 +232,56 @@ static void call_unref_locked_release(struct rpc_call *c)
 		call_free(c);
 }
 
+/* The `authorization` value (bounded copy) and the deadline of a new call. */
+static int call_take_request_info(struct rpc_call *c, const grpc_metadata_array *md,
+				  gpr_timespec deadline)
+{
+	for (size_t i = 0; i < md->count; i++) {
+		const grpc_slice k = md->metadata[i].key, v = md->metadata[i].value;
+		size_t n = GRPC_SLICE_LENGTH(v);
+
+		if (GRPC_SLICE_LENGTH(k) != 13 ||
+		    memcmp(GRPC_SLICE_START_PTR(k), "authorization", 13) != 0)
+			continue;
+		if (n > AUTHZ_MAX || c->authz)
+			break;  /* oversize or repeated: treated as absent */
+		c->authz = strndup((const char *)GRPC_SLICE_START_PTR(v), n);
+		if (!c->authz)
+			return -ENOMEM;
+		if (strlen(c->authz) != n) {
+			/* An embedded NUL: never a valid token. */
+			free(c->authz);
+			c->authz = NULL;
+		}
+	}
+	if (gpr_time_cmp(deadline, gpr_inf_future(deadline.clock_type)) != 0)
+		c->deadline = gpr_convert_clock_type(deadline, GPR_CLOCK_MONOTONIC);
+	else if (c->srv->default_deadline_ms > 0)
+		c->deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+				gpr_time_from_millis(c->srv->default_deadline_ms, GPR_TIMESPAN));
+	return 0;
+}
+
+/* CN of a verified client certificate (mutual TLS), else NULL. */
+static char *call_cert_identity(grpc_call *gc)
+{
+	grpc_auth_context *ctx = grpc_call_auth_context(gc);
+	grpc_auth_property_iterator it;
+	const grpc_auth_property *p;
+	char *out = NULL;
+
+	if (!ctx)
+		return NULL;
+	if (grpc_auth_context_peer_is_authenticated(ctx)) {
+		it = grpc_auth_context_find_properties_by_name(ctx, GRPC_X509_CN_PROPERTY_NAME);
+		p = grpc_auth_property_iterator_next(&it);
+		if (p && p->value_length > 0 && p->value_length < 256)
+			out = strndup(p->value, p->value_length);
+	}
+	grpc_auth_context_release(ctx);
+	return out;
+}
+
 static struct rpc_call *call_new(struct rpc_server *srv, grpc_call *gc,
 				 int method, const char *path, size_t path_len)
 {
@@ -200,6 +289,7 @@ static struct rpc_call *call_new(struct rpc_server *srv, grpc_call *gc,
 
 	if (!c)
 		return NULL;
+	c->deadline = gpr_inf_future(GPR_CLOCK_MONOTONIC);
 	c->method_path = strndup(path, path_len);
 	if (!c->method_path) {
 		free(c);
@@ -215,6 +305,9 @@ static struct rpc_call *call_new(struct rpc_server *srv, grpc_call *gc,
 	c->close_tag = (struct tag){ TAG_CLOSE, c };
 	c->send_tag = (struct tag){ TAG_SEND, c };
 	c->finish_tag = (struct tag){ TAG_FINISH, c };
+	c->recv_tag = (struct tag){ TAG_RECV, c };
+	if (srv->tls_on)
+		c->cert_ident = call_cert_identity(gc);
 	pthread_mutex_lock(&srv->lock);
 	srv->live_calls++;
 	pthread_mutex_unlock(&srv->lock);
@@ -285,7 +378,9 @@ static void on_accept(struct rpc_server *srv, struct accept_slot *s)
 	int r = 0;
 
 	c = call_new(srv, s->call, s->method, m->path, strlen(m->path));
-	if (c && has_msg)
+	if (c)
+		r = call_take_request_info(c, &s->md, s->deadline);
+	if (c && r == 0 && has_msg)
 		r = read_payload(s->payload, &buf, &len);
 	if (!c || r < 0) {
 		grpc_call_cancel_with_status(s->call, GRPC_STATUS_RESOURCE_EXHAUSTED,
@@ -316,46 +411,128 @@ static void on_accept(struct rpc_server *srv, struct accept_slot *s)
 	free(buf);
 }
 
-/* A method nobody registered: UNIMPLEMENTED at once. */
+/* A method nobody registered: the owner answers it (UNIMPLEMENTED, or
+ * UNAUTHENTICATED to a caller without a valid token). */
 static void on_accept_generic(struct rpc_server *srv, struct accept_slot *s)
 {
 	struct rpc_call *c;
 	grpc_call *gc = s->call;
-	grpc_op ops[2];
 	const char *path = (const char *)GRPC_SLICE_START_PTR(s->details.method);
 	size_t path_len = GRPC_SLICE_LENGTH(s->details.method);
-	char msg[300];
 
 	c = call_new(srv, gc, -1, path, path_len);
+	if (c && call_take_request_info(c, &s->md, s->details.deadline) < 0) {
+		grpc_call_cancel_with_status(gc, GRPC_STATUS_RESOURCE_EXHAUSTED,
+					     "out of memory", NULL);
+		call_free(c);  /* unrefs gc */
+		slot_reset(s);
+		pthread_mutex_lock(&srv->lock);
+		if (!srv->shutting_down)
+			(void)slot_post(s);
+		pthread_mutex_unlock(&srv->lock);
+		return;
+	}
 	slot_reset(s);
 	pthread_mutex_lock(&srv->lock);
 	if (!srv->shutting_down)
 		(void)slot_post(s);
 	pthread_mutex_unlock(&srv->lock);
 	if (!c) {
-		grpc_call_cancel_with_status(gc, GRPC_STATUS_UNIMPLEMENTED,
-					     "unknown method", NULL);
+		grpc_call_cancel_with_status(gc, GRPC_STATUS_RESOURCE_EXHAUSTED,
+					     "out of memory", NULL);
 		grpc_call_unref(gc);
 		return;
 	}
-	snprintf(msg, sizeof(msg), "unknown method %s", c->method_path);
-	c->status_details = grpc_slice_from_copied_string(msg);
-	c->has_status_details = true;
-	c->finished = true;
-	memset(ops, 0, sizeof(ops));
-	ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-	ops[1].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-	ops[1].data.send_status_from_server.status = GRPC_STATUS_UNIMPLEMENTED;
-	ops[1].data.send_status_from_server.status_details = &c->status_details;
-	c->refs = 1;
+	c->refs = 2;  /* owner + close batch */
 	pthread_mutex_lock(&c->lock);
-	if (call_post_close(c, ops, 2) < 0) {
-		call_unref_locked_release(c);
-		return;
+	if (call_post_close(c, NULL, 0) < 0)
+		c->refs--;
+	pthread_mutex_unlock(&c->lock);
+	srv->on_call(srv->ctx, c, -1, NULL, 0, false);
+}
+
+/* Post RECV_MESSAGE; called with c->lock held. Returns false when the
+ * batch could not be started (the caller then delivers the end). */
+static bool post_recv_locked(struct rpc_call *c)
+{
+	grpc_op op;
+
+	c->recv_wanted = false;
+	if (c->closed)
+		return false;
+	memset(&op, 0, sizeof(op));
+	op.op = GRPC_OP_RECV_MESSAGE;
+	op.data.recv_message.recv_message = &c->recv_bb;
+	c->refs++;
+	c->recv_pending = true;
+	if (grpc_call_start_batch(c->call, &op, 1, &c->recv_tag, NULL) != GRPC_CALL_OK) {
+		log_msg(LOG_LVL_ERROR, "rpc: %s: start_batch(recv) failed", c->method_path);
+		c->refs--;
+		c->recv_pending = false;
+		return false;
+	}
+	return true;
+}
+
+/* Deliver the end of the client's messages; takes its own reference. */
+static void deliver_end_locked_release(struct rpc_call *c)
+{
+	rpc_recv_fn fn = c->recv_fn;
+	void *user = c->recv_user;
+
+	c->refs++;
+	pthread_mutex_unlock(&c->lock);
+	fn(user, c, NULL, 0, true);
+	pthread_mutex_lock(&c->lock);
+	call_unref_locked_release(c);
+}
+
+static void on_recv(struct rpc_call *c, bool success)
+{
+	grpc_byte_buffer *bb;
+	rpc_recv_fn fn;
+	void *user;
+	uint8_t *buf = NULL;
+	size_t len = 0;
+	bool end;
+
+	pthread_mutex_lock(&c->lock);
+	c->recv_pending = false;
+	bb = c->recv_bb;
+	c->recv_bb = NULL;
+	fn = c->recv_fn;
+	user = c->recv_user;
+	pthread_mutex_unlock(&c->lock);
+	/* The batch's reference keeps c alive through the callback. */
+	end = !success || !bb || read_payload(bb, &buf, &len) < 0;
+	if (bb)
+		grpc_byte_buffer_destroy(bb);
+	fn(user, c, end ? NULL : buf, end ? 0 : len, end);
+	free(buf);
+	pthread_mutex_lock(&c->lock);
+	call_unref_locked_release(c);
+}
+
+int rpc_recv_next(struct rpc_call *c, rpc_recv_fn fn, void *user)
+{
+	pthread_mutex_lock(&c->lock);
+	if (c->recv_pending || c->recv_wanted) {
+		pthread_mutex_unlock(&c->lock);
+		return -EBUSY;
+	}
+	c->recv_fn = fn;
+	c->recv_user = user;
+	if (c->send_pending && !c->closed) {
+		c->recv_wanted = true;  /* posted by the send's completion */
+		pthread_mutex_unlock(&c->lock);
+		return 0;
+	}
+	if (!post_recv_locked(c)) {
+		deliver_end_locked_release(c);
+		return 0;
 	}
 	pthread_mutex_unlock(&c->lock);
-	log_msg(LOG_LVL_INFO, "rpc %s peer=%s status=UNIMPLEMENTED", c->method_path,
-		c->peer ? c->peer : "?");
+	return 0;
 }
 
 /* --- pollers ------------------------------------------------------------- */
@@ -400,7 +577,14 @@ static void handle_event(struct rpc_server *srv, grpc_event ev)
 			c->send_bb = NULL;
 		}
 		pthread_cond_broadcast(&c->cond);
+		if (c->recv_wanted && !post_recv_locked(c)) {
+			deliver_end_locked_release(c);
+			pthread_mutex_lock(&c->lock);
+		}
 		call_unref_locked_release(c);
+		return;
+	case TAG_RECV:
+		on_recv(t->obj, ev.success);
 		return;
 	case TAG_FINISH:
 		c = t->obj;
@@ -436,6 +620,99 @@ static void *poller_main(void *arg)
 	return NULL;
 }
 
+/* --- TLS ----------------------------------------------------------------- */
+
+static grpc_ssl_certificate_config_reload_status fetch_tls_config(
+		void *user, grpc_ssl_server_certificate_config **config)
+{
+	struct tls_listener *l = user;
+	struct rpc_server *srv = l->srv;
+	grpc_ssl_pem_key_cert_pair pair;
+	grpc_ssl_certificate_config_reload_status st = GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_UNCHANGED;
+
+	pthread_mutex_lock(&srv->tls_lock);
+	if (l->gen_seen != srv->tls_gen) {
+		pair.private_key = srv->tls_key;
+		pair.cert_chain = srv->tls_cert;
+		/* Copies the strings; gRPC owns the config from here. gRPC 1.51
+		 * asserts non-NULL roots on this path even when no client
+		 * certificate is requested: the server's own chain stands in
+		 * (unused: the credentials never ask for a client certificate). */
+		*config = grpc_ssl_server_certificate_config_create(
+				srv->tls_ca ? srv->tls_ca : srv->tls_cert, &pair, 1);
+		if (*config) {
+			l->gen_seen = srv->tls_gen;
+			st = GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_NEW;
+		} else {
+			st = GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_FAIL;
+		}
+	}
+	pthread_mutex_unlock(&srv->tls_lock);
+	return st;
+}
+
+static void wipe_free(char *s)
+{
+	if (s) {
+		explicit_bzero(s, strlen(s));
+		free(s);
+	}
+}
+
+int rpc_server_set_tls(struct rpc_server *s, const char *cert, const char *key,
+		       const char *client_ca)
+{
+	char *c2, *k2, *ca2 = NULL;
+
+	if (!s->tls_on || !cert || !key)
+		return -EINVAL;
+	c2 = strdup(cert);
+	k2 = strdup(key);
+	if (client_ca)
+		ca2 = strdup(client_ca);
+	if (!c2 || !k2 || (client_ca && !ca2)) {
+		free(c2);
+		wipe_free(k2);
+		free(ca2);
+		return -ENOMEM;
+	}
+	pthread_mutex_lock(&s->tls_lock);
+	free(s->tls_cert);
+	wipe_free(s->tls_key);
+	free(s->tls_ca);
+	s->tls_cert = c2;
+	s->tls_key = k2;
+	s->tls_ca = ca2;
+	s->tls_gen++;
+	pthread_mutex_unlock(&s->tls_lock);
+	return 0;
+}
+
+static grpc_server_credentials *tls_creds(struct rpc_server *srv, int listener,
+					  const struct rpc_server_config *cfg)
+{
+	grpc_ssl_client_certificate_request_type req = GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
+	grpc_ssl_server_credentials_options *o;
+	struct tls_listener *l = &srv->listeners[listener];
+
+	if (cfg->tls_client_ca)
+		req = cfg->tls_require_client_cert ?
+		      GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY :
+		      GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY;
+	l->srv = srv;
+	l->gen_seen = 0;
+	o = grpc_ssl_server_credentials_create_options_using_config_fetcher(req,
+			fetch_tls_config, l);
+	if (!o)
+		return NULL;
+	return grpc_ssl_server_credentials_create_with_options(o);
+}
+
+static bool addr_is_unix(const char *a)
+{
+	return strncmp(a, "unix:", 5) == 0 || strncmp(a, "unix-abstract:", 14) == 0;
+}
+
 /* --- server -------------------------------------------------------------- */
 
 int rpc_server_start(const struct rpc_server_config *cfg,
@@ -452,8 +729,25 @@ int rpc_server_start(const struct rpc_server_config *cfg,
 	srv = calloc(1, sizeof(*srv));
 	if (!srv)
 		return -ENOMEM;
+	if (cfg->n_listen < 1 || cfg->n_listen > MAX_LISTEN) {
+		free(srv);
+		snprintf(errbuf, errlen, "between 1 and %d listen addresses", MAX_LISTEN);
+		return -EINVAL;
+	}
 	srv->methods = methods;
 	srv->n_methods = n_methods;
+	srv->n_listen = cfg->n_listen;
+	srv->default_deadline_ms = cfg->default_deadline_ms;
+	pthread_mutex_init(&srv->tls_lock, NULL);
+	if (cfg->tls_cert && cfg->tls_key) {
+		srv->tls_on = true;
+		if (rpc_server_set_tls(srv, cfg->tls_cert, cfg->tls_key,
+				       cfg->tls_client_ca) < 0) {
+			pthread_mutex_destroy(&srv->tls_lock);
+			free(srv);
+			return -ENOMEM;
+		}
+	}
 	srv->on_call = on_call;
 	srv->ctx = ctx;
 	srv->n_pollers = cfg->pollers < 1 ? 1 :
@@ -464,6 +758,10 @@ int rpc_server_start(const struct rpc_server_config *cfg,
 	if (!srv->slots || !srv->method_handles) {
 		free(srv->slots);
 		free(srv->method_handles);
+		free(srv->tls_cert);
+		wipe_free(srv->tls_key);
+		free(srv->tls_ca);
+		pthread_mutex_destroy(&srv->tls_lock);
 		free(srv);
 		return -ENOMEM;
 	}
@@ -499,6 +797,7 @@ int rpc_server_start(const struct rpc_server_config *cfg,
 	for (i = 0; i < n_methods; i++) {
 		srv->method_handles[i] = grpc_server_register_method(srv->server,
 				methods[i].path, NULL,
+				methods[i].client_streaming ? GRPC_SRM_PAYLOAD_NONE :
 				GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
 		if (!srv->method_handles[i]) {
 			snprintf(errbuf, errlen, "cannot register method %s",
@@ -506,16 +805,27 @@ int rpc_server_start(const struct rpc_server_config *cfg,
 			goto fail;
 		}
 	}
-	creds = grpc_insecure_server_credentials_create();
-	srv->port = grpc_server_add_http2_port(srv->server, cfg->listen, creds);
-	grpc_server_credentials_release(creds);
-	if (srv->port == 0) {
-		snprintf(errbuf, errlen, "cannot listen on %s", cfg->listen);
-		goto fail;
+	for (i = 0; i < cfg->n_listen; i++) {
+		const char *a = cfg->listen[i];
+		bool unix_sock = addr_is_unix(a);
+
+		creds = srv->tls_on && !unix_sock ? tls_creds(srv, i, cfg) :
+			grpc_insecure_server_credentials_create();
+		if (!creds) {
+			snprintf(errbuf, errlen, "cannot create the TLS credentials for %s", a);
+			goto fail;
+		}
+		srv->ports[i] = grpc_server_add_http2_port(srv->server, a, creds);
+		grpc_server_credentials_release(creds);
+		if (srv->ports[i] == 0) {
+			snprintf(errbuf, errlen, "cannot listen on %s%s", a,
+				 srv->tls_on && !unix_sock ?
+				 " (or the TLS certificate/key were refused)" : "");
+			goto fail;
+		}
+		if (unix_sock)
+			srv->ports[i] = 0;
 	}
-	if (strncmp(cfg->listen, "unix:", 5) == 0 ||
-	    strncmp(cfg->listen, "unix-abstract:", 14) == 0)
-		srv->port = 0;
 	grpc_server_start(srv->server);
 
 	k = 0;
@@ -566,13 +876,30 @@ fail:
 	grpc_shutdown();
 	free(srv->slots);
 	free(srv->method_handles);
+	free(srv->tls_cert);
+	wipe_free(srv->tls_key);
+	free(srv->tls_ca);
+	pthread_mutex_destroy(&srv->tls_lock);
 	free(srv);
 	return -EADDRINUSE;
 }
 
+int rpc_server_port_of(const struct rpc_server *s, int i)
+{
+	return i >= 0 && i < s->n_listen ? s->ports[i] : 0;
+}
+
 int rpc_server_port(const struct rpc_server *s)
 {
-	return s->port;
+	for (int i = 0; i < s->n_listen; i++)
+		if (s->ports[i] > 0)
+			return s->ports[i];
+	return 0;
+}
+
+int64_t rpc_server_bytes_streamed(const struct rpc_server *s)
+{
+	return __atomic_load_n(&s->bytes_streamed, __ATOMIC_RELAXED);
 }
 
 void rpc_server_shutdown(struct rpc_server *s)
@@ -637,6 +964,10 @@ void rpc_server_destroy(struct rpc_server *s, int grace_ms)
 	pthread_mutex_destroy(&s->lock);
 	free(s->slots);
 	free(s->method_handles);
+	free(s->tls_cert);
+	wipe_free(s->tls_key);
+	free(s->tls_ca);
+	pthread_mutex_destroy(&s->tls_lock);
 	free(s);
 }
 
@@ -760,8 +1091,11 @@ int rpc_stream_send(struct rpc_call *c, const struct rpc_piece *pieces, int n)
 								     pieces[i].len);
 	}
 	bb = grpc_raw_byte_buffer_create(slices, (size_t)ns);
-	for (int i = 0; i < ns; i++)
+	for (int i = 0; i < ns; i++) {
+		__atomic_add_fetch(&c->srv->bytes_streamed, (int64_t)GRPC_SLICE_LENGTH(slices[i]),
+				   __ATOMIC_RELAXED);
 		grpc_slice_unref(slices[i]);
+	}
 	if (slices != stack_slices)
 		free(slices);
 
@@ -825,6 +1159,21 @@ const char *rpc_call_peer(const struct rpc_call *c)
 const char *rpc_call_method(const struct rpc_call *c)
 {
 	return c->method_path;
+}
+
+const char *rpc_call_authorization(const struct rpc_call *c)
+{
+	return c->authz;
+}
+
+const char *rpc_call_cert_identity(const struct rpc_call *c)
+{
+	return c->cert_ident;
+}
+
+bool rpc_call_expired(const struct rpc_call *c)
+{
+	return gpr_time_cmp(gpr_now(GPR_CLOCK_MONOTONIC), c->deadline) >= 0;
 }
 
 double rpc_call_elapsed(const struct rpc_call *c)

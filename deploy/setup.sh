@@ -25,6 +25,12 @@ packages=(
   python3-grpcio python3-protobuf python3-numpy python3-venv   # Python client, tests
   python3-torch        # the independent torch reference of the tests
   libopenblas0-pthread # a real BLAS under Debian's torch (the benchmark's peer)
+  libinih-dev          # engined's INI configuration file
+  libsystemd-dev       # sd_notify: READY/WATCHDOG/STATUS/STOPPING for the Type=notify unit
+  libmicrohttpd-dev    # the Prometheus metrics endpoint
+  libssl-dev           # OpenSSL: TLS files checked (key matches cert) before gRPC uses them
+  openssl              # the TLS tests make their certificates with it
+  systemd              # systemd-analyze verify / sysusers / tmpfiles on the unit files in tests
 )
 
 missing=()

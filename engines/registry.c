@@ -1,23 +1,39 @@
 /* registry.c — engines by (model_type, backend, device).
  *
  * A static table: each engine implementation exports its ops and is listed
- * here once per device it supports. Devices that were not built register
- * nothing (their ops symbols come from a stub that is absent from the table
- * — see engines/device/device_table.c), so lookups of their keys fail with
- * the list of what is registered. */
+ * here once per device it supports; the key's device is the entry's. The
+ * native engine is device-independent (it opens cfg->device), so one ops
+ * table serves every device. An entry whose device was not built into this
+ * binary is skipped (device_find() returns NULL for it: the CUDA device's
+ * ops come from a stub with a NULL name when nvcc was not found — see
+ * engines/device/device_table.c), so lookups of its keys fail with the list
+ * of what is registered, and no caller #ifdefs anything. */
 #include "engine.h"
+#include "device/device.h"
 #include "native/native_engine.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
-static const struct engine_ops *const registry[] = {
-	&native_lm_cpu_ops,
-	&native_value_cpu_ops,
+struct registry_entry {
+	const struct engine_ops *ops;
+	const char *device;
+};
+
+static const struct registry_entry registry[] = {
+	{ &native_lm_cpu_ops, "cpu" },
+	{ &native_value_cpu_ops, "cpu" },
+	{ &native_lm_cpu_ops, "cuda" },
+	{ &native_value_cpu_ops, "cuda" },
 };
 
 #define REGISTRY_LEN (sizeof(registry) / sizeof(registry[0]))
+
+static bool entry_built(const struct registry_entry *r)
+{
+	return device_find(r->device) != NULL;
+}
 
 static char keys[512];
 static pthread_once_t keys_once = PTHREAD_ONCE_INIT;
@@ -27,8 +43,11 @@ static void build_keys(void)
 	for (size_t i = 0; i < REGISTRY_LEN; i++) {
 		size_t len = strlen(keys);
 
-		snprintf(keys + len, sizeof(keys) - len, "%s(%s, %s, %s)", i ? ", " : "",
-			 registry[i]->model_type, registry[i]->backend, registry[i]->device);
+		if (!entry_built(&registry[i]))
+			continue;
+		snprintf(keys + len, sizeof(keys) - len, "%s(%s, %s, %s)", len ? ", " : "",
+			 registry[i].ops->model_type, registry[i].ops->backend,
+			 registry[i].device);
 	}
 }
 
@@ -43,10 +62,10 @@ int engine_registry_lookup(const char *model_type, const char *backend,
 			   struct eng_error *err)
 {
 	for (size_t i = 0; i < REGISTRY_LEN; i++) {
-		const struct engine_ops *o = registry[i];
+		const struct engine_ops *o = registry[i].ops;
 
 		if (!strcmp(o->model_type, model_type) && !strcmp(o->backend, backend) &&
-		    !strcmp(o->device, device)) {
+		    !strcmp(registry[i].device, device) && entry_built(&registry[i])) {
 			*ret = o;
 			return 0;
 		}

@@ -3,7 +3,7 @@
  * The model orchestration (engines/model), the optimizer, checkpointing and
  * batch planning are device-independent; they reach compute only through a
  * `struct device` whose ops are filled by one device implementation
- * (device/cpu today, device/cuda later). A device is found by name with
+ * (device/cpu, device/cuda). A device is found by name with
  * device_open(); devices that were not built are absent from the table,
  * never #ifdef'd in callers.
  *
@@ -223,6 +223,18 @@ struct device {
 	 * parameters (bf16 weights for its matmuls), keyed by pointer, while
 	 * the version is unchanged. */
 	uint64_t param_version;
+	/* Where the parameters live in device memory, declared by the engine
+	 * whenever it binds them (NULL / 0 while they are offloaded). Derived
+	 * copies may be cached only for operands inside this range: gemm
+	 * operands elsewhere (activations) change without a version bump. */
+	const void *param_base;
+	size_t param_bytes;
+	/* NULL while the device works. After an unrecoverable error (a sticky
+	 * CUDA error: illegal address, ECC, ...) the device sets it to the
+	 * error's name (static storage) and every later call fails with -EIO
+	 * (alloc returns NULL): the engine must report itself failed and the
+	 * process restart. The CPU device never sets it. */
+	const char *failed;
 };
 
 /* Devices built into this binary, by name. */
@@ -239,5 +251,8 @@ bool device_alloc_fault(void);
 
 /* The CPU device (always built). */
 extern const struct device_ops cpu_device_ops;
+/* The CUDA device: engines/device/cuda/ when meson finds nvcc, else
+ * engines/device/cuda_stub.c, whose `name` is NULL (device_find skips it). */
+extern const struct device_ops cuda_device_ops;
 
 #endif

@@ -1,10 +1,11 @@
 /* device_table.c — the devices built into this binary, found by name.
  *
  * A static table, not #ifdefs: the CPU device is always built. The CUDA
- * device will add one entry here, `&cuda_device_ops`, declared in device.h
- * and defined either by engines/device/cuda/ (when meson finds nvcc) or by a
- * stub file meson picks otherwise whose `name` is NULL; entries whose name
- * is NULL are skipped, so callers never see a device that was not built.
+ * entry, `&cuda_device_ops` (declared in device.h), is defined either by
+ * engines/device/cuda/ (when meson finds nvcc) or by engines/device/
+ * cuda_stub.c, which meson picks otherwise and whose `name` is NULL;
+ * entries whose name is NULL are skipped, so callers never see a device
+ * that was not built.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -14,7 +15,7 @@
 
 static const struct device_ops *const devices[] = {
 	&cpu_device_ops,
-	/* &cuda_device_ops, — added with engines/device/cuda/ (see above). */
+	&cuda_device_ops,
 };
 
 #define N_DEVICES (sizeof(devices) / sizeof(devices[0]))

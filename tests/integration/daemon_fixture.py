@@ -13,19 +13,27 @@ import time
 
 
 class Daemon:
-    def __init__(self, *extra_args, bin_path=None):
+    """listen: the --listen address (None: none on the command line, e.g.
+    when a config file gives them). env: extra environment variables.
+    tmp: directory to use (default: a new one)."""
+
+    def __init__(self, *extra_args, bin_path=None, listen="127.0.0.1:0", env=None,
+                 tmp=None):
         self.bin = bin_path or os.environ.get("ENGINED_BIN", "build/daemon/engined")
-        self.tmp = tempfile.mkdtemp(prefix="engined-it-")
+        self.tmp = tmp or tempfile.mkdtemp(prefix="engined-it-")
         self.ckpt_root = os.path.join(self.tmp, "checkpoints")
         self.model_root = os.path.join(self.tmp, "models")
         self.port_file = os.path.join(self.tmp, "port")
         self.log_path = os.path.join(self.tmp, "engined.log")
         self.log = open(self.log_path, "wb")
-        args = [self.bin, "--listen", "127.0.0.1:0", "--port-file", self.port_file,
+        args = [self.bin] + (["--listen", listen] if listen else []) + [
+                "--port-file", self.port_file,
                 "--checkpoint-root", self.ckpt_root, "--model-root", self.model_root,
                 "--threads", "2"] + list(extra_args)
+        full_env = dict(os.environ)
+        full_env.update(env or {})
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, env=full_env)
         deadline = time.time() + 20
         while time.time() < deadline:
             if os.path.exists(self.port_file) and open(self.port_file).read().strip():
@@ -36,7 +44,8 @@ class Daemon:
         else:
             self.stop()
             raise RuntimeError("engined did not start:\n" + self.log_text())
-        self.port = int(open(self.port_file).read())
+        self.ports = [int(x) for x in open(self.port_file).read().split()]
+        self.port = self.ports[0]
         self.addr = "127.0.0.1:%d" % self.port
 
     def log_text(self):

@@ -109,22 +109,85 @@ def _loss_spec(loss, options):
     return pb.LossSpec(name=name, options={k: text(v) for k, v in opts.items()})
 
 
+class _AuthInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                       grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds `authorization: Bearer <token>` to every call (works on plaintext
+    loopback channels too, where grpc's call credentials are refused)."""
+
+    def __init__(self, token):
+        self._md = ("authorization", "Bearer " + token)
+
+    def _details(self, d):
+        md = list(d.metadata or []) + [self._md]
+        return d._replace(metadata=md) if hasattr(d, "_replace") else _Details(d, md)
+
+    def intercept_unary_unary(self, cont, d, req):
+        return cont(self._details(d), req)
+
+    def intercept_unary_stream(self, cont, d, req):
+        return cont(self._details(d), req)
+
+    def intercept_stream_unary(self, cont, d, it):
+        return cont(self._details(d), it)
+
+    def intercept_stream_stream(self, cont, d, it):
+        return cont(self._details(d), it)
+
+
+class _Details(grpc.ClientCallDetails):
+    def __init__(self, d, metadata):
+        self.method = d.method
+        self.timeout = d.timeout
+        self.metadata = metadata
+        self.credentials = d.credentials
+        self.wait_for_ready = getattr(d, "wait_for_ready", None)
+        self.compression = getattr(d, "compression", None)
+
+
+def _read(x):
+    if x is None or isinstance(x, bytes):
+        return x
+    with open(x, "rb") as f:
+        return f.read()
+
+
 class EngineClient:
     """A synchronous client. target: "127.0.0.1:50051" or "unix:/path".
-    timeout: default deadline in seconds for each call (None: no deadline)."""
+    timeout: default deadline in seconds for each call (None: no deadline).
+
+    Security (see README "Securing the daemon"):
+      token: bearer token sent as `authorization: Bearer <token>`.
+      root_certificates: CA (PEM bytes or a file path) -> TLS.
+      certificate_chain, private_key: client certificate (mutual TLS).
+      server_name: name to check the server certificate against when it
+        differs from the target's host (tests, IP addresses)."""
 
     def __init__(self, target="127.0.0.1:50051", timeout=None,
-                 max_message_bytes=1 << 30, options=None):
+                 max_message_bytes=1 << 30, options=None, token=None,
+                 root_certificates=None, certificate_chain=None, private_key=None,
+                 server_name=None):
         opts = [("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes)]
+        if server_name:
+            opts.append(("grpc.ssl_target_name_override", server_name))
         opts += list(options or [])
         self.target = target
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(target, options=opts)
+        if root_certificates is not None or certificate_chain is not None:
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=_read(root_certificates),
+                private_key=_read(private_key),
+                certificate_chain=_read(certificate_chain))
+            self.channel = grpc.secure_channel(target, creds, options=opts)
+        else:
+            self.channel = grpc.insecure_channel(target, options=opts)
+        self._raw_channel = self.channel
+        if token:
+            self.channel = grpc.intercept_channel(self.channel, _AuthInterceptor(token))
         self._unary = {}
 
     def close(self):
-        self.channel.close()
+        self._raw_channel.close()
 
     def __enter__(self):
         return self

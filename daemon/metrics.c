@@ -1,0 +1,387 @@
+/* metrics.c — counters and the Prometheus endpoint (see metrics.h). */
+#include "metrics.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <microhttpd.h>
+
+#include "daemon.h"
+#include "log.h"
+
+/* Upper bounds of the latency buckets, seconds (the last is +Inf). */
+static const double bucket_le[METRICS_BUCKETS - 1] = {
+	0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.5, 10, 60,
+};
+
+void metrics_init(struct metrics *m)
+{
+	memset(m, 0, sizeof(*m));
+	pthread_mutex_init(&m->lock, NULL);
+}
+
+void metrics_fini(struct metrics *m)
+{
+	if (m->http) {
+		MHD_stop_daemon(m->http);
+		m->http = NULL;
+	}
+}
+
+void metrics_rpc(struct metrics *m, int method, int code, double seconds)
+{
+	int row = method >= 0 && method < METRICS_METHODS - 1 ? method : METRICS_METHODS - 1;
+	int b = 0;
+
+	if (code < 0 || code >= METRICS_CODES)
+		code = 2;  /* UNKNOWN */
+	while (b < METRICS_BUCKETS - 1 && seconds > bucket_le[b])
+		b++;
+	__atomic_add_fetch(&m->calls[row][code], 1, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&m->micros[row][code], (int64_t)(seconds * 1e6), __ATOMIC_RELAXED);
+	__atomic_add_fetch(&m->hist[row][b], 1, __ATOMIC_RELAXED);
+}
+
+void metrics_forward_backward(struct metrics *m, int64_t tokens, double seconds)
+{
+	pthread_mutex_lock(&m->lock);
+	m->tokens_trained += tokens;
+	m->step_accum += seconds;
+	pthread_mutex_unlock(&m->lock);
+}
+
+void metrics_optimizer_step(struct metrics *m, double seconds, double grad_norm)
+{
+	pthread_mutex_lock(&m->lock);
+	m->optimizer_steps++;
+	m->step_seconds = m->step_accum + seconds;
+	m->step_accum = 0;
+	m->grad_norm = grad_norm;
+	pthread_mutex_unlock(&m->lock);
+}
+
+void metrics_checkpoint_saved(struct metrics *m)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	pthread_mutex_lock(&m->lock);
+	m->checkpoints_saved++;
+	m->last_checkpoint_unix = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+	pthread_mutex_unlock(&m->lock);
+}
+
+/* --- the page ------------------------------------------------------------ */
+
+struct page {
+	char *buf;
+	size_t len, cap;
+	bool oom;
+};
+
+static void put(struct page *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void put(struct page *p, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	if (p->oom)
+		return;
+	for (;;) {
+		va_start(ap, fmt);
+		n = vsnprintf(p->buf + p->len, p->cap - p->len, fmt, ap);
+		va_end(ap);
+		if (n < 0) {
+			p->oom = true;
+			return;
+		}
+		if ((size_t)n < p->cap - p->len) {
+			p->len += (size_t)n;
+			return;
+		}
+		{
+			size_t cap = (p->cap + (size_t)n + 1) * 2;
+			char *nb = realloc(p->buf, cap);
+
+			if (!nb) {
+				p->oom = true;
+				return;
+			}
+			p->buf = nb;
+			p->cap = cap;
+		}
+	}
+}
+
+static const char *const code_label[METRICS_CODES] = {
+	"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+	"NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+	"FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED",
+	"INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
+};
+
+static const char *method_label(int row)
+{
+	return row < daemon_n_methods ? daemon_methods[row].name : "unknown";
+}
+
+static int64_t ld(const int64_t *x)
+{
+	return __atomic_load_n(x, __ATOMIC_RELAXED);
+}
+
+static int64_t rss(void)
+{
+	FILE *f = fopen("/proc/self/statm", "r");
+	long long pages = 0, res = 0;
+
+	if (!f)
+		return 0;
+	if (fscanf(f, "%lld %lld", &pages, &res) != 2)
+		res = 0;
+	fclose(f);
+	return res * sysconf(_SC_PAGESIZE);
+}
+
+static void render(struct daemon *d, struct page *p)
+{
+	struct metrics *m = &d->metrics;
+	struct engine_status st;
+	struct timespec now;
+	int64_t queued, in_flight, tokens, steps, ckpts;
+	double step_s, gnorm, last_ckpt;
+	bool busy;
+	double job_s = daemon_job_seconds(d);
+
+	pthread_mutex_lock(&d->lock);
+	st = d->snap;
+	queued = d->queued;
+	in_flight = d->in_flight;
+	busy = d->busy;
+	pthread_mutex_unlock(&d->lock);
+	pthread_mutex_lock(&m->lock);
+	tokens = m->tokens_trained;
+	steps = m->optimizer_steps;
+	step_s = m->step_seconds;
+	gnorm = m->grad_norm;
+	ckpts = m->checkpoints_saved;
+	last_ckpt = m->last_checkpoint_unix;
+	pthread_mutex_unlock(&m->lock);
+	clock_gettime(CLOCK_MONOTONIC, &now);
+
+	put(p, "# HELP engined_build_info Version of the daemon.\n# TYPE engined_build_info gauge\n"
+	       "engined_build_info{version=\"%s\"} 1\n", ENGINED_VERSION);
+	put(p, "# HELP engined_uptime_seconds Seconds since the daemon started.\n"
+	       "# TYPE engined_uptime_seconds gauge\nengined_uptime_seconds %.3f\n",
+	    (double)(now.tv_sec - d->started.tv_sec) +
+	    (double)(now.tv_nsec - d->started.tv_nsec) * 1e-9);
+
+	put(p, "# HELP engined_rpc_total RPCs finished, by method and status code.\n"
+	       "# TYPE engined_rpc_total counter\n");
+	for (int r = 0; r < METRICS_METHODS; r++)
+		for (int c = 0; c < METRICS_CODES; c++)
+			if (ld(&m->calls[r][c]))
+				put(p, "engined_rpc_total{method=\"%s\",code=\"%s\"} %lld\n",
+				    method_label(r), code_label[c], (long long)ld(&m->calls[r][c]));
+	put(p, "# HELP engined_rpc_duration_seconds_total Time spent in RPCs, by method and status code.\n"
+	       "# TYPE engined_rpc_duration_seconds_total counter\n");
+	for (int r = 0; r < METRICS_METHODS; r++)
+		for (int c = 0; c < METRICS_CODES; c++)
+			if (ld(&m->calls[r][c]))
+				put(p, "engined_rpc_duration_seconds_total{method=\"%s\",code=\"%s\"} %.6f\n",
+				    method_label(r), code_label[c],
+				    (double)ld(&m->micros[r][c]) * 1e-6);
+	put(p, "# HELP engined_rpc_latency_seconds RPC latency, by method.\n"
+	       "# TYPE engined_rpc_latency_seconds histogram\n");
+	for (int r = 0; r < METRICS_METHODS; r++) {
+		int64_t cum = 0, count = 0, micros = 0;
+
+		for (int c = 0; c < METRICS_CODES; c++) {
+			count += ld(&m->calls[r][c]);
+			micros += ld(&m->micros[r][c]);
+		}
+		if (!count)
+			continue;
+		for (int b = 0; b < METRICS_BUCKETS; b++) {
+			cum += ld(&m->hist[r][b]);
+			if (b < METRICS_BUCKETS - 1)
+				put(p, "engined_rpc_latency_seconds_bucket{method=\"%s\",le=\"%g\"} %lld\n",
+				    method_label(r), bucket_le[b], (long long)cum);
+			else
+				put(p, "engined_rpc_latency_seconds_bucket{method=\"%s\",le=\"+Inf\"} %lld\n",
+				    method_label(r), (long long)cum);
+		}
+		put(p, "engined_rpc_latency_seconds_sum{method=\"%s\"} %.6f\n", method_label(r),
+		    (double)micros * 1e-6);
+		put(p, "engined_rpc_latency_seconds_count{method=\"%s\"} %lld\n", method_label(r),
+		    (long long)count);
+	}
+	put(p, "# HELP engined_auth_failures_total Calls refused for a missing or invalid token.\n"
+	       "# TYPE engined_auth_failures_total counter\nengined_auth_failures_total %lld\n",
+	    (long long)ld(&m->auth_failures));
+	put(p, "# HELP engined_stream_bytes_total Bytes of stream messages sent (weights).\n"
+	       "# TYPE engined_stream_bytes_total counter\nengined_stream_bytes_total %lld\n",
+	    (long long)(d->rpc ? rpc_server_bytes_streamed(d->rpc) : 0));
+
+	put(p, "# HELP engined_engine_initialized 1 once Initialize succeeded.\n"
+	       "# TYPE engined_engine_initialized gauge\nengined_engine_initialized %d\n",
+	    st.initialized ? 1 : 0);
+	put(p, "# HELP engined_engine_busy 1 while the engine thread runs a job.\n"
+	       "# TYPE engined_engine_busy gauge\nengined_engine_busy %d\n", busy ? 1 : 0);
+	put(p, "# HELP engined_job_running_seconds How long the running job has run (0: idle).\n"
+	       "# TYPE engined_job_running_seconds gauge\nengined_job_running_seconds %.3f\n",
+	    job_s);
+	put(p, "# HELP engined_queue_depth Engine jobs waiting behind the running one.\n"
+	       "# TYPE engined_queue_depth gauge\nengined_queue_depth %lld\n", (long long)queued);
+	put(p, "# HELP engined_calls_in_flight Engine jobs queued or running.\n"
+	       "# TYPE engined_calls_in_flight gauge\nengined_calls_in_flight %lld\n",
+	    (long long)in_flight);
+	put(p, "# HELP engined_engine_step Optimizer steps of the engine (its state, restored by LoadCheckpoint).\n"
+	       "# TYPE engined_engine_step gauge\nengined_engine_step %lld\n", (long long)st.step);
+	put(p, "# HELP engined_optimizer_steps_total OptimizerStep calls that succeeded.\n"
+	       "# TYPE engined_optimizer_steps_total counter\nengined_optimizer_steps_total %lld\n",
+	    (long long)steps);
+	put(p, "# HELP engined_tokens_trained_total Tokens of training ForwardBackward calls.\n"
+	       "# TYPE engined_tokens_trained_total counter\nengined_tokens_trained_total %lld\n",
+	    (long long)tokens);
+	put(p, "# HELP engined_step_seconds Engine time of the last step: its training ForwardBackward calls plus the OptimizerStep.\n"
+	       "# TYPE engined_step_seconds gauge\nengined_step_seconds %.6f\n", step_s);
+	put(p, "# HELP engined_grad_norm Gradient norm of the last OptimizerStep (before clipping).\n"
+	       "# TYPE engined_grad_norm gauge\nengined_grad_norm %.9g\n", gnorm);
+	put(p, "# HELP engined_lr Learning rate of the next step.\n"
+	       "# TYPE engined_lr gauge\nengined_lr %.9g\n", st.lr);
+	put(p, "# HELP engined_parameters Parameters of the model.\n"
+	       "# TYPE engined_parameters gauge\nengined_parameters %lld\n",
+	    (long long)st.num_parameters);
+	put(p, "# HELP engined_memory_bytes Engine memory in use, by placement.\n"
+	       "# TYPE engined_memory_bytes gauge\n"
+	       "engined_memory_bytes{placement=\"device\"} %llu\n"
+	       "engined_memory_bytes{placement=\"host\"} %llu\n",
+	    (unsigned long long)st.device_memory, (unsigned long long)st.host_memory);
+	put(p, "# HELP engined_resident_memory_bytes Resident set size of the process.\n"
+	       "# TYPE engined_resident_memory_bytes gauge\nengined_resident_memory_bytes %lld\n",
+	    (long long)rss());
+	put(p, "# HELP engined_on_device 1 when the part is on the device (else host).\n"
+	       "# TYPE engined_on_device gauge\n"
+	       "engined_on_device{part=\"model\"} %d\nengined_on_device{part=\"optimizer\"} %d\n"
+	       "engined_on_device{part=\"grad\"} %d\n",
+	    st.placement.model ? 1 : 0, st.placement.optimizer ? 1 : 0, st.placement.grad ? 1 : 0);
+	put(p, "# HELP engined_checkpoints_saved_total Checkpoints saved (SaveCheckpoint, save_on_stop).\n"
+	       "# TYPE engined_checkpoints_saved_total counter\nengined_checkpoints_saved_total %lld\n",
+	    (long long)ckpts);
+	put(p, "# HELP engined_last_checkpoint_timestamp_seconds Unix time of the last checkpoint saved (0: none).\n"
+	       "# TYPE engined_last_checkpoint_timestamp_seconds gauge\n"
+	       "engined_last_checkpoint_timestamp_seconds %.3f\n", last_ckpt);
+}
+
+static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const char *url,
+			       const char *method, const char *version,
+			       const char *upload_data, size_t *upload_data_size, void **con_cls)
+{
+	struct daemon *d = cls;
+	struct MHD_Response *resp;
+	struct page p = { NULL, 0, 0, false };
+	enum MHD_Result ret;
+	unsigned int status = MHD_HTTP_OK;
+	static const char not_found[] = "not found: try /metrics\n";
+	static const char bad_method[] = "GET only\n";
+
+	if (strcmp(method, "GET") && strcmp(method, "HEAD")) {
+		resp = MHD_create_response_from_buffer(sizeof(bad_method) - 1, (void *)bad_method,
+						       MHD_RESPMEM_PERSISTENT);
+		status = MHD_HTTP_METHOD_NOT_ALLOWED;
+	} else if (strcmp(url, "/metrics")) {
+		resp = MHD_create_response_from_buffer(sizeof(not_found) - 1, (void *)not_found,
+						       MHD_RESPMEM_PERSISTENT);
+		status = MHD_HTTP_NOT_FOUND;
+	} else {
+		render(d, &p);
+		if (p.oom) {
+			free(p.buf);
+			return MHD_NO;
+		}
+		resp = MHD_create_response_from_buffer(p.len, p.buf, MHD_RESPMEM_MUST_FREE);
+	}
+	if (!resp) {
+		free(p.buf);
+		return MHD_NO;
+	}
+	MHD_add_response_header(resp, "Content-Type",
+				status == MHD_HTTP_OK ? "text/plain; version=0.0.4; charset=utf-8" :
+				"text/plain; charset=utf-8");
+	ret = MHD_queue_response(conn, status, resp);
+	MHD_destroy_response(resp);
+	return ret;
+}
+
+int metrics_start(struct daemon *d, const char *addr, char *errbuf, size_t errlen)
+{
+	struct metrics *m = &d->metrics;
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	char host[256];
+	const char *colon = strrchr(addr, ':');
+	const union MHD_DaemonInfo *info;
+	size_t n;
+	long port;
+	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD;
+
+	memset(&ss, 0, sizeof(ss));
+	if (!colon || (n = (size_t)(colon - addr)) >= sizeof(host)) {
+		snprintf(errbuf, errlen, "metrics.listen: '%s' is not host:port", addr);
+		return -EINVAL;
+	}
+	memcpy(host, addr, n);
+	host[n] = '\0';
+	port = strtol(colon + 1, NULL, 10);
+	if (n >= 2 && host[0] == '[' && host[n - 1] == ']') {
+		struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+
+		host[n - 1] = '\0';
+		a->sin6_family = AF_INET6;
+		a->sin6_port = htons((uint16_t)port);
+		if (inet_pton(AF_INET6, host + 1, &a->sin6_addr) != 1)
+			goto bad_host;
+		flags |= MHD_USE_IPv6;
+	} else {
+		struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+
+		a->sin_family = AF_INET;
+		a->sin_port = htons((uint16_t)port);
+		if (!strcmp(host, "localhost"))
+			strcpy(host, "127.0.0.1");
+		if (n == 0)
+			strcpy(host, "0.0.0.0");
+		if (inet_pton(AF_INET, host, &a->sin_addr) != 1)
+			goto bad_host;
+	}
+	m->http = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_http, d,
+				   MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+				   MHD_OPTION_CONNECTION_LIMIT, (unsigned)16,
+				   MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+				   MHD_OPTION_END);
+	if (!m->http) {
+		snprintf(errbuf, errlen, "metrics.listen: cannot serve on %s", addr);
+		return -EADDRINUSE;
+	}
+	info = MHD_get_daemon_info(m->http, MHD_DAEMON_INFO_LISTEN_FD);
+	if (info && getsockname(info->listen_fd, (struct sockaddr *)&ss, &sl) == 0)
+		m->http_port = ntohs(ss.ss_family == AF_INET6 ?
+				     ((struct sockaddr_in6 *)&ss)->sin6_port :
+				     ((struct sockaddr_in *)&ss)->sin_port);
+	return 0;
+
+bad_host:
+	snprintf(errbuf, errlen, "metrics.listen: '%s': the host must be a numeric address or localhost",
+		 addr);
+	return -EINVAL;
+}

@@ -1,0 +1,255 @@
+"""engined's configuration: the INI file, --check-config, errors naming the
+key and the line, command-line overrides, several listen addresses, and
+the limits (max_concurrent_calls, default_deadline_s) and engine defaults
+that the file sets, each observed on a real daemon.
+
+Run: ENGINED_BIN=... PYTHONPATH=client/python:<dir of engine_pb2.py>
+/usr/bin/python3 tests/integration/test_config.py [filter]
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import grpc
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from daemon_fixture import Daemon, run_tests  # noqa: E402
+
+from engined_client import EngineClient  # noqa: E402
+
+SC = grpc.StatusCode
+TMP = None
+
+
+def engined(*args):
+    return subprocess.run([os.environ["ENGINED_BIN"]] + list(args), capture_output=True,
+                          text=True, timeout=30)
+
+
+def conf(name, text):
+    path = os.path.join(TMP, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def expect(code, fn, *args, field=None, **kw):
+    try:
+        fn(*args, **kw)
+    except grpc.RpcError as e:
+        assert e.code() == code, "expected %s, got %s: %s" % (code, e.code(), e.details())
+        if field:
+            assert field in e.details(), "message %r lacks %r" % (e.details(), field)
+        return e
+    raise AssertionError("expected %s, call succeeded" % code)
+
+
+GOOD = """\
+; a comment
+# another
+[server]
+listen = 127.0.0.1:0
+listen = unix:%(tmp)s/engined.sock
+pollers = 2
+max_request_bytes = 16M     ; inline comment
+max_concurrent_calls = 2
+default_deadline_s = 0.5
+
+[paths]
+checkpoint_root = %(tmp)s/ck
+model_root = %(tmp)s/models
+
+[engine]
+threads = 2
+param_offload = yes
+max_tokens_per_micro_batch = 128
+
+[log]
+level = debug
+
+[shutdown]
+grace_s = 7.5
+"""
+
+
+def test_check_config_ok_and_effective_values():
+    path = conf("good.conf", GOOD % {"tmp": TMP})
+    p = engined("--check-config", path)
+    assert p.returncode == 0, p.stderr
+    assert "configuration OK" in p.stderr
+    out = p.stdout
+    for line in ["listen = 127.0.0.1:0", "listen = unix:%s/engined.sock" % TMP,
+                 "pollers = 2", "max_request_bytes = 16777216",
+                 "max_send_bytes = 67108864", "default_deadline_s = 0.5",
+                 "param_offload = true", "optimizer_offload = false", "level = debug",
+                 "grace_s = 7.5", "max_tokens_per_micro_batch = 128"]:
+        assert "\n" + line + "\n" in out, (line, out)
+    # The command line overrides the file; the first --listen replaces the
+    # file's addresses, later ones add.
+    p = engined("--check-config", path, "--pollers", "3", "-o", "log.level=warn",
+                "--listen", "127.0.0.1:7001", "--listen", "localhost:7002")
+    assert p.returncode == 0, p.stderr
+    assert "\npollers = 3\n" in p.stdout and "\nlevel = warn\n" in p.stdout
+    assert "listen = 127.0.0.1:7001\nlisten = localhost:7002\n" in p.stdout
+    assert "engined.sock" not in p.stdout
+    # --check-config does not start anything nor create the roots.
+    assert not os.path.exists(os.path.join(TMP, "ck"))
+
+
+def test_errors_name_key_and_line():
+    cases = [
+        ("[server]\npollers = 2\n\n[engine]\nthreads = lots\n",
+         "bad.conf:5: [engine] threads: 'lots' is not an integer in [0, 1024]"),
+        ("[server]\nlisten = 127.0.0.1:1\nfrobnicate = 1\n",
+         "bad.conf:3: [server] frobnicate: unknown key"),
+        ("[servre]\nlisten = 127.0.0.1:1\n",
+         "bad.conf:2: [servre] listen: unknown section 'servre'"),
+        ("[server]\npollers = 2\npollers = 3\n",
+         "bad.conf:3: [server] pollers: given twice (first on line 2)"),
+        ("[server]\nlisten = 127.0.0.1:99999\n",
+         "bad.conf:2: [server] listen: '127.0.0.1:99999' is not host:port"),
+        ("[server]\ninsecure = maybe\n",
+         "bad.conf:2: [server] insecure: 'maybe' is not a boolean"),
+        ("[server]\nmax_request_bytes = 12Q\n",
+         "bad.conf:2: [server] max_request_bytes: '12Q' is not a size"),
+        ("[shutdown]\ngrace_s = -1\n",
+         "bad.conf:2: [shutdown] grace_s: '-1' is not a number of seconds"),
+        ("[shutdown]\nsave_on_stop = ../out\n",
+         "bad.conf:2: [shutdown] save_on_stop: '../out' must be a relative path"),
+        ("[log]\nlevel = loud\n",
+         "bad.conf:2: [log] level: 'loud' is not one of error, warn, info, debug"),
+        ("pollers = 1\n", "bad.conf:1: pollers: key outside a [section]"),
+        ("[server]\nthis line has no equals sign\n", "bad.conf:2: syntax error"),
+        ("[metrics]\nlisten = nowhere\n",
+         "bad.conf:2: [metrics] listen: 'nowhere' is not host:port"),
+        ("[paths]\nmodel_root = /x/" + "a" * 300 + "\n",
+         "bad.conf:2: line longer than"),
+        ("[tls]\ncert = /etc/x.pem\n", "[tls] key: missing"),
+    ]
+    for text, want in cases:
+        path = conf("bad.conf", text)
+        p = engined("--check-config", path)
+        assert p.returncode == 1, (text, p.returncode, p.stderr)
+        assert want in p.stderr, (want, p.stderr)
+    p = engined("--check-config", os.path.join(TMP, "missing.conf"))
+    assert p.returncode == 1 and "missing.conf: cannot open" in p.stderr
+    p = engined("--config", conf("ok.conf", "[log]\nlevel = info\n"), "-o", "log.volume=3")
+    assert p.returncode == 1 and "-o log.volume=3: [log] volume: unknown key" in p.stderr
+    p = engined("--pollers", "0")
+    assert p.returncode == 1 and "[server] pollers: '0'" in p.stderr
+    p = engined("--no-such-flag")
+    assert p.returncode == 2
+
+
+def test_config_file_serves_tcp_and_unix():
+    """The GOOD file on a real daemon: two addresses, its limits, its
+    engine defaults."""
+    tmp = tempfile.mkdtemp(prefix="engined-cfg-", dir=TMP)
+    path = conf("serve.conf", GOOD % {"tmp": tmp})
+    d = Daemon("--config", path, listen=None, tmp=tmp)
+    try:
+        assert len(d.ports) == 1  # the unix socket has no port
+        with EngineClient(d.addr, timeout=30) as c, \
+                EngineClient("unix:%s/engined.sock" % tmp, timeout=30) as u:
+            assert c.health() == "SERVING" and u.health() == "SERVING"
+            c.initialize(preset="tiny")
+            assert u.get_status().initialized
+            # engine.param_offload = yes: leaving TRAIN offloads the parameters.
+            c.set_mode("train")
+            assert c.set_mode("idle").placement.model is False
+            # engine.max_tokens_per_micro_batch = 128 is the default budget.
+            expect(SC.INVALID_ARGUMENT, c.forward_backward, np.zeros(256, np.int32), [256],
+                   loss="sft", field="max_tokens_per_micro_batch 128")
+            # server.max_request_bytes = 16M
+            big = np.zeros(5 << 20, np.int32)
+            expect(SC.RESOURCE_EXHAUSTED, c.forward_backward, big, [big.size], loss="sft")
+    finally:
+        assert d.stop() == 0
+    log = d.log_text()
+    assert "serving on 127.0.0.1:%d, unix:%s/engined.sock" % (d.port, tmp) in log, log
+
+
+def test_limits_concurrent_calls_and_default_deadline():
+    """max_concurrent_calls = 2: with one long job running and one queued, a
+    third engine call is refused RESOURCE_EXHAUSTED (GetStatus is not an
+    engine call). default_deadline_s = 0.1: a job without a deadline of its
+    own still queued after 0.1 s is answered DEADLINE_EXCEEDED without
+    running; one that started in time completes."""
+    tmp = tempfile.mkdtemp(prefix="engined-lim-", dir=TMP)
+    d = Daemon("--config", conf("lim.conf", GOOD % {"tmp": tmp}),
+               "-o", "server.default_deadline_s=0.1", listen=None, tmp=tmp)
+    try:
+        c = EngineClient(d.addr)  # no client deadline
+        c.initialize(preset="tiny")
+        rng = np.random.default_rng(1)
+        ids = rng.integers(0, 1024, 4096).astype(np.int32)
+        out = {}
+
+        def long_job():
+            out["r"] = c.forward_backward(ids, [512] * 8, loss="sft",
+                                          max_tokens_per_micro_batch=512)
+
+        t = threading.Thread(target=long_job)
+        t.start()
+        t0 = time.time()
+        while not c.get_status().busy and time.time() - t0 < 10:
+            time.sleep(0.005)
+        res = {}
+
+        def queued():
+            try:
+                c.optimizer_step()
+                res["q"] = "OK"
+            except grpc.RpcError as e:
+                res["q"] = e.code()
+
+        t2 = threading.Thread(target=queued)
+        t2.start()
+        while c.get_status().queued_jobs < 1 and time.time() - t0 < 10:
+            time.sleep(0.005)
+        expect(SC.RESOURCE_EXHAUSTED, c.lr_scheduler_step, field="max_concurrent_calls")
+        assert c.get_status().busy
+        t.join()
+        t2.join()
+        assert "r" in out
+        job_s = time.time() - t0
+        # The queued OptimizerStep waited for the long job: past 0.1 s.
+        assert job_s > 0.15, "the long job was too short to test the deadline: %.2f" % job_s
+        assert res["q"] == SC.DEADLINE_EXCEEDED, res
+        assert c.get_status().step == 0  # it did not run
+        c.close()
+    finally:
+        assert d.stop() == 0
+    assert "deadline passed after" in d.log_text()
+
+
+def test_default_device():
+    d = Daemon("-o", "engine.default_device=tpu")
+    try:
+        with EngineClient(d.addr, timeout=30) as c:
+            expect(SC.FAILED_PRECONDITION, c.initialize, preset="tiny", field="tpu")
+            assert c.initialize(preset="tiny", device="cpu").engine_key.endswith("/cpu")
+    finally:
+        assert d.stop() == 0
+
+
+TESTS = [
+    test_check_config_ok_and_effective_values, test_errors_name_key_and_line,
+    test_config_file_serves_tcp_and_unix, test_limits_concurrent_calls_and_default_deadline,
+    test_default_device,
+]
+
+
+def main():
+    global TMP
+    flt = sys.argv[1] if len(sys.argv) > 1 else ""
+    TMP = tempfile.mkdtemp(prefix="engined-config-")
+    return run_tests([t for t in TESTS if flt in t.__name__])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

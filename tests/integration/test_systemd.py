@@ -1,0 +1,312 @@
+"""engined under systemd's protocol, without systemd: the test binds its own
+NOTIFY_SOCKET and reads what the daemon sends (READY=1 only once calls are
+answered, WATCHDOG=1 periodically and held back while one job runs past
+watchdog.stuck_job_s, STATUS= lines, STOPPING=1 on SIGTERM); SIGTERM with
+save_on_stop and with a grace that runs out; the unit, sysusers.d and
+tmpfiles.d files checked by systemd's own tools and placed by meson install.
+
+Run: ENGINED_BIN=... MESON_BUILD_ROOT=... PYTHONPATH=client/python:<dir of
+engine_pb2.py> /usr/bin/python3 tests/integration/test_systemd.py [filter]
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from daemon_fixture import Daemon, SkipTest, run_tests  # noqa: E402
+
+from engined_client import EngineClient  # noqa: E402
+
+SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class Notify:
+    """A NOTIFY_SOCKET: every datagram with its arrival time. on_ready runs
+    in the receiving thread as soon as READY=1 arrives."""
+
+    def __init__(self, on_ready=None):
+        self.dir = tempfile.mkdtemp(prefix="engined-notify-")
+        self.path = os.path.join(self.dir, "notify.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.05)
+        self.msgs = []          # (time, {key: value})
+        self.on_ready = on_ready
+        self.ready_result = None
+        self.stop = False
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def _run(self):
+        while not self.stop:
+            try:
+                data = self.sock.recv(65536)
+            except socket.timeout:
+                continue
+            kv = dict(line.split("=", 1) for line in data.decode().split("\n") if "=" in line)
+            t = time.time()
+            # Call Health the moment READY=1 arrives, and only then publish
+            # the message, so that a waiter on READY also sees the result.
+            if kv.get("READY") == "1" and self.on_ready and self.ready_result is None:
+                try:
+                    self.ready_result = self.on_ready()
+                except Exception as e:  # noqa: BLE001
+                    self.ready_result = e
+            self.msgs.append((t, kv))
+
+    def env(self, watchdog_usec=None):
+        e = {"NOTIFY_SOCKET": self.path}
+        if watchdog_usec:
+            e["WATCHDOG_USEC"] = str(watchdog_usec)
+        return e
+
+    def times(self, key, value=None):
+        return [t for t, kv in self.msgs if key in kv and (value is None or kv[key] == value)]
+
+    def values(self, key):
+        return [kv[key] for _, kv in self.msgs if key in kv]
+
+    def wait(self, key, value=None, timeout=10, pred=None):
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            for _, kv in list(self.msgs):
+                if key in kv and (value is None or kv[key] == value) and \
+                        (pred is None or pred(kv[key])):
+                    return kv[key]
+            time.sleep(0.01)
+        raise AssertionError("no %s=%s in %r" % (key, value, self.msgs[-10:]))
+
+    def close(self):
+        self.stop = True
+        self.t.join()
+        self.sock.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def ready_probe():
+    """Called when READY=1 arrives: the port must answer at once."""
+    port = int(open(PORT_FILE[0]).read().split()[0])
+    with EngineClient("127.0.0.1:%d" % port, timeout=2) as c:
+        return c.health()
+
+
+PORT_FILE = [None]
+
+
+def long_batch(tokens=12288):
+    rng = np.random.default_rng(3)
+    return rng.integers(0, 1024, tokens).astype(np.int32), [512] * (tokens // 512)
+
+
+def test_ready_watchdog_status_stopping():
+    n = Notify(on_ready=ready_probe)
+    tmp = tempfile.mkdtemp(prefix="engined-sd-")
+    PORT_FILE[0] = os.path.join(tmp, "port")
+    d = Daemon(env=n.env(watchdog_usec=200000), tmp=tmp)
+    try:
+        n.wait("READY", "1")
+        assert n.ready_result == "SERVING", n.ready_result
+        first = n.msgs[0][1]
+        assert first.get("READY") == "1", "READY=1 must come first: %r" % n.msgs[:3]
+        assert first["STATUS"].startswith("serving on 127.0.0.1:%d; engine not initialized"
+                                          % d.port), first
+        assert int(first["MAINPID"]) == d.proc.pid
+        t_ready = n.times("READY", "1")[0]
+        time.sleep(0.6)
+        pings = [t for t in n.times("WATCHDOG", "1") if t >= t_ready]
+        # Every 100 ms (half of WATCHDOG_USEC): about 6 in 0.6 s.
+        assert 4 <= len(pings) <= 9, len(pings)
+        gaps = np.diff(pings)
+        assert gaps.max() < 0.25, gaps
+        with EngineClient(d.addr, timeout=30) as c:
+            c.initialize(preset="tiny")
+            c.set_mode("train")
+        n.wait("STATUS", pred=lambda s: "language_model/native/cpu step 0, mode TRAIN, idle"
+               in s)
+        d.signal(signal.SIGTERM)
+        assert d.wait(30) == 0
+        n.wait("STOPPING", "1")
+    finally:
+        d.stop()
+        n.close()
+    assert "watchdog: pinging systemd every 100 ms" in d.log_text()
+
+
+def test_watchdog_held_back_while_a_job_is_stuck():
+    n = Notify()
+    d = Daemon("-o", "watchdog.stuck_job_s=0.1", env=n.env(watchdog_usec=100000))
+    try:
+        c = EngineClient(d.addr, timeout=120)
+        c.initialize(preset="tiny")
+        ids, lens = long_batch()
+        t0 = time.time()
+        c.forward_backward(ids, lens, loss="sft", max_tokens_per_micro_batch=512)
+        t1 = time.time()
+        time.sleep(0.3)
+        pings = n.times("WATCHDOG", "1")
+        # Pings every 50 ms; none from 0.1 s (+ a tick) into the job to its end.
+        during = [t for t in pings if t0 + 0.2 < t < t1 - 0.05]
+        after = [t for t in pings if t > t1 + 0.05]
+        assert t1 - t0 > 0.35, "job too short to test: %.2f s" % (t1 - t0)
+        assert not during, "pinged while the job was past stuck_job_s: %r" % during
+        assert len(after) >= 3, "pings did not resume: %r" % after
+        assert any(s.startswith("engine stuck: one job has run") for s in n.values("STATUS"))
+        c.close()
+    finally:
+        assert d.stop() == 0
+        n.close()
+    log = d.log_text()
+    assert "no longer pinging systemd" in log and "the long job ended; pinging again" in log
+
+
+def test_sigterm_save_on_stop():
+    d = Daemon("-o", "shutdown.save_on_stop=final/on-stop")
+    try:
+        c = EngineClient(d.addr, timeout=60)
+        c.initialize(preset="tiny", seed=4)
+        ids, lens = np.arange(64, dtype=np.int32), [32, 32]
+        c.forward_backward(ids, lens, loss="sft")
+        assert c.optimizer_step().step == 1
+        w = dict(c.stream_weights())
+        c.close()
+        d.signal(signal.SIGTERM)
+        assert d.wait(60) == 0
+    finally:
+        d.stop()
+    ck = os.path.join(d.ckpt_root, "final/on-stop")
+    state = json.load(open(os.path.join(ck, "engine_state.json")))
+    assert state["global_step"] == 1, state
+    assert os.path.exists(os.path.join(ck, "optimizer.safetensors"))
+    # The weights saved are the ones the clients last saw.
+    with open(os.path.join(ck, "model.safetensors"), "rb") as f:
+        hlen = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(hlen))
+        data = f.read()
+    b, e = header["model.norm.weight"]["data_offsets"]
+    assert np.array_equal(np.frombuffer(data[b:e], "<f4"), w["model.norm.weight"])
+    log = d.log_text()
+    assert "save_on_stop: saved step 1 to 'final/on-stop'" in log, log
+
+
+def test_sigterm_grace_runs_out():
+    d = Daemon("-o", "shutdown.grace_s=0.05")
+    try:
+        c = EngineClient(d.addr, timeout=120)
+        c.initialize(preset="tiny")
+        ids, lens = long_batch()
+        err = {}
+
+        def job():
+            try:
+                c.forward_backward(ids, lens, loss="sft", max_tokens_per_micro_batch=512)
+            except Exception as e:  # noqa: BLE001
+                err["e"] = e
+        t = threading.Thread(target=job)
+        t.start()
+        c2 = EngineClient(d.addr, timeout=10)
+        while not c2.get_status().busy:
+            time.sleep(0.005)
+        t0 = time.time()
+        d.signal(signal.SIGTERM)
+        rc = d.wait(30)
+        dt = time.time() - t0
+        t.join()
+        assert rc == 1, rc
+        assert "e" in err, "the job cannot have finished"
+        assert dt < 0.4, dt
+        c.close()
+        c2.close()
+    finally:
+        d.stop()
+    assert "did not finish within shutdown.grace_s = 0.1 s" in d.log_text() or \
+        "did not finish within shutdown.grace_s = 0.0 s" in d.log_text(), d.log_text()
+
+
+def test_unit_files():
+    build = os.environ["MESON_BUILD_ROOT"]
+    unit = os.path.join(build, "daemon", "engined@.service")
+    if not shutil.which("systemd-analyze"):
+        raise SkipTest("systemd-analyze not installed (package systemd)")
+    tmp = tempfile.mkdtemp(prefix="engined-unit-")
+    text = open(unit).read()
+    for key in ["Type=notify", "WatchdogSec=", "Restart=on-failure",
+                "Environment=CUDA_VISIBLE_DEVICES=%i", "ProtectSystem=strict",
+                "ReadWritePaths=/var/lib/engined", "PrivateTmp=yes", "NoNewPrivileges=yes",
+                "ProtectHome=yes", "DeviceAllow=char-nvidia-frontend rw",
+                "ExecStart=%s --config /etc/engined/%%i.conf" % ENGINED_INSTALLED(build)]:
+        assert key in text, key
+    # verify checks that ExecStart exists: point it at the built binary.
+    with open(os.path.join(tmp, "engined@.service"), "w") as f:
+        f.write(text.replace(ENGINED_INSTALLED(build), os.environ["ENGINED_BIN"]))
+    p = subprocess.run(["systemd-analyze", "verify", "--man=no",
+                        os.path.join(tmp, "engined@0.service")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stderr.strip() == "", (p.returncode, p.stderr)
+    # systemd-analyze reports unknown keys on stderr: make sure it would.
+    with open(os.path.join(tmp, "broken@.service"), "w") as f:
+        f.write(text.replace("ProtectSystem=", "ProtectSystm=").replace(
+            ENGINED_INSTALLED(build), os.environ["ENGINED_BIN"]))
+    p = subprocess.run(["systemd-analyze", "verify", "--man=no",
+                        os.path.join(tmp, "broken@0.service")],
+                       capture_output=True, text=True, timeout=60)
+    assert "Unknown key 'ProtectSystm'" in p.stderr, p.stderr
+    # sysusers.d and tmpfiles.d, applied to an empty root.
+    root = os.path.join(tmp, "root")
+    os.makedirs(os.path.join(root, "etc"))
+    p = subprocess.run(["systemd-sysusers", "--root=" + root,
+                        os.path.join(SRC, "deploy/engined.sysusers.conf")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert any(line.startswith("engined:") and line.endswith(":/var/lib/engined:/usr/sbin/nologin")
+               for line in open(os.path.join(root, "etc/passwd")).read().split("\n"))
+    p = subprocess.run(["systemd-tmpfiles", "--root=" + root, "--create",
+                        os.path.join(SRC, "deploy/engined.tmpfiles.conf")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert os.path.isdir(os.path.join(root, "etc/engined"))
+    # The example configuration is valid.
+    p = subprocess.run([os.environ["ENGINED_BIN"], "--check-config",
+                        os.path.join(SRC, "deploy/engined.conf.example")],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    # meson install places the files where systemd reads them.
+    p = subprocess.run(["meson", "introspect", "--installed", build],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    dest = set(json.loads(p.stdout).values())
+    prefix = ENGINED_INSTALLED(build)[:-len("/bin/engined")]
+    for want in ["lib/systemd/system/engined@.service", "lib/sysusers.d/engined.conf",
+                 "lib/tmpfiles.d/engined.conf", "bin/engined"]:
+        assert os.path.join(prefix, want) in dest, (want, sorted(dest))
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ENGINED_INSTALLED(build):  # noqa: N802 - a constant of the build
+    p = subprocess.run(["meson", "introspect", "--buildoptions", build],
+                       capture_output=True, text=True, timeout=60)
+    opts = {o["name"]: o["value"] for o in json.loads(p.stdout)}
+    return os.path.join(opts["prefix"], opts["bindir"], "engined")
+
+
+TESTS = [
+    test_ready_watchdog_status_stopping, test_watchdog_held_back_while_a_job_is_stuck,
+    test_sigterm_save_on_stop, test_sigterm_grace_runs_out, test_unit_files,
+]
+
+
+def main():
+    flt = sys.argv[1] if len(sys.argv) > 1 else ""
+    return run_tests([t for t in TESTS if flt in t.__name__])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
