@@ -108,6 +108,10 @@ struct daemon {
 	struct job *head, *tail;      /* lock */
 	int64_t queued;               /* lock */
 	bool stopping;                /* lock: refuse new work */
+	/* lock: set once the engine's device failed for good (a sticky CUDA
+	 * error): calls get INTERNAL, health NOT_SERVING, and the daemon exits
+	 * non-zero after answering so that systemd restarts it. */
+	const char *engine_failed;
 	bool busy;                    /* lock */
 	const char *current_job;      /* lock: method name or NULL */
 	struct timespec job_started;  /* lock: CLOCK_MONOTONIC, when busy */

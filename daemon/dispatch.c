@@ -15,9 +15,11 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engined/v1/engine.pb-c.h"
 #include "grpc/health/v1/health.pb-c.h"
@@ -179,8 +181,17 @@ static int gate(struct daemon *d, const struct method *m, struct eng_error *err)
 {
 	enum engine_mode mode;
 
+	const char *failed;
+
 	if (!m->needs_init)
 		return 0;
+	pthread_mutex_lock(&d->lock);
+	failed = d->engine_failed;
+	pthread_mutex_unlock(&d->lock);
+	if (failed)
+		return eng_fail(err, -EIO,
+				"engine: the device failed (%s); engined is exiting to be restarted",
+				failed);
 	if (!d->engine)
 		return eng_fail(err, -EALREADY,
 				"engine: not initialized (call Initialize first)");
@@ -205,6 +216,7 @@ static void run_job(struct daemon *d, struct job *j)
 {
 	struct eng_error err;
 	double t0 = now_s(), dt;
+	bool newly_failed;
 	int r;
 
 	eng_error_clear(&err);
@@ -232,8 +244,23 @@ static void run_job(struct daemon *d, struct job *j)
 	pthread_mutex_lock(&d->lock);
 	d->busy = false;
 	d->current_job = NULL;
+	newly_failed = d->snap.failed && !d->engine_failed;
+	if (newly_failed)
+		d->engine_failed = d->snap.failed;
 	pthread_mutex_unlock(&d->lock);
+	if (newly_failed) {
+		/* The reply names the failure; then the process goes down for a
+		 * restart (SIGTERM takes the normal drain path, exit code 1). */
+		eng_error_clear(&err);
+		r = eng_fail(&err, -EIO,
+			     "engine: the device failed (%s); engined is exiting to be restarted",
+			     d->snap.failed);
+		log_msg(LOG_LVL_ERROR, "device failed: %s; exiting for a restart",
+			d->snap.failed);
+	}
 	job_finish(d, j, r, &err);
+	if (newly_failed)
+		kill(getpid(), SIGTERM);
 	pthread_mutex_lock(&d->lock);
 	d->in_flight--;
 	pthread_mutex_unlock(&d->lock);
@@ -276,6 +303,11 @@ static void save_on_stop(struct daemon *d)
 
 	if (!d->cfg.save_on_stop)
 		return;
+	if (d->engine_failed) {
+		log_msg(LOG_LVL_ERROR, "save_on_stop: skipped, the device failed (%s)",
+			d->engine_failed);
+		return;
+	}
 	if (!d->engine) {
 		log_msg(LOG_LVL_INFO, "save_on_stop: engine not initialized, nothing to save");
 		return;

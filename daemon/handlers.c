@@ -790,7 +790,7 @@ int h_run_health_check(struct daemon *d, struct job *j, struct eng_error *err)
 	if (q->service[0] && strcmp(q->service, "engined.v1.TrainingEngine"))
 		return eng_fail(err, -ENOENT, "service: unknown '%s'", q->service);
 	pthread_mutex_lock(&d->lock);
-	stopping = d->stopping;
+	stopping = d->stopping || d->engine_failed;
 	pthread_mutex_unlock(&d->lock);
 	resp.status = stopping ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING :
 				 GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;

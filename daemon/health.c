@@ -36,7 +36,7 @@ static int current_status(struct daemon *d, const struct health_watch *w)
 	if (w->unknown_service)
 		return GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN;
 	pthread_mutex_lock(&d->lock);
-	stopping = d->stopping;
+	stopping = d->stopping || d->engine_failed;
 	pthread_mutex_unlock(&d->lock);
 	return stopping ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING :
 			  GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;

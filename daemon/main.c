@@ -401,7 +401,7 @@ int main(int argc, char **argv)
 	char errbuf[1024];
 	struct eng_error err;
 	struct tls_pem pem;
-	bool have_pem = false, exit_now = false;
+	bool have_pem = false, exit_now = false, failed;
 	sigset_t mask;
 	int r;
 
@@ -539,8 +539,10 @@ int main(int argc, char **argv)
 	uv_close((uv_handle_t *)&m.tick, NULL);
 	uv_run(&m.loop, UV_RUN_DEFAULT);
 	uv_loop_close(&m.loop);
+	failed = d.engine_failed != NULL;
 	daemon_fini(&d);
 	config_free(&cfg);
-	log_msg(LOG_LVL_INFO, "engined stopped");
-	return 0;
+	log_msg(failed ? LOG_LVL_ERROR : LOG_LVL_INFO, "engined stopped%s",
+		failed ? " after a device failure (exit 1: restart me)" : "");
+	return failed ? 1 : 0;
 }

@@ -29,6 +29,8 @@
  * flight, the flow control of GRPC_NOTES) and starts the next. Workers claim
  * bucket numbers in order under the ring lock, plan the bucket (which
  * tensor pieces go where), then convert and encode the header unlocked.
+ * Lock order: gRPC releases slices (slot_release) under a call's lock, so
+ * nothing calls into rpc.h with the ring lock held.
  */
 #include "daemon.h"
 
@@ -492,39 +494,46 @@ static int call_gone(struct eng_error *err)
 	return eng_fail(err, -ECANCELED, "stream: client went away (cancelled or deadline)");
 }
 
+static bool slot_is(const struct slot *sl, enum slot_state want, int64_t k)
+{
+	return want == SLOT_READY ? sl->state == SLOT_READY && sl->bucket == k :
+	       sl->state == SLOT_FREE;
+}
+
 /* Wait until sl is in state `want` holding bucket k (want READY), or is
- * free (want FREE); gives up on a worker's failure or a cancelled call. */
+ * free (want FREE); gives up on a worker's failure or a cancelled call.
+ * The call's state is read without the ring lock held (lock order: gRPC
+ * releases slices, slot_release, under the call's lock). */
 static int wait_slot(struct stream *s, struct slot *sl, enum slot_state want, int64_t k,
 		     struct eng_error *err)
 {
 	struct ring *g = s->ring;
 	struct timespec until;
-	int r = 0;
+	bool done;
 
-	pthread_mutex_lock(&g->lock);
 	for (;;) {
-		if (want == SLOT_READY ? sl->state == SLOT_READY && sl->bucket == k :
-		    sl->state == SLOT_FREE)
-			break;
-		if (s->werr.code) {
+		pthread_mutex_lock(&g->lock);
+		if (!slot_is(sl, want, k) && !s->werr.code) {
+			clock_gettime(CLOCK_REALTIME, &until);
+			until.tv_nsec += WAIT_POLL_MS * 1000000L;
+			if (until.tv_nsec >= 1000000000L) {
+				until.tv_sec++;
+				until.tv_nsec -= 1000000000L;
+			}
+			pthread_cond_timedwait(&g->cond, &g->lock, &until);
+		}
+		done = slot_is(sl, want, k);
+		if (!done && s->werr.code) {
 			*err = s->werr;
-			r = s->werr.code;
-			break;
+			pthread_mutex_unlock(&g->lock);
+			return err->code;
 		}
-		if (rpc_call_cancelled(s->call)) {
-			r = call_gone(err);
-			break;
-		}
-		clock_gettime(CLOCK_REALTIME, &until);
-		until.tv_nsec += WAIT_POLL_MS * 1000000L;
-		if (until.tv_nsec >= 1000000000L) {
-			until.tv_sec++;
-			until.tv_nsec -= 1000000000L;
-		}
-		pthread_cond_timedwait(&g->cond, &g->lock, &until);
+		pthread_mutex_unlock(&g->lock);
+		if (done)
+			return 0;
+		if (rpc_call_cancelled(s->call))
+			return call_gone(err);
 	}
-	pthread_mutex_unlock(&g->lock);
-	return r;
 }
 
 /* Without workers: plan and fill bucket k on this thread. */
@@ -549,7 +558,8 @@ static int produce_inline(struct stream *s, int64_t k, struct eng_error *err)
 }
 
 /* Hand bucket sl to gRPC (no send in flight). The header is copied by
- * rpc_stream_send; the data is lent. */
+ * rpc_stream_send; the data is lent: the ring buffer until slot_release,
+ * or (zero-copy) the engine's memory, counted in d->zc_outstanding. */
 static int send_slot(struct stream *s, struct slot *sl, struct eng_error *err)
 {
 	struct ring *g = s->ring;
@@ -557,16 +567,6 @@ static int send_slot(struct stream *s, struct slot *sl, struct eng_error *err)
 	int n = 1, r;
 
 	out[0] = (struct rpc_piece){ sl->hdr, sl->hdr_len, NULL, NULL };
-	pthread_mutex_lock(&g->lock);
-	if (s->zero_copy) {
-		/* The slot itself is done once the header is copied. */
-		sl->state = SLOT_FREE;
-	} else {
-		sl->state = SLOT_LENT;
-		g->refs++;
-		out[n++] = (struct rpc_piece){ sl->data, (size_t)sl->data_len, slot_release, sl };
-	}
-	pthread_mutex_unlock(&g->lock);
 	if (s->zero_copy) {
 		struct daemon *d = s->d;
 
@@ -580,9 +580,22 @@ static int send_slot(struct stream *s, struct slot *sl, struct eng_error *err)
 				(const uint8_t *)s->tensors[p->t].host + p->off,
 				(size_t)p->len, engine_mem_release, d };
 		}
+	} else if (sl->data_len > 0) {
+		pthread_mutex_lock(&g->lock);
+		sl->state = SLOT_LENT;
+		g->refs++;
+		pthread_mutex_unlock(&g->lock);
+		out[n++] = (struct rpc_piece){ sl->data, (size_t)sl->data_len, slot_release, sl };
 	}
 	s->bytes += sl->data_len;
 	r = rpc_stream_send(s->call, out, n);
+	if (n == 1 || s->zero_copy) {
+		/* Nothing of the slot is lent (its `out` was read until now). */
+		pthread_mutex_lock(&g->lock);
+		sl->state = SLOT_FREE;
+		pthread_cond_broadcast(&g->cond);
+		pthread_mutex_unlock(&g->lock);
+	}
 	if (r < 0)
 		return call_gone(err);
 	s->messages++;

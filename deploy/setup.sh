@@ -6,7 +6,13 @@
 # Python client with current grpcio from PyPI). Safe to run again: it only
 # installs what is missing and rebuilds what changed.
 #   ENGINED_BUILD_DIR   build directory (default: build)
+#   ENGINED_CUDA        auto (default) | enabled | disabled: the CUDA device
 #   CI=true             warnings become errors (-Dwerror=true)
+#
+# CUDA needs nothing installed here: the toolkit (nvcc, cuBLASLt, the static
+# runtime) is under /usr/local/cuda on these machines, and meson looks for
+# nvcc there too, so /usr/local/cuda/bin need not be on PATH. Without it the
+# build registers no CUDA device (a stub) and says so in its summary.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -46,10 +52,11 @@ fi
 
 werror=false
 [ "${CI:-}" = "true" ] && werror=true
+cuda=${ENGINED_CUDA:-auto}
 if [ -d "$build_dir" ]; then
-  meson configure "$build_dir" -Dwerror=$werror >/dev/null
+  meson configure "$build_dir" -Dwerror=$werror -Dcuda="$cuda" >/dev/null
 else
-  meson setup "$build_dir" -Dwerror=$werror
+  meson setup "$build_dir" -Dwerror=$werror -Dcuda="$cuda"
 fi
 ninja -C "$build_dir"
 

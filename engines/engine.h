@@ -165,6 +165,10 @@ struct engine_status {
 	int64_t num_parameters;
 	size_t device_memory;       /* bytes in use on the device */
 	size_t host_memory;         /* bytes held in host memory by the engine */
+	/* NULL while healthy; after an unrecoverable device error (a sticky
+	 * CUDA error) the error's name: every later call fails and the process
+	 * should answer, report NOT_SERVING and exit for a restart. */
+	const char *failed;
 };
 
 /* One parameter tensor, in Hugging Face naming, borrowed from the engine:

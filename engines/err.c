@@ -38,6 +38,7 @@ const char *eng_strerror(int code)
 	case EALREADY: return "EALREADY";
 	case EIO: return "EIO";
 	case ECANCELED: return "ECANCELED";
+	case ELIBACC: return "ELIBACC";
 	default: return "E?";
 	}
 }

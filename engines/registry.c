@@ -2,8 +2,8 @@
  *
  * A static table: each engine implementation exports its ops and is listed
  * here once per device it supports; the key's device is the entry's. The
- * native engine is device-independent (it opens cfg->device), so one ops
- * table serves every device. An entry whose device was not built into this
+ * native engine is device-independent (it opens cfg->device): its ops
+ * tables differ only in the key they report. An entry whose device was not built into this
  * binary is skipped (device_find() returns NULL for it: the CUDA device's
  * ops come from a stub with a NULL name when nvcc was not found — see
  * engines/device/device_table.c), so lookups of its keys fail with the list
@@ -24,8 +24,8 @@ struct registry_entry {
 static const struct registry_entry registry[] = {
 	{ &native_lm_cpu_ops, "cpu" },
 	{ &native_value_cpu_ops, "cpu" },
-	{ &native_lm_cpu_ops, "cuda" },
-	{ &native_value_cpu_ops, "cuda" },
+	{ &native_lm_cuda_ops, "cuda" },
+	{ &native_value_cuda_ops, "cuda" },
 };
 
 #define REGISTRY_LEN (sizeof(registry) / sizeof(registry[0]))

@@ -192,6 +192,9 @@ struct device_ops {
 	 * not initialised. free accepts NULL. */
 	void *(*alloc)(struct device *dev, size_t bytes);
 	void (*free)(struct device *dev, void *ptr);
+	/* copy_h2d and copy_d2h are complete when they return (the host
+	 * buffer may be reused or read at once); memset0 and copy_d2d may be
+	 * queued, ordered with the kernels. */
 	int (*memset0)(struct device *dev, void *ptr, size_t bytes);
 	int (*copy_h2d)(struct device *dev, void *dst, const void *src, size_t bytes);
 	int (*copy_d2h)(struct device *dev, void *dst, const void *src, size_t bytes);

@@ -287,7 +287,10 @@ static int native_initialize(struct engine *e, const struct engine_init_config *
 	rc = dops->open(&n->dev, cfg->threads, cfg->bf16_matmul ? MATMUL_BF16 : MATMUL_FP32);
 	if (rc) {
 		n->dev = NULL;
-		return eng_fail(err, rc, "device %s: open failed", cfg->device);
+		return eng_fail(err, rc, "device %s: open failed (%s%s)", cfg->device,
+				eng_strerror(rc),
+				rc == -ENODEV ? ": no such device or driver"
+				: rc == -ELIBACC ? ": a device library is missing" : "");
 	}
 	bytes = n->table.total * sizeof(float);
 	n->wl = calloc(n->cfg.num_layers, sizeof(*n->wl));
@@ -766,6 +769,7 @@ static void native_status(struct engine *e, struct engine_status *ret)
 	ret->lr = native_current_lr(n);
 	ret->num_parameters = n->table.total;
 	ret->device_memory = n->dev->ops->mem_in_use(n->dev);
+	ret->failed = n->dev->failed;
 	ret->host_memory = 0;
 	for (int f = 0; f < FAM_COUNT; f++)
 		if (n->fam[f].host)
@@ -793,3 +797,5 @@ static void native_status(struct engine *e, struct engine_status *ret)
 
 const struct engine_ops native_lm_cpu_ops = NATIVE_OPS("language_model", "cpu");
 const struct engine_ops native_value_cpu_ops = NATIVE_OPS("value_model", "cpu");
+const struct engine_ops native_lm_cuda_ops = NATIVE_OPS("language_model", "cuda");
+const struct engine_ops native_value_cuda_ops = NATIVE_OPS("value_model", "cuda");

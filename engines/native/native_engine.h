@@ -13,6 +13,8 @@
 
 extern const struct engine_ops native_lm_cpu_ops;
 extern const struct engine_ops native_value_cpu_ops;
+extern const struct engine_ops native_lm_cuda_ops;
+extern const struct engine_ops native_value_cuda_ops;
 
 /* Device scratch for one micro-batch's inputs and outputs. */
 struct native_io {

@@ -110,6 +110,9 @@ void native_rebind(struct native *n)
 
 	model_weights_bind(&n->table, &n->cfg, p, &n->model.w);
 	model_weights_bind(&n->table, &n->cfg, g, &n->model.g);
+	/* the region where the device may cache derived copies (bf16) */
+	n->dev->param_base = n->fam[FAM_PARAMS].dev;
+	n->dev->param_bytes = n->fam[FAM_PARAMS].dev ? n->table.total * sizeof(float) : 0;
 	n->dev->param_version++;
 }
 

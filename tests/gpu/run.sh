@@ -147,7 +147,8 @@ for t in "${targets[@]}"; do
   case $rc in
     0) status=PASS ;;
     77) status="SKIP (no GPU?)"; failed=1 ;;
-    124|137) status="TIMEOUT after ${dt}s"; failed=1 ;;
+    124) status="TIMEOUT after ${dt}s"; failed=1 ;;
+    137) status="KILLED after ${dt}s (time limit or out of memory)"; failed=1 ;;
     *) status="FAIL (exit $rc)"; failed=1 ;;
   esac
   line="$t: $status, ${dt}s"

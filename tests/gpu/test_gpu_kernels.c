@@ -408,7 +408,11 @@ static void test_elementwise(void)
 
 /* ---- attention ---- */
 
-static void test_attention(const int32_t *lens, int nseq, int64_t H, int64_t KV, int64_t D)
+/* gd: the CUDA device under test (fp32: the fp32 kernels; bf16: the
+ * tensor-core kernels for D in {64, 128}); tol: relative error allowed on
+ * out, dq, dk, dv; tol_lse: absolute on lse. */
+static void test_attention_on(struct device *gd, const int32_t *lens, int nseq, int64_t H,
+			      int64_t KV, int64_t D, double tol, double tol_lse)
 {
 	int32_t cu[65];
 	int64_t T = 0;
@@ -438,25 +442,25 @@ static void test_attention(const int32_t *lens, int nseq, int64_t H, int64_t KV,
 	pcu = pair_up(cu, (nseq + 1) * 4);
 	gt_check(cpu->k->attention_fwd(cpu, po.c, pl.c, pq.c, pk.c, pv.c, pcu.c, nseq, T, H, KV, D,
 				       scale) == 0, "cpu attention_fwd");
-	gt_check(gpu->k->attention_fwd(gpu, po.g, pl.g, pq.g, pk.g, pv.g, pcu.g, nseq, T, H, KV, D,
-				       scale) == 0, "cuda attention_fwd rc");
+	gt_check(gd->k->attention_fwd(gd, po.g, pl.g, pq.g, pk.g, pv.g, pcu.g, nseq, T, H, KV, D,
+				       scale) == 0 && gd->ops->sync(gd) == 0, "cuda attention_fwd rc");
 	pair_down(&po, &a, &b);
-	gt_check(gt_rel_err(b, a, T * H * D, 0) < 5e-5, "attention out T=%lld H=%lld KV=%lld "
-		 "D=%lld err %.3g", (long long)T, (long long)H, (long long)KV, (long long)D,
-		 gt_rel_err(b, a, T * H * D, 0));
+	gt_check(gt_rel_err(b, a, T * H * D, 0) < tol, "attention %s out T=%lld H=%lld KV=%lld "
+		 "D=%lld err %.3g", gd->prec ? "bf16" : "fp32", (long long)T, (long long)H,
+		 (long long)KV, (long long)D, gt_rel_err(b, a, T * H * D, 0));
 	free(a);
 	free(b);
 	pair_down(&pl, &a, &b);
-	gt_check(gt_max_abs_err(b, a, H * T) < 1e-5, "attention lse D=%lld err %.3g",
+	gt_check(gt_max_abs_err(b, a, H * T) < tol_lse, "attention lse D=%lld err %.3g",
 		 (long long)D, gt_max_abs_err(b, a, H * T));
 	free(a);
 	free(b);
 	/* the backward runs on each device's own forward results */
 	gt_check(cpu->k->attention_bwd(cpu, pdq.c, pdk.c, pdv.c, pdo.c, pq.c, pk.c, pv.c, po.c,
 				       pl.c, pcu.c, nseq, T, H, KV, D, scale) == 0, "cpu attention_bwd");
-	gt_check(gpu->k->attention_bwd(gpu, pdq.g, pdk.g, pdv.g, pdo.g, pq.g, pk.g, pv.g, po.g,
-				       pl.g, pcu.g, nseq, T, H, KV, D, scale) == 0,
-		 "cuda attention_bwd rc");
+	gt_check(gd->k->attention_bwd(gd, pdq.g, pdk.g, pdv.g, pdo.g, pq.g, pk.g, pv.g, po.g,
+				       pl.g, pcu.g, nseq, T, H, KV, D, scale) == 0 &&
+		 gd->ops->sync(gd) == 0, "cuda attention_bwd rc");
 	{
 		struct pair *outs[3] = { &pdq, &pdk, &pdv };
 		const char *names[3] = { "dq", "dk", "dv" };
@@ -464,11 +468,13 @@ static void test_attention(const int32_t *lens, int nseq, int64_t H, int64_t KV,
 
 		for (int i = 0; i < 3; i++) {
 			pair_down(outs[i], &a, &b);
-			gt_check(gt_rel_err(b, a, sizes[i], 0) < 5e-5, "attention %s D=%lld err %.3g",
-				 names[i], (long long)D, gt_rel_err(b, a, sizes[i], 0));
+			gt_check(gt_rel_err(b, a, sizes[i], 0) < tol, "attention %s %s D=%lld err %.3g",
+				 gd->prec ? "bf16" : "fp32", names[i], (long long)D,
+				 gt_rel_err(b, a, sizes[i], 0));
 			if (i == 1) {
-				gpu->k->attention_bwd(gpu, pdq.g, pdk.g, pdv.g, pdo.g, pq.g, pk.g, pv.g,
+				gd->k->attention_bwd(gd, pdq.g, pdk.g, pdv.g, pdo.g, pq.g, pk.g, pv.g,
 						      po.g, pl.g, pcu.g, nseq, T, H, KV, D, scale);
+				gd->ops->sync(gd);
 				again = gt_down(gpu, pdk.g, sizes[1] * 4);
 				det = memcmp(again, b, sizes[1] * 4) == 0;
 				free(again);
@@ -494,6 +500,19 @@ static void test_attention(const int32_t *lens, int nseq, int64_t H, int64_t KV,
 	free(dout);
 }
 
+static void test_attention(const int32_t *lens, int nseq, int64_t H, int64_t KV, int64_t D)
+{
+	test_attention_on(gpu, lens, nseq, H, KV, D, 5e-5, 1e-5);
+}
+
+/* The bf16 tensor-core kernels against the fp32 CPU reference: inputs and
+ * probabilities rounded to bf16 (relative 2^-9) through two products;
+ * scores of |s| <~ 8 give lse errors ~ 8 * 2^-8. */
+static void test_attention_bf16(const int32_t *lens, int nseq, int64_t H, int64_t KV, int64_t D)
+{
+	test_attention_on(gpu16, lens, nseq, H, KV, D, 3e-2, 5e-2);
+}
+
 static void test_attentions(void)
 {
 	static const int32_t mixed[] = { 1, 7, 64, 65, 130, 300, 2, 33 };
@@ -505,6 +524,9 @@ static void test_attentions(void)
 	test_attention(one, 1, 2, 1, 128);
 	test_attention(mixed, 8, 2, 1, 256);
 	test_attention(mixed, 8, 4, 2, 80);
+	test_attention_bf16(mixed, 8, 8, 2, 64);
+	test_attention_bf16(mixed, 8, 4, 2, 128);
+	test_attention_bf16(one, 1, 2, 1, 128);
 }
 
 /* ---- log-prob ---- */
@@ -556,6 +578,91 @@ static void test_logprob(int64_t R, int64_t V, float inv_temp)
 	free(l);
 	free(dl);
 	free(de);
+	free(tg);
+}
+
+/* The LM head's vocabulary-chunk path: chunk_fwd over the chunks of each
+ * row, finish, then chunk_bwd per chunk; against the CPU device. */
+static void test_logprob_chunks(int64_t R, int64_t V, int64_t cols, float inv_temp)
+{
+	float *l = rnd(R * V, -8, 8), *dl = rnd(R, -1, 1), *de = rnd(R, -1, 1);
+	float *chunk = gt_xmalloc((size_t)(R * cols) * 4), *a, *b;
+	int32_t *tg = gt_xmalloc(R * 4);
+	struct pair pst, pt, plg, plp, pe, pls, pez, pdl, pde;
+	double worst = 0;
+
+	for (int64_t r = 0; r < R; r++)
+		tg[r] = r % 5 == 4 ? -1 : (int32_t)(gt_u64() % V);
+	pst = pair_up(NULL, R * sizeof(struct logprob_stats));
+	pt = pair_up(tg, R * 4);
+	plg = pair_up(NULL, R * cols * 4);
+	plp = pair_up(NULL, R * 4);
+	pe = pair_up(NULL, R * 4);
+	pls = pair_up(NULL, R * 4);
+	pez = pair_up(NULL, R * 4);
+	pdl = pair_up(dl, R * 4);
+	pde = pair_up(de, R * 4);
+	for (int pass = 0; pass < 2; pass++) {
+		for (int64_t v0 = 0; v0 < V; v0 += cols) {
+			int64_t Vc = V - v0 < cols ? V - v0 : cols;
+			int r1, r2;
+
+			for (int64_t r = 0; r < R; r++)
+				memcpy(chunk + r * Vc, l + r * V + v0, (size_t)Vc * 4);
+			cpu->ops->copy_h2d(cpu, plg.c, chunk, R * Vc * 4);
+			gpu->ops->copy_h2d(gpu, plg.g, chunk, R * Vc * 4);
+			if (pass == 0) {
+				r1 = cpu->k->logprob_chunk_fwd(cpu, pst.c, plg.c, pt.c, R, v0, Vc,
+							       inv_temp, v0 == 0);
+				r2 = gpu->k->logprob_chunk_fwd(gpu, pst.g, plg.g, pt.g, R, v0, Vc,
+							       inv_temp, v0 == 0);
+				gt_check(r1 == 0 && r2 == 0, "logprob_chunk_fwd rc");
+				continue;
+			}
+			r1 = cpu->k->logprob_chunk_bwd(cpu, plg.c, pt.c, pls.c, pez.c, pdl.c, pde.c, R,
+						       v0, Vc, inv_temp);
+			r2 = gpu->k->logprob_chunk_bwd(gpu, plg.g, pt.g, pls.g, pez.g, pdl.g, pde.g, R,
+						       v0, Vc, inv_temp);
+			gt_check(r1 == 0 && r2 == 0, "logprob_chunk_bwd rc");
+			a = gt_down(cpu, plg.c, R * Vc * 4);
+			b = gt_down(gpu, plg.g, R * Vc * 4);
+			worst = fmax(worst, gt_rel_err(b, a, R * Vc, 1e-6));
+			free(a);
+			free(b);
+		}
+		if (pass == 0) {
+			struct pair *outs[4] = { &plp, &pe, &pls, &pez };
+			const char *names[4] = { "logp", "entropy", "lse", "ez" };
+
+			gt_check(cpu->k->logprob_chunk_finish(cpu, plp.c, pe.c, pls.c, pez.c, pst.c,
+							      pt.c, R) == 0 &&
+				 gpu->k->logprob_chunk_finish(gpu, plp.g, pe.g, pls.g, pez.g, pst.g,
+							      pt.g, R) == 0, "logprob_chunk_finish rc");
+			for (int i = 0; i < 4; i++) {
+				pair_down(outs[i], &a, &b);
+				gt_check(gt_max_abs_err(b, a, R) < 2e-5, "logprob chunks V=%lld cols=%lld "
+					 "%s err %.3g", (long long)V, (long long)cols, names[i],
+					 gt_max_abs_err(b, a, R));
+				free(a);
+				free(b);
+			}
+		}
+	}
+	gt_check(worst < 2e-5, "logprob_chunk_bwd V=%lld cols=%lld err %.3g", (long long)V,
+		 (long long)cols, worst);
+	pair_free(&pst);
+	pair_free(&pt);
+	pair_free(&plg);
+	pair_free(&plp);
+	pair_free(&pe);
+	pair_free(&pls);
+	pair_free(&pez);
+	pair_free(&pdl);
+	pair_free(&pde);
+	free(l);
+	free(dl);
+	free(de);
+	free(chunk);
 	free(tg);
 }
 
@@ -733,6 +840,8 @@ int main(void)
 	test_attentions();
 	test_logprob(37, 151936, 1.0f);
 	test_logprob(200, 50, 1.0f / 0.7f);
+	test_logprob_chunks(37, 151936, 2048, 1.0f);
+	test_logprob_chunks(300, 1000, 96, 1.0f / 0.7f);
 	test_optim();
 	test_convert();
 	test_memory();

@@ -86,7 +86,11 @@ int main(void)
 	gt_check(st.host_memory == 4 * fam, "host memory %zu != 4 x %zu", st.host_memory, fam);
 
 	for (int k = 0; k < 3; k++) {
+		double t_in, t_out;
+
+		t_in = gt_now();
 		set_mode(a, ENGINE_MODE_TRAIN);
+		t_in = gt_now() - t_in;
 		engine_status(a, &st);
 		on_dev = used_mib();
 		gt_check(st.device_memory >= 4 * fam, "TRAIN: only %zu bytes on the device",
@@ -96,11 +100,15 @@ int main(void)
 		gt_step(a);
 		gt_step(b);
 		gt_check(la == lb, "step %d: loss %.9g (moved) != %.9g (resident)", k, la, lb);
+		t_out = gt_now();
 		set_mode(a, ENGINE_MODE_IDLE);
+		t_out = gt_now() - t_out;
 		engine_status(a, &st);
 		off_dev = used_mib();
 		gt_note("step %d: loss %.5f; device memory in TRAIN %zu MiB, IDLE %zu MiB "
-			"(engine count %zu bytes)", k, la, on_dev, off_dev, st.device_memory);
+			"(engine count %zu bytes); load %.2f s (%.1f GB/s), offload %.2f s "
+			"(%.1f GB/s)", k, la, on_dev, off_dev, st.device_memory, t_in,
+			4e-9 * fam / t_in, t_out, 4e-9 * fam / t_out);
 		gt_check(st.device_memory < (1u << 20), "IDLE: engine still holds %zu bytes",
 			 st.device_memory);
 		/* b holds its own 4 families + activations: compare a's share */

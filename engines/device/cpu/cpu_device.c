@@ -78,12 +78,15 @@ static int cpu_open(struct device **ret, int threads, enum matmul_precision prec
 	cd->base.ops = &cpu_device_ops;
 	cd->base.k = &cpu_kernel_table;
 	cd->base.prec = prec;
+	if (getenv("ENGINED_CPU_FAIL_AT_ALLOC"))
+		cd->fail_at_alloc = atol(getenv("ENGINED_CPU_FAIL_AT_ALLOC"));
 	cd->base.host_memory = !getenv("ENGINED_CPU_DISCRETE") ||
 			       strcmp(getenv("ENGINED_CPU_DISCRETE"), "1") != 0;
 	if (threads > 0)
 		omp_set_num_threads(threads);
 	cd->threads = threads > 0 ? threads : omp_get_max_threads();
 	atomic_init(&cd->in_use, 0);
+	atomic_init(&cd->allocs, 0);
 	r = cpu_gemm_init(cd);
 	if (r < 0) {
 		cpu_close(&cd->base);
@@ -95,9 +98,16 @@ static int cpu_open(struct device **ret, int threads, enum matmul_precision prec
 
 static void *cpu_alloc(struct device *dev, size_t bytes)
 {
+	struct cpu_device *cd = cpu_dev(dev);
 	struct cpu_block *b;
 	size_t total;
 
+	if (dev->failed)
+		return NULL;
+	if (cd->fail_at_alloc > 0 && atomic_fetch_add(&cd->allocs, 1) + 1 >= cd->fail_at_alloc) {
+		dev->failed = "injected device failure (ENGINED_CPU_FAIL_AT_ALLOC)";
+		return NULL;
+	}
 	if (bytes > SIZE_MAX - 2 * CPU_ALIGN || device_alloc_fault())
 		return NULL;
 	total = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN + CPU_ALIGN;
@@ -105,7 +115,7 @@ static void *cpu_alloc(struct device *dev, size_t bytes)
 	if (!b)
 		return NULL;
 	b->bytes = bytes;
-	atomic_fetch_add(&cpu_dev(dev)->in_use, bytes);
+	atomic_fetch_add(&cd->in_use, bytes);
 	return (char *)b + CPU_ALIGN;
 }
 

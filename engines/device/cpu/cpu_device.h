@@ -49,6 +49,11 @@ struct cpu_device {
 	/* attention backward: 0 = choose by shape and threads, 1 = two
 	 * passes, 2 = fused (tests set it to cover both) */
 	int attn_bwd_path;
+	/* ENGINED_CPU_FAIL_AT_ALLOC=N (tests of the daemon's failure path):
+	 * the N-th device allocation marks the device failed, as a sticky CUDA
+	 * error would. 0 = off. */
+	long fail_at_alloc;
+	atomic_long allocs;
 };
 
 static inline struct cpu_device *cpu_dev(struct device *dev)

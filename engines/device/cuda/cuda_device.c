@@ -50,9 +50,11 @@ int cuda_alive(struct device *dev)
 
 	if (dev->failed)
 		return -EIO;
-	/* The current device is per host thread; the engine may run on a
-	 * thread other than the one that opened the device. */
-	if (cd->ordinal != 0 && cudaSetDevice(cd->ordinal) != cudaSuccess)
+	/* The current device (and context) is per host thread, and the
+	 * engine may run on a thread other than the one that opened the
+	 * device; cuBLASLt calls need the context current. Cheap when it
+	 * already is. */
+	if (cudaSetDevice(cd->ordinal) != cudaSuccess)
 		return cuda_err(dev, cudaGetLastError());
 	return 0;
 }
@@ -182,7 +184,9 @@ void *cuda_scratch(struct device *dev, enum cuda_scratch_slot slot, size_t bytes
 		rounded = CUDA_ALIGN;
 	if (cudaMalloc(&p, rounded) != cudaSuccess) {
 		(void)cudaGetLastError();
-		/* a big slot may be worth more than the cached weights */
+		/* a big slot may be worth more than the cached weights,
+		 * which queued products may still read */
+		(void)cudaStreamSynchronize(cd->stream);
 		cuda_gemm_trim(cd);
 		if (cudaMalloc(&p, rounded) != cudaSuccess) {
 			(void)cudaGetLastError();

@@ -131,6 +131,17 @@ int cuda_logprob_bwd(struct device *dev, float *logits, const int32_t *target,
 		     const float *dlogp, const float *dent,
 		     int64_t R, int64_t V, float inv_temp);
 
+int cuda_logprob_chunk_fwd(struct device *dev, struct logprob_stats *stats,
+			   const float *logits, const int32_t *target,
+			   int64_t R, int64_t v0, int64_t Vc, float inv_temp, bool first);
+int cuda_logprob_chunk_finish(struct device *dev, float *logp, float *ent,
+			      float *lse, float *ez, const struct logprob_stats *stats,
+			      const int32_t *target, int64_t R);
+int cuda_logprob_chunk_bwd(struct device *dev, float *logits, const int32_t *target,
+			   const float *lse, const float *ez, const float *dlogp,
+			   const float *dent, int64_t R, int64_t v0, int64_t Vc,
+			   float inv_temp);
+
 int cuda_sumsq(struct device *dev, double *ret, const float *x, int64_t n);
 int cuda_all_finite(struct device *dev, bool *ret, const float *x, int64_t n);
 int cuda_adamw(struct device *dev, float *p, const float *grad, float *m,
