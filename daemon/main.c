@@ -31,6 +31,7 @@
 #include <uv.h>
 
 #include "daemon.h"
+#include "device/device.h"
 #include "log.h"
 #include "paths.h"
 #include "tls.h"
@@ -485,6 +486,9 @@ int main(int argc, char **argv)
 		ENGINED_VERSION, m.listen_desc, have_pem ? (cfg.tls_client_ca ?
 		" (mutual TLS)" : " (TLS)") : "", cfg.token_file ? " with bearer tokens" : "",
 		ckpt_real, model_real, engine_registry_keys());
+	if (!device_find("cuda"))
+		log_msg(LOG_LVL_INFO, "the CUDA device was not built into this binary (devices: %s)",
+			device_names());
 	if (d.metrics.http_port > 0)
 		log_msg(LOG_LVL_INFO, "metrics on http://%s/metrics (port %d)", cfg.metrics_listen,
 			d.metrics.http_port);
