@@ -11,6 +11,7 @@
  * writer in the parent removes those whose process is gone.
  */
 #include "checkpoint.h"
+#include "../io/fileio.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -83,23 +84,6 @@ static bool plain_name(const char *s)
 	return s && *s && s[0] != '.' && !strchr(s, '/') && strlen(s) <= NAME_MAX - 32;
 }
 
-static int write_full(int fd, const void *buf, size_t len)
-{
-	const char *p = buf;
-
-	while (len) {
-		ssize_t n = write(fd, p, len);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return -errno;
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
 static int fsync_path(const char *path, struct eng_error *err)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -123,7 +107,7 @@ static int write_file(const char *path, const void *data, size_t len, struct eng
 	if (fd < 0)
 		return eng_fail(err, errno_code(errno), "%s: cannot create: %s", path,
 				strerror(errno));
-	rc = write_full(fd, data, len);
+	rc = io_write_full(fd, data, len);
 	if (rc) {
 		close(fd);
 		return eng_fail(err, errno_code(-rc), "%s: write: %s", path, strerror(-rc));

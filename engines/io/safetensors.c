@@ -18,6 +18,7 @@
  * written.
  */
 #include "safetensors.h"
+#include "fileio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -144,24 +145,6 @@ static int pread_full(int fd, void *buf, size_t len, uint64_t off)
 			return -EBADMSG;
 		p += n;
 		off += (uint64_t)n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
-static int write_full(int fd, const void *buf, size_t len)
-{
-	const char *p = buf;
-
-	while (len) {
-		size_t chunk = len < ST_IO_MAX ? len : ST_IO_MAX;
-		ssize_t n = write(fd, p, chunk);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return -errno;
-		p += n;
 		len -= (size_t)n;
 	}
 	return 0;
@@ -819,7 +802,7 @@ static int out_raw(struct st_out *o, const char *p, size_t len)
 		size_t n = len < ST_CHUNK ? len : ST_CHUNK;
 
 		XXH64_update(o->xs, p, n);
-		rc = write_full(o->fd, p, n);
+		rc = io_write_full(o->fd, p, n);
 		if (rc)
 			return rc;
 		o->total += n;
