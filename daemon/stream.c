@@ -643,24 +643,17 @@ static int run_stream(struct stream *s, struct eng_error *err)
 
 /* --- the job --------------------------------------------------------------- */
 
-/* Whether the parameter views are the engine's own host memory (the cpu
- * device with host memory), valid for the whole job and readable from the
- * workers, so that FLOAT32 can go out zero-copy. engine.h promises views
- * valid until parameters change, but the native engine stages a device's
- * parameters through one buffer per call (cuda, and the cpu device in
- * discrete mode, ENGINED_CPU_DISCRETE=1, which is read here the way the
- * device reads it): those go through engine_param_copy on the engine
- * thread. The engine key ends with the device ("language_model/native/cpu"). */
+/* Whether the parameters are the engine's own host memory (the CPU device),
+ * valid for the whole job and readable from the workers, so that FLOAT32
+ * goes out zero-copy. Otherwise (device memory: CUDA, or the CPU device in
+ * discrete mode) slices come through engine_param_copy on the engine thread.
+ * All parameters share one family, so the first tells for all. */
 static bool params_on_host(struct engine *e)
 {
-	const char *discrete = getenv("ENGINED_CPU_DISCRETE");
-	struct engine_status st;
-	const char *dev;
+	struct engine_param_view v;
 
-	memset(&st, 0, sizeof(st));
-	engine_status(e, &st);
-	dev = strrchr(st.key, '/');
-	return dev && strcmp(dev + 1, "cpu") == 0 && !(discrete && strcmp(discrete, "1") == 0);
+	return engine_num_params(e) > 0 && engine_param_info(e, 0, &v, NULL) == 0 &&
+	       v.host_resident;
 }
 
 static int find_param(struct engine *e, int64_t n, const char *name, int64_t *ret,
@@ -669,7 +662,7 @@ static int find_param(struct engine *e, int64_t n, const char *name, int64_t *re
 	struct engine_param_view v;
 
 	for (int64_t i = 0; i < n; i++) {
-		int r = engine_param(e, i, &v, err);
+		int r = engine_param_info(e, i, &v, err);
 
 		if (r < 0)
 			return r;
@@ -706,7 +699,7 @@ static int collect_tensors(struct stream *s, const Engined__V1__GetPerTensorPara
 			if (r < 0)
 				return r;
 		}
-		r = engine_param(e, t->index, &v, err);
+		r = engine_param_info(e, t->index, &v, err);
 		if (r < 0)
 			return r;
 		t->name = v.name;

@@ -241,6 +241,14 @@ size_t engine_dtype_size(enum engine_dtype dtype)
 	}
 }
 
+int engine_param_info(struct engine *e, int64_t i, struct engine_param_view *ret,
+		      struct eng_error *err)
+{
+	if (i < 0 || i >= e->ops->num_params(e))
+		return eng_fail(err, -EINVAL, "index: parameter %lld out of range", (long long)i);
+	return e->ops->param_info(e, i, ret);
+}
+
 int engine_param_copy(struct engine *e, int64_t i, enum engine_dtype dtype,
 		      int64_t start, int64_t count, void *dst, struct eng_error *err)
 {
@@ -249,7 +257,7 @@ int engine_param_copy(struct engine *e, int64_t i, enum engine_dtype dtype,
 
 	if (!engine_dtype_size(dtype))
 		return eng_fail(err, -EINVAL, "dtype: unsupported dtype %d", (int)dtype);
-	rc = engine_param(e, i, &v, err);
+	rc = engine_param_info(e, i, &v, err);
 	if (rc)
 		return rc;
 	if (start < 0 || count < 0 || start + count > v.numel)

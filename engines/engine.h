@@ -179,6 +179,10 @@ struct engine_param_view {
 	int64_t shape[4];
 	int64_t numel;
 	const float *host_data;     /* fp32, host-readable (the engine stages it) */
+	/* True when host_data is the engine's own state in host memory (not a
+	 * staged copy): it stays valid, and may be read from other threads,
+	 * until parameters or placement change. */
+	bool host_resident;
 };
 
 struct engine;  /* opaque */
@@ -205,6 +209,7 @@ struct engine_ops {
 		     struct eng_error *err);
 	int (*grad)(struct engine *e, int64_t i, struct engine_param_view *ret,
 		    struct eng_error *err);
+	int (*param_info)(struct engine *e, int64_t i, struct engine_param_view *ret);
 	int (*param_copy)(struct engine *e, int64_t i, enum engine_dtype dtype,
 			  int64_t start, int64_t count, void *dst, struct eng_error *err);
 	/* `dir` is an absolute path already confined by the caller. */
@@ -265,6 +270,10 @@ int engine_to(struct engine *e, bool to_device, bool model, bool optimizer,
 int64_t engine_num_params(struct engine *e);
 int engine_param(struct engine *e, int64_t i, struct engine_param_view *ret,
 		 struct eng_error *err);
+/* Name, shape and numel of parameter i without copying anything: host_data
+ * is set only when host_resident (else NULL). */
+int engine_param_info(struct engine *e, int64_t i, struct engine_param_view *ret,
+		      struct eng_error *err);
 /* Copy elements [start, start + count) of parameter i, converted to `dtype`
  * (bf16 / f16 rounded to nearest even by the device), into host memory
  * dst (count * element size bytes). For weight streaming: the conversion

@@ -665,6 +665,28 @@ static int64_t native_num_params(struct engine *e)
 	return N(e)->table.count;
 }
 
+static void fill_info(struct native *n, enum native_fam f, int64_t i,
+		      struct engine_param_view *ret)
+{
+	const struct param_entry *p = &n->table.entries[i];
+	const float *h = native_family_host_ptr(n, f);
+
+	memset(ret, 0, sizeof(*ret));
+	ret->name = p->name;
+	ret->ndim = p->ndim;
+	ret->shape[0] = p->shape[0];
+	ret->shape[1] = p->shape[1];
+	ret->numel = p->numel;
+	ret->host_resident = h != NULL;
+	ret->host_data = h ? h + p->offset : NULL;
+}
+
+static int native_param_info(struct engine *e, int64_t i, struct engine_param_view *ret)
+{
+	fill_info(N(e), FAM_PARAMS, i, ret);
+	return 0;
+}
+
 /* A host-readable view of tensor i of family f: in place when the family is
  * host-readable, else staged (one tensor at a time) through n->stage. */
 static int view(struct native *n, enum native_fam f, int64_t i,
@@ -691,12 +713,7 @@ static int view(struct native *n, enum native_fam f, int64_t i,
 			return eng_fail(err, rc, "%s: copy from device failed", p->name);
 		src = s;
 	}
-	memset(ret, 0, sizeof(*ret));
-	ret->name = p->name;
-	ret->ndim = p->ndim;
-	ret->shape[0] = p->shape[0];
-	ret->shape[1] = p->shape[1];
-	ret->numel = p->numel;
+	fill_info(n, f, i, ret);
 	ret->host_data = src;
 	return 0;
 }
@@ -788,6 +805,7 @@ static void native_status(struct engine *e, struct engine_status *ret)
 		.num_params = native_num_params,                \
 		.param = native_param,                          \
 		.grad = native_grad,                            \
+		.param_info = native_param_info,                \
 		.param_copy = native_param_copy,                \
 		.save_checkpoint = native_save_checkpoint,      \
 		.load_checkpoint = native_load_checkpoint,      \

@@ -180,23 +180,25 @@ def kl_penalty(lp, ref, kind):
 # --------------------------------------------------------------------------
 # the reference
 
-def reference(case, spec, selected=None):
-    P = Padded(case["seq_lens"])
-    arr = {k: torch.tensor(v) for k, v in case["arrays"].items()}
-    leaves = {}
-    for k in ("log_probs", "entropy", "values"):
-        if k in arr:
-            leaves[k] = arr[k].clone().requires_grad_(True)
-    pad = {k: P.pad(v) for k, v in arr.items() if k not in leaves}
-    for k, v in leaves.items():
-        pad[k] = P.pad(v)
+def objective(seq_lens, packed, spec, norm=None, selected=None):
+    """The loss of `spec` and its metrics on a packed batch.
+
+    seq_lens: [S]; packed: {array name: float64 tensor [n]} with the model
+    outputs (log_probs, entropy, values) and the request arrays present;
+    outputs may carry autograd graphs (the parity suite passes ref_model's),
+    so the returned loss backpropagates into whatever produced them.
+    norm: {"tokens", "seqs", "horizon"} explicit normalizers (loss.h), absent
+    or 0 = the batch's own counts. Returns (loss: 0-dim tensor, metrics:
+    {name: float}); counts branches into COVER."""
+    P = Padded(seq_lens)
+    pad = {k: P.pad(v) for k, v in packed.items()}
     if "loss_mask" in pad:
         m = pad["loss_mask"]
     else:
         m = P.valid.double().clone()
         m[:, 0] = 0.0
     m = m * P.valid.double()
-    norm = case.get("norm", {})
+    norm = norm or {}
     own_tok = float(m.sum())
     own_seq = float((m.sum(-1) > 0).sum())
     g = dict(dp=spec["dp_size"],
@@ -250,10 +252,24 @@ def reference(case, spec, selected=None):
     metrics["num_tokens"] = own_tok
     metrics["num_sequences"] = float(P.B)
     cover("fully masked sequence", ((m.sum(-1) == 0) & (P.valid.sum(-1) > 0)).sum())
+    return loss, metrics
+
+
+def reference(case, spec, selected=None):
+    """Loss, metrics and per-token gradients of a JSON case (lists of
+    float32 values), the outputs being autograd leaves."""
+    arr = {k: torch.tensor(v) for k, v in case["arrays"].items()}
+    leaves = {}
+    for k in ("log_probs", "entropy", "values"):
+        if k in arr:
+            leaves[k] = arr[k].clone().requires_grad_(True)
+    packed = dict(arr)
+    packed.update(leaves)
+    loss, metrics = objective(case["seq_lens"], packed, spec, case.get("norm"), selected)
     if loss.requires_grad:
         loss.backward()
     out = {"loss": loss.item(), "metrics": metrics}
-    n = P.n
+    n = sum(case["seq_lens"])
     for k, ok in (("log_probs", "d_log_probs"), ("entropy", "d_entropy"),
                   ("values", "d_values")):
         if k in leaves and leaves[k].grad is not None:

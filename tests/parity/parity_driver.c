@@ -7,24 +7,36 @@
  *   CASE_DIR/model/config.json, CASE_DIR/model/model.safetensors
  *       the HF config and the initial fp32 weights (the engine loads them);
  *   CASE_DIR/batch.safetensors, all F32 (ids are exact in F32 below 2^24):
- *       input_ids [N], seq_lens [S], g_logp [N], g_ent [N], g_val [N]
- *       (upstream gradients dL/dlogp, dL/dentropy, dL/dvalue, request order);
+ *       input_ids [N], seq_lens [S], and either (gradient mode)
+ *       g_logp [N], g_ent [N], g_val [N] (upstream gradients dL/dlogp,
+ *       dL/dentropy, dL/dvalue, request order), or (loss mode) any of the
+ *       request arrays loss_mask, old_log_probs, ref_log_probs, advantages,
+ *       returns, old_values, is_weights, token_weights [N];
  *   CASE_DIR/case.json: {"model_type", "temperature", "lr", "beta1", "beta2",
  *       "eps", "weight_decay", "clip_grad", "max_tokens_per_micro_batch",
- *       "steps", "threads"}.
+ *       "steps", "threads"} and optionally "lm_tile_floats" and
+ *       "loss": {"name": "ppo", "options": [["key", "value"], ...]}, which
+ *       selects loss mode.
  *
  * What it does: engine_create (device "cpu", backend "native"), TRAIN mode
- * (so that grads survive between calls), forward_backward with a loss that
- * writes the given upstream gradients (loss = sum g*output), dumps outputs
+ * (so that grads survive between calls), forward_backward, dumps outputs
  * and every parameter's gradient, then takes `steps` optimizer steps, each
  * but the first preceded by the same forward_backward, and dumps the
- * parameters.
+ * parameters. The loss of forward_backward is, in gradient mode, one that
+ * writes the given upstream gradients (loss = sum g*output); in loss mode,
+ * the loss library driven exactly as the daemon drives it (daemon/fb_loss.c,
+ * h_run_forward_backward): loss_spec_init + loss_spec_set per option +
+ * loss_spec_validate against the arrays present, then per call
+ * loss_engine_ctx_init, loss_engine_fn as the engine's loss,
+ * loss_engine_ctx_result.
  *
  * Output: CASE_DIR/results.safetensors (F32):
  *   log_probs [N], entropy [N] (language model) or values [N] (value model),
  *   grad/<hf name>, param/<hf name> (after the steps);
- *   metadata: num_micro_batches, loss (first call), grad_norms, skipped,
- *   lrs (comma-separated, one per step).
+ *   metadata: num_micro_batches, losses (one per forward_backward call),
+ *   loss (the first call's), grad_norms, skipped, lrs (one per step); in
+ *   loss mode also metric/<name> (one per call) for each metric the loss
+ *   library reports present.
  * Exit status 0 on success, 1 with a message on stderr otherwise.
  */
 #include <jansson.h>
@@ -35,6 +47,7 @@
 
 #include "engine.h"
 #include "io/safetensors.h"
+#include "loss/loss_engine.h"
 
 struct parity_case {
 	char model_type[32];
@@ -44,7 +57,13 @@ struct parity_case {
 	int64_t lm_tile;
 	int steps;
 	int threads;
+	bool has_loss;          /* loss mode: "loss" in case.json */
+	struct loss_spec spec;  /* parsed, validated against the batch later */
 };
+
+/* The request arrays of loss mode are the first LOSS_IN_ENTROPY entries of
+ * enum loss_input, named by loss_input_str. */
+enum { NUM_REQ_ARRAYS = LOSS_IN_ENTROPY };
 
 struct parity_batch {
 	int64_t n;
@@ -54,6 +73,7 @@ struct parity_batch {
 	float *g_logp;       /* [n] */
 	float *g_ent;        /* [n] */
 	float *g_val;        /* [n] */
+	float *req[NUM_REQ_ARRAYS];  /* [n] each or NULL (loss mode) */
 };
 
 /* The loss seam: upstream gradients are given per request token. */
@@ -102,6 +122,40 @@ static int json_num(json_t *root, const char *key, double *ret)
 	return 0;
 }
 
+/* "loss": {"name", "options": [[key, value], ...]} -> c->spec. */
+static int read_loss(json_t *loss, struct parity_case *c)
+{
+	struct eng_error err = { 0 };
+	const char *name = json_string_value(json_object_get(loss, "name"));
+	json_t *opts = json_object_get(loss, "options");
+	size_t i;
+
+	if (!name || (opts && !json_is_array(opts))) {
+		fprintf(stderr, "case.json: \"loss\" needs a \"name\" and an options array\n");
+		return -1;
+	}
+	if (loss_spec_init(&c->spec, name, &err)) {
+		fprintf(stderr, "case.json: loss: %s\n", err.msg);
+		return -1;
+	}
+	for (i = 0; opts && i < json_array_size(opts); i++) {
+		json_t *kv = json_array_get(opts, i);
+		const char *k = json_string_value(json_array_get(kv, 0));
+		const char *v = json_string_value(json_array_get(kv, 1));
+
+		if (!k || !v) {
+			fprintf(stderr, "case.json: loss.options[%zu] is not [key, value]\n", i);
+			return -1;
+		}
+		if (loss_spec_set(&c->spec, k, v, &err)) {
+			fprintf(stderr, "case.json: loss.options[%s]: %s\n", k, err.msg);
+			return -1;
+		}
+	}
+	c->has_loss = true;
+	return 0;
+}
+
 static int read_case(const char *dir, struct parity_case *c)
 {
 	char path[4096];
@@ -137,6 +191,9 @@ static int read_case(const char *dir, struct parity_case *c)
 	/* optional: LM-head tile size, small to force row and vocabulary chunks */
 	c->lm_tile = json_is_number(json_object_get(root, "lm_tile_floats"))
 		     ? (int64_t)json_number_value(json_object_get(root, "lm_tile_floats")) : 0;
+	c->has_loss = false;
+	if (json_object_get(root, "loss") && read_loss(json_object_get(root, "loss"), c))
+		rc = -1;
 	json_decref(root);
 	if (rc)
 		return -1;
@@ -202,14 +259,40 @@ static int read_floats(struct st_reader *r, const char *name, int64_t n, float *
 
 static void batch_free(struct parity_batch *b)
 {
+	int k;
+
 	free(b->input_ids);
 	free(b->seq_lens);
 	free(b->g_logp);
 	free(b->g_ent);
 	free(b->g_val);
+	for (k = 0; k < NUM_REQ_ARRAYS; k++)
+		free(b->req[k]);
 }
 
-static int read_batch(const char *dir, struct parity_batch *b, struct eng_error *err)
+/* loss mode: the request arrays present in the file (1-D of n each). */
+static int read_request(struct st_reader *r, struct parity_batch *b, struct eng_error *err)
+{
+	int k, rc;
+
+	for (k = 0; k < NUM_REQ_ARRAYS; k++) {
+		const char *name = loss_input_str((enum loss_input)k);
+		const struct st_tensor_info *ti = st_reader_find(r, name);
+
+		if (!ti)
+			continue;
+		if (ti->ndim != 1 || ti->shape[0] != b->n)
+			return eng_fail(err, -EINVAL, "batch: %s is not [%lld]", name,
+					(long long)b->n);
+		rc = read_floats(r, name, b->n, &b->req[k], err);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+static int read_batch(const char *dir, bool loss_mode, struct parity_batch *b,
+		      struct eng_error *err)
 {
 	char path[4096];
 	struct st_reader *r = NULL;
@@ -224,6 +307,12 @@ static int read_batch(const char *dir, struct parity_batch *b, struct eng_error 
 	if (!rc)
 		rc = read_ints(r, "seq_lens", &b->seq_lens, &ns, err);
 	b->num_seqs = (int32_t)ns;
+	if (loss_mode) {
+		if (!rc)
+			rc = read_request(r, b, err);
+		st_reader_close(r);
+		return rc;
+	}
 	if (!rc)
 		rc = read_floats(r, "g_logp", b->n, &b->g_logp, err);
 	if (!rc)
@@ -344,9 +433,17 @@ static int dump_outputs(struct dump *d, bool value_model, int64_t n, const float
 	return rc;
 }
 
+/* Metadata of loss mode: one comma-separated list of per-call values per
+ * metric the loss library reported present. */
+struct call_metrics {
+	bool present[LOSS_M_COUNT];
+	char text[LOSS_M_COUNT][512];
+};
+
 static int write_results(const char *dir, const struct dump *d, const char *mb,
-			 const char *loss, const char *norms, const char *skipped,
-			 const char *lrs, struct eng_error *err)
+			 const char *loss, const char *losses, const char *norms,
+			 const char *skipped, const char *lrs,
+			 const struct call_metrics *cm, struct eng_error *err)
 {
 	char path[4096];
 	struct st_writer *w = NULL;
@@ -364,6 +461,16 @@ static int write_results(const char *dir, const struct dump *d, const char *mb,
 	if (!rc)
 		rc = st_writer_meta(w, "loss", loss, err);
 	if (!rc)
+		rc = st_writer_meta(w, "losses", losses, err);
+	for (i = 0; i < LOSS_M_COUNT && !rc; i++) {
+		char key[64];
+
+		if (!cm->present[i])
+			continue;
+		snprintf(key, sizeof(key), "metric/%s", loss_metric_str((enum loss_metric_id)i));
+		rc = st_writer_meta(w, key, cm->text[i], err);
+	}
+	if (!rc)
 		rc = st_writer_meta(w, "grad_norms", norms, err);
 	if (!rc)
 		rc = st_writer_meta(w, "skipped", skipped, err);
@@ -376,6 +483,58 @@ static int write_results(const char *dir, const struct dump *d, const char *mb,
 	return st_writer_finish(w, NULL, NULL, err);
 }
 
+/* loss mode: check the spec against the arrays present, as daemon/fb_loss.c. */
+static int validate_loss(const struct parity_case *c, const struct parity_batch *b,
+			 bool value_model, struct eng_error *err)
+{
+	struct loss_inputs_present present;
+	int k;
+
+	loss_inputs_present_init(&present, b->n);
+	for (k = 0; k < NUM_REQ_ARRAYS; k++)
+		present.len[k] = b->req[k] ? b->n : -1;
+	present.len[LOSS_IN_ENTROPY] = value_model ? -1 : b->n;
+	present.len[LOSS_IN_VALUES] = value_model ? b->n : -1;
+	return loss_spec_validate(&c->spec, &present, err);
+}
+
+/* loss mode: one forward_backward with a fresh loss context, as
+ * h_run_forward_backward. ret_metrics [LOSS_M_COUNT]; outputs untouched on
+ * failure. */
+static int fb_with_loss(struct engine *e, struct engine_batch *eb,
+			struct engine_fb_result *res, const struct parity_case *c,
+			const struct parity_batch *b, double *ret_loss,
+			struct loss_metric *ret_metrics, struct eng_error *err)
+{
+	struct loss_engine_ctx lc;
+	struct loss_request q;
+	int rc;
+
+	memset(&q, 0, sizeof(q));
+	q.n = b->n;
+	q.num_seqs = b->num_seqs;
+	q.seq_lens = b->seq_lens;
+	q.loss_mask = b->req[LOSS_IN_LOSS_MASK];
+	q.old_log_probs = b->req[LOSS_IN_OLD_LOG_PROBS];
+	q.ref_log_probs = b->req[LOSS_IN_REF_LOG_PROBS];
+	q.advantages = b->req[LOSS_IN_ADVANTAGES];
+	q.returns = b->req[LOSS_IN_RETURNS];
+	q.old_values = b->req[LOSS_IN_OLD_VALUES];
+	q.is_weights = b->req[LOSS_IN_IS_WEIGHTS];
+	q.token_weights = b->req[LOSS_IN_TOKEN_WEIGHTS];
+	rc = loss_engine_ctx_init(&lc, &c->spec, &q, err);
+	if (rc)
+		return rc;
+	eb->loss_fn = loss_engine_fn;
+	eb->loss_ctx = &lc;
+	rc = engine_forward_backward(e, eb, res, err);
+	if (!rc)
+		loss_engine_ctx_result(&lc, ret_loss, ret_metrics);
+	eb->loss_ctx = NULL;
+	loss_engine_ctx_destroy(&lc);
+	return rc;
+}
+
 static int run_case(const char *dir, struct eng_error *err)
 {
 	struct parity_case c;
@@ -386,17 +545,22 @@ static int run_case(const char *dir, struct eng_error *err)
 	struct engine_fb_result res = { 0 };
 	struct grad_loss gl = { 0 };
 	struct dump d = { 0 };
+	struct call_metrics cm;
 	char model_dir[4096];
-	char mb[256] = "", loss[64] = "", norms[512] = "", skipped[64] = "", lrs[512] = "";
+	char mb[256] = "", loss[64] = "", losses[512] = "", norms[512] = "", skipped[64] = "";
+	char lrs[512] = "";
 	float *lp = NULL, *ent = NULL, *val = NULL;
 	bool value_model;
 	int64_t np;
-	int i, rc;
+	int i, k, rc;
 
+	memset(&cm, 0, sizeof(cm));
 	if (read_case(dir, &c))
 		return eng_fail(err, -EINVAL, "%s/case.json unreadable", dir);
 	value_model = strcmp(c.model_type, "value_model") == 0;
-	rc = read_batch(dir, &b, err);
+	rc = read_batch(dir, c.has_loss, &b, err);
+	if (!rc && c.has_loss)
+		rc = validate_loss(&c, &b, value_model, err);
 	if (rc)
 		goto out;
 
@@ -448,14 +612,29 @@ static int run_case(const char *dir, struct eng_error *err)
 	 * Outputs and gradients are those of call 0 (initial weights). */
 	for (i = 0; i == 0 || i < c.steps; i++) {
 		struct engine_step_result sr;
+		struct loss_metric m[LOSS_M_COUNT];
+		double call_loss = 0;
 
-		gl.loss = 0;
-		rc = engine_forward_backward(e, &eb, &res, err);
+		if (c.has_loss) {
+			rc = fb_with_loss(e, &eb, &res, &c, &b, &call_loss, m, err);
+		} else {
+			gl.loss = 0;
+			rc = engine_forward_backward(e, &eb, &res, err);
+			call_loss = gl.loss;
+		}
 		if (rc)
 			goto out;
 		appendf(mb, sizeof(mb), "%s%d", i ? "," : "", res.num_micro_batches);
+		appendf(losses, sizeof(losses), "%s%.17g", i ? "," : "", call_loss);
+		for (k = 0; c.has_loss && k < LOSS_M_COUNT; k++) {
+			if (!m[k].present)
+				continue;
+			cm.present[k] = true;
+			appendf(cm.text[k], sizeof(cm.text[k]), "%s%.17g", i ? "," : "",
+				m[k].value);
+		}
 		if (i == 0) {
-			snprintf(loss, sizeof(loss), "%.17g", gl.loss);
+			snprintf(loss, sizeof(loss), "%.17g", call_loss);
 			rc = dump_outputs(&d, value_model, b.n, lp, ent, val);
 			if (rc) {
 				rc = eng_fail(err, rc, "copying outputs");
@@ -476,7 +655,7 @@ static int run_case(const char *dir, struct eng_error *err)
 	}
 	rc = dump_params(e, &d, false, err);
 	if (!rc)
-		rc = write_results(dir, &d, mb, loss, norms, skipped, lrs, err);
+		rc = write_results(dir, &d, mb, loss, losses, norms, skipped, lrs, &cm, err);
 out:
 	engine_destroy(e);
 	dump_free(&d);

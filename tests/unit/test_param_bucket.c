@@ -185,7 +185,7 @@ static void check_against_reference(const uint8_t *buf, size_t len, size_t seg_s
 		}
 	}
 	ck_assert_int_eq(ecb_copy(&b, 0, out, b.data_len), 0);
-	ck_assert(memcmp(out, ref->data.data, ref->data.len) == 0);
+	ck_assert(!ref->data.len || memcmp(out, ref->data.data, ref->data.len) == 0);
 	/* Past the end of the data. */
 	ck_assert_int_eq(ecb_copy(&b, b.data_len, out, 1), -ERANGE);
 	ck_assert_int_eq(ecb_copy(&b, 1, out, b.data_len), -ERANGE);
