@@ -28,6 +28,11 @@ clamps, value clipping both ways, empty entropy/KL terms):
 Branch coverage is counted and a branch never reached fails the run, and a
 set of deliberately wrong references must be rejected by the comparator
 (a comparison that cannot fail is a defect).
+
+Importable: the parity suite (tests/parity/test_ppo_parity.py) computes its
+PPO loss with objective() and spec_of() on the torch reference model's
+outputs, so both suites use this one copy of the formulas. Importing sets
+torch's default dtype to float64, as running it does.
 """
 import json
 import os
