@@ -62,6 +62,7 @@ static void cpu_close(struct device *dev)
 	cpu_gemm_fini(cd);
 	for (i = 0; i < CPU_SCRATCH_COUNT; i++)
 		free(cd->scratch[i].ptr);
+	free(cd->p16);
 	free(cd);
 }
 

@@ -54,6 +54,13 @@ struct cpu_device {
 	 * error would. 0 = off. */
 	long fail_at_alloc;
 	atomic_long allocs;
+	/* MATMUL_BF16: a bf16 copy of the parameter region the engine declared
+	 * (base.param_base, param_bytes), made once per base.param_version, so
+	 * that weights are not rounded again by every product. */
+	uint16_t *p16;
+	const void *p16_base;
+	size_t p16_bytes;
+	uint64_t p16_version;
 };
 
 static inline struct cpu_device *cpu_dev(struct device *dev)

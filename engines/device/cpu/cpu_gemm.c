@@ -17,7 +17,9 @@
  * operand is copied in fp32.
  *
  * Precision: with MATMUL_BF16 both operands are rounded to bf16 (round to
- * nearest even, cpu_round_bf16) into device scratch in their stored layout,
+ * nearest even, cpu_round_bf16) in their stored layout: parameters come
+ * from a copy of the engine's parameter region rounded once per
+ * param_version (param_bf16), activations into device scratch per call,
  * then multiplied with fp32 accumulation into the fp32 C.
  *
  * beta: 0 overwrites C (C may hold NaN/garbage); any other value is applied
@@ -233,6 +235,43 @@ static void round_matrix(uint16_t *dst, const float *src, int64_t rows,
 		cpu_round_bf16(dst + i * cols, src + i * ld, cols);
 }
 
+/* The bf16 copy of a compactly stored operand X (rows x cols, ld == cols)
+ * that lies inside the engine's parameter region, or NULL (then the caller
+ * rounds it itself). The whole region is rounded once per param_version:
+ * the engine bumps it whenever parameter values change. */
+static const uint16_t *param_bf16(struct device *dev, const float *X, int64_t rows,
+				  int64_t cols, int64_t ld)
+{
+	struct cpu_device *cd = cpu_dev(dev);
+	const float *base = dev->param_base;
+	size_t n = dev->param_bytes / sizeof(float);
+
+	if (!base || ld != cols || X < base || X + rows * cols > base + n)
+		return NULL;
+	if (!cd->p16 || cd->p16_base != base || cd->p16_bytes != dev->param_bytes ||
+	    cd->p16_version != dev->param_version) {
+		size_t bytes = (n * sizeof(uint16_t) + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
+		int64_t chunk = 1 << 16, nchunks = ((int64_t)n + chunk - 1) / chunk;
+
+		if (cd->p16_bytes != dev->param_bytes || !cd->p16) {
+			free(cd->p16);
+			cd->p16 = aligned_alloc(CPU_ALIGN, bytes ? bytes : CPU_ALIGN);
+			cd->p16_bytes = cd->p16 ? dev->param_bytes : 0;
+			if (!cd->p16)
+				return NULL;
+		}
+#pragma omp parallel for schedule(static)
+		for (int64_t c = 0; c < nchunks; c++) {
+			int64_t s = c * chunk, len = (int64_t)n - s < chunk ? (int64_t)n - s : chunk;
+
+			cpu_round_bf16(cd->p16 + s, base + s, len);
+		}
+		cd->p16_base = base;
+		cd->p16_version = dev->param_version;
+	}
+	return cd->p16 + (X - base);
+}
+
 /* C = beta * C for the K == 0 product (no oneDNN call). */
 static void scale_c(float *C, int64_t M, int64_t N, int64_t ldc, float beta)
 {
@@ -294,20 +333,26 @@ int cpu_gemm(struct device *dev, bool trans_a, bool trans_b,
 		 * the bf16 copies keep the layout with compact rows. */
 		int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
 		int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-		uint16_t *a16, *b16;
+		const uint16_t *ca = param_bf16(dev, A, a_rows, a_cols, lda);
+		const uint16_t *cb = param_bf16(dev, B, b_rows, b_cols, ldb);
+		uint16_t *a16 = NULL, *b16 = NULL;
 
-		a16 = cpu_scratch(dev, CPU_SCRATCH_GEMM_A,
-				  (size_t)(a_rows * a_cols) * sizeof(uint16_t));
-		b16 = cpu_scratch(dev, CPU_SCRATCH_GEMM_B,
-				  (size_t)(b_rows * b_cols) * sizeof(uint16_t));
-		if (!a16 || !b16)
+		if (!ca)
+			a16 = cpu_scratch(dev, CPU_SCRATCH_GEMM_A,
+					  (size_t)(a_rows * a_cols) * sizeof(uint16_t));
+		if (!cb)
+			b16 = cpu_scratch(dev, CPU_SCRATCH_GEMM_B,
+					  (size_t)(b_rows * b_cols) * sizeof(uint16_t));
+		if ((!ca && !a16) || (!cb && !b16))
 			return -ENOMEM;
-		round_matrix(a16, A, a_rows, a_cols, lda);
-		round_matrix(b16, B, b_rows, b_cols, ldb);
+		if (a16)
+			round_matrix(a16, A, a_rows, a_cols, lda);
+		if (b16)
+			round_matrix(b16, B, b_rows, b_cols, ldb);
 		key.lda = a_cols;
 		key.ldb = b_cols;
-		a_data = a16;
-		b_data = b16;
+		a_data = ca ? (const void *)ca : a16;
+		b_data = cb ? (const void *)cb : b16;
 	}
 
 	r = entry_get(g, &key, &e);

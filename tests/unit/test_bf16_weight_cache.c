@@ -1,0 +1,124 @@
+/* test_bf16_weight_cache.c — MATMUL_BF16 rounds the parameter region once
+ * per param_version: products with a weight inside the region match the
+ * per-call rounding exactly, follow new values only after a version bump
+ * (the contract the engine keeps), and an engine that trained in bf16 gives
+ * the same log-probs as a fresh engine loaded from its checkpoint. */
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "cpu_test_util.h"
+#include "test_helpers.h"
+
+#define M 8
+#define K 24
+#define N 16
+
+/* C[M,N] = A[M,K] W[N,K]^T with W at `w` inside or outside the region. */
+static void product(struct device *dev, const float *A, const float *W, float *C)
+{
+	ck_assert_int_eq(dev->k->gemm(dev, false, true, M, N, K, A, K, W, K, 0.0f, C, N), 0);
+}
+
+START_TEST(region_rounded_once_per_version)
+{
+	struct device *dev = tu_open(2, MATMUL_BF16);
+	float *region = dev->ops->alloc(dev, 3 * N * K * sizeof(float));
+	float *outside = dev->ops->alloc(dev, N * K * sizeof(float));
+	float A[M * K], C0[M * N], C1[M * N];
+	float *W = region + N * K;   /* the middle tensor of the region */
+
+	tu_seed(5);
+	tu_fill(A, M * K, -1.0f, 1.0f);
+	tu_fill(region, 3 * N * K, -1.0f, 1.0f);
+	memcpy(outside, W, N * K * sizeof(float));
+	dev->param_base = region;
+	dev->param_bytes = 3 * N * K * sizeof(float);
+	dev->param_version = 1;
+
+	/* cached (inside) and per-call (outside) rounding agree bit for bit */
+	product(dev, A, W, C0);
+	product(dev, A, outside, C1);
+	ck_assert_mem_eq(C0, C1, sizeof(C0));
+
+	/* new values without a bump: the cached copy is used (contract) */
+	for (int i = 0; i < N * K; i++)
+		W[i] += 0.25f;
+	product(dev, A, W, C1);
+	ck_assert_mem_eq(C0, C1, sizeof(C0));
+	/* after the bump the product follows the new values */
+	dev->param_version++;
+	product(dev, A, W, C1);
+	memcpy(outside, W, N * K * sizeof(float));
+	product(dev, A, outside, C0);
+	ck_assert_mem_eq(C0, C1, sizeof(C0));
+	dev->ops->free(dev, region);
+	dev->ops->free(dev, outside);
+	tu_close(dev);
+}
+END_TEST
+
+START_TEST(trained_engine_matches_reloaded)
+{
+	struct engine_init_config cfg;
+	struct eng_error err = {0};
+	struct engine *a, *b;
+	char root[] = "/tmp/engined-bf16-XXXXXX", dir[64], cmd[96];
+	int32_t lens[2] = {9, 7}, ids[16];
+	float gl[16], la[16], lb[16];
+	struct given_grads gg = {.g_logp = gl};
+	struct engine_batch bt = {.n = 16, .input_ids = ids, .num_seqs = 2, .seq_lens = lens,
+				  .loss_fn = given_loss, .loss_ctx = &gg};
+	struct engine_batch fo = {.n = 16, .input_ids = ids, .num_seqs = 2, .seq_lens = lens,
+				  .forward_only = true};
+	struct engine_fb_result r = {0}, ra = {.log_probs = la}, rb = {.log_probs = lb};
+	struct engine_step_result sr;
+
+	for (int i = 0; i < 16; i++) {
+		ids[i] = (i * 29 + 3) % 97;
+		gl[i] = (float)(i % 5) / 5.0f - 0.4f;
+	}
+	engine_init_config_defaults(&cfg);
+	cfg.hf_config_json = TINY_QWEN2;
+	cfg.bf16_matmul = true;
+	cfg.optim.lr = 1e-2;
+	ck_assert_int_eq(engine_create(&cfg, &a, &err), 0);
+	/* resident in TRAIN: only the optimizer step can refresh the copy */
+	ck_assert_int_eq(engine_set_mode(a, ENGINE_MODE_TRAIN, false, &err), 0);
+	ck_assert_int_eq(engine_forward_backward(a, &fo, &ra, &err), 0);
+	for (int s = 0; s < 3; s++) {
+		ck_assert_int_eq(engine_forward_backward(a, &bt, &r, &err), 0);
+		ck_assert_int_eq(engine_optimizer_step(a, &sr, &err), 0);
+	}
+	ck_assert_int_eq(engine_forward_backward(a, &fo, &rb, &err), 0);
+	ck_assert_msg(memcmp(la, lb, sizeof(la)) != 0, "training changed nothing");
+
+	ck_assert_ptr_nonnull(mkdtemp(root));
+	snprintf(dir, sizeof(dir), "%s/ck", root);
+	ck_assert_int_eq(engine_save_checkpoint(a, dir, 3, 0, CKPT_MODEL, NULL, &err), 0);
+	cfg.seed = 77;
+	ck_assert_int_eq(engine_create(&cfg, &b, &err), 0);
+	/* resident in EVAL: no per-call placement refreshes the copy, so only
+	 * the load itself can tell the device that the weights changed */
+	ck_assert_int_eq(engine_set_mode(b, ENGINE_MODE_EVAL, false, &err), 0);
+	ck_assert_int_eq(engine_forward_backward(b, &fo, &ra, &err), 0);   /* caches old weights */
+	ck_assert_int_eq(engine_load_checkpoint(b, dir, CKPT_MODEL, NULL, &err), 0);
+	ck_assert_int_eq(engine_forward_backward(b, &fo, &ra, &err), 0);
+	ck_assert_mem_eq(la, lb, sizeof(la));
+	engine_destroy(a);
+	engine_destroy(b);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+	ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("bf16_weight_cache");
+	TCase *tc = tcase_create("core");
+
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, region_rounded_once_per_version);
+	tcase_add_test(tc, trained_engine_matches_reloaded);
+	suite_add_tcase(s, tc);
+	return run_suite(s);
+}
