@@ -339,14 +339,17 @@ static const uint16_t *cached_bf16(struct cuda_device *cd, const float *src,
 {
 	struct cuda_gemm_state *g = cd->gemm;
 	const struct device *dev = &cd->base;
-	const char *lo = dev->param_base, *hi = lo + dev->param_bytes;
+	const char *lo = dev->param_base, *hi;
 	const char *s = (const char *)src;
 	const char *e = (const char *)(src + (rows - 1) * ld + cols);
 	struct bf16_entry *en = NULL;
 	void *buf = NULL;
 
 	*ret_err = 0;
-	if (!lo || s < lo || e > hi)
+	if (!lo)
+		return NULL;
+	hi = lo + dev->param_bytes;
+	if (s < lo || e > hi)
 		return NULL;
 	for (size_t i = 0; i < g->n_cache; i++) {
 		struct bf16_entry *c = &g->cache[i];
