@@ -309,11 +309,9 @@ void llama_release(struct llama_model *m)
 {
 	if (!m || !m->dev)
 		return;
-	m->dev->ops->free(m->dev, m->arena);
+	llama_drop_activations(m);
 	m->dev->ops->free(m->dev, m->inv_freq);
-	m->arena = NULL;
 	m->inv_freq = NULL;
-	m->arena_floats = 0;
 }
 
 void llama_drop_activations(struct llama_model *m)

@@ -120,5 +120,5 @@ int main(void)
 	tcase_add_test(tc, region_rounded_once_per_version);
 	tcase_add_test(tc, trained_engine_matches_reloaded);
 	suite_add_tcase(s, tc);
-	return run_suite(s);
+	return check_run(s);
 }

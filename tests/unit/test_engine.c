@@ -487,5 +487,5 @@ int main(void)
 	tcase_add_test(tc, schedule_through_engine);
 	tcase_add_test(tc, param_copy_converts);
 	suite_add_tcase(s, tc);
-	return run_suite(s);
+	return check_run(s);
 }

@@ -279,5 +279,5 @@ int main(void)
 	tcase_add_test(tc, killed_during_save);
 	tcase_add_test(tc, critic_from_actor_directory);
 	suite_add_tcase(s, tc);
-	return run_suite(s);
+	return check_run(s);
 }

@@ -90,5 +90,5 @@ int main(void)
 	tcase_add_test(tc, create_sweep);
 	tcase_add_test(tc, forward_backward_sweep);
 	suite_add_tcase(s, tc);
-	return run_suite(s);
+	return check_run(s);
 }

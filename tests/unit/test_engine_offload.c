@@ -171,5 +171,5 @@ int main(void)
 	tcase_add_test(tc, offloaded_state_is_readable_and_guarded);
 	tcase_add_test(tc, failed_move_keeps_state);
 	suite_add_tcase(s, tc);
-	return run_suite(s);
+	return check_run(s);
 }

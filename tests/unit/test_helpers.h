@@ -1,6 +1,7 @@
 /* test_helpers.h — small helpers shared by the engine-level unit tests:
  * tiny model configs, an engine factory, a loss with given upstream
- * gradients, and a digest of an engine's parameters / gradients. */
+ * gradients, and a digest of an engine's parameters / gradients. Suites run
+ * through check_run (check_run.h). */
 #ifndef ENGINED_TEST_HELPERS_H
 #define ENGINED_TEST_HELPERS_H
 
@@ -95,11 +96,6 @@ static inline double grad_max_abs(struct engine *e)
 				m = v.host_data[j] != v.host_data[j] ? INFINITY : fabs(v.host_data[j]);
 	}
 	return m;
-}
-
-static inline int run_suite(Suite *s)
-{
-	return check_run(s);
 }
 
 #endif
