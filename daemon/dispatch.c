@@ -24,6 +24,7 @@
 #include "engined/v1/engine.pb-c.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "log.h"
+#include "test_hold.h"
 #include "tls.h"
 
 #define SVC "/engined.v1.TrainingEngine/"
@@ -228,8 +229,10 @@ static void run_job(struct daemon *d, struct job *j)
 			     rpc_call_elapsed(j->call));
 	} else {
 		r = gate(d, j->m, &err);
-		if (r == 0)
+		if (r == 0) {
+			test_hold_wait(j->m->name);
 			r = j->m->run(d, j, &err);
+		}
 	}
 	dt = now_s() - t0;
 	if (r == 0) {

@@ -689,8 +689,7 @@ int daemon_save_checkpoint(struct daemon *d, const char *rel, int64_t global_ste
 		return r;
 	r = engine_save_checkpoint(d->engine, pin.path, global_step, max_to_keep,
 				   contents, ret_bytes, err);
-	if (r < 0)
-		paths_pin_fix_message(&pin, err);
+	r = paths_pin_result(&pin, r, err);
 	paths_unpin(&pin);
 	return r;
 }
@@ -715,8 +714,7 @@ int h_run_load_checkpoint(struct daemon *d, struct job *j, struct eng_error *err
 		return r;
 	stream_wait_released(d);
 	r = engine_load_checkpoint(d->engine, pin.path, c->contents, &step, err);
-	if (r < 0)
-		paths_pin_fix_message(&pin, err);
+	r = paths_pin_result(&pin, r, err);
 	paths_unpin(&pin);
 	if (r < 0)
 		return r;

@@ -34,6 +34,7 @@
 #include "device/device.h"
 #include "log.h"
 #include "paths.h"
+#include "test_hold.h"
 #include "tls.h"
 
 #ifndef ENGINED_VERSION
@@ -421,6 +422,7 @@ int main(int argc, char **argv)
 		return r;
 	}
 	log_set_level((enum log_level)cfg.log_level);
+	test_hold_init();
 
 	eng_error_clear(&err);
 	if (cfg.tls_cert) {

@@ -386,7 +386,7 @@ out:
 	return r;
 }
 
-void paths_pin_fix_message(const struct paths_pin *p, struct eng_error *err)
+static void pin_fix_message(const struct paths_pin *p, struct eng_error *err)
 {
 	char prefix[48], out[sizeof(err->msg)], *hit;
 	size_t n;
@@ -401,4 +401,20 @@ void paths_pin_fix_message(const struct paths_pin *p, struct eng_error *err)
 			     err->msg, p->shown[0] ? "/" : "", p->shown, hit + n) >= sizeof(out))
 		return;  /* would not fit: keep the message as it is */
 	memcpy(err->msg, out, sizeof(out));
+}
+
+int paths_pin_result(const struct paths_pin *p, int r, struct eng_error *err)
+{
+	struct stat st;
+
+	if (r >= 0 || p->fd < 0)
+		return r;
+	if (fstat(p->fd, &st) == 0 && st.st_nlink == 0) {
+		eng_error_clear(err);
+		return eng_fail(err, -ENOENT,
+				"path: the directory '%s' was removed or replaced while in use; "
+				"nothing was written outside the root", p->shown[0] ? p->shown : ".");
+	}
+	pin_fix_message(p, err);
+	return r;
 }

@@ -46,9 +46,12 @@ enum paths_pin_mode {
 int paths_pin(const char *root_real, const char *rel, const char *field,
 	      enum paths_pin_mode mode, struct paths_pin *ret, struct eng_error *err);
 void paths_unpin(struct paths_pin *p);
-/* Replace "/proc/self/fd/N" in err->msg by the relative path (messages of
- * code that was handed p->path). */
-void paths_pin_fix_message(const struct paths_pin *p, struct eng_error *err);
+/* The outcome r of code that was handed p->path, as the client sees it:
+ * when the pinned directory was removed (or replaced by a rename) while
+ * that code ran, -ENOENT saying so (a save or load racing a directory swap
+ * answers NOT_FOUND; nothing was written outside the root); otherwise r,
+ * with "/proc/self/fd/N" in err->msg replaced by the relative path. */
+int paths_pin_result(const struct paths_pin *p, int r, struct eng_error *err);
 
 /* Create `dir` (and parents) if missing, then return its realpath
  * (malloc'ed) in *ret. */

@@ -3,6 +3,9 @@
 The daemon binary comes from $ENGINED_BIN (meson sets it); it listens on a
 free loopback port chosen by the kernel (--listen 127.0.0.1:0 with
 --port-file) with checkpoint and model roots in a fresh temporary directory.
+Daemon(hold=True) sets the test-only hook ENGINED_TEST_HOLD_FILE: between
+hold() and release() every job that comes up waits before it runs, so a
+test holds a job as long as it needs instead of sizing it to the machine.
 """
 import os
 import signal
@@ -15,10 +18,10 @@ import time
 class Daemon:
     """listen: the --listen address (None: none on the command line, e.g.
     when a config file gives them). env: extra environment variables.
-    tmp: directory to use (default: a new one)."""
+    tmp: directory to use (default: a new one). hold: enable hold()/release()."""
 
     def __init__(self, *extra_args, bin_path=None, listen="127.0.0.1:0", env=None,
-                 tmp=None):
+                 tmp=None, hold=False):
         self.bin = bin_path or os.environ.get("ENGINED_BIN", "build/daemon/engined")
         self.tmp = tmp or tempfile.mkdtemp(prefix="engined-it-")
         self.ckpt_root = os.path.join(self.tmp, "checkpoints")
@@ -32,6 +35,9 @@ class Daemon:
                 "--threads", "2"] + list(extra_args)
         full_env = dict(os.environ)
         full_env.update(env or {})
+        self.hold_file = os.path.join(self.tmp, "hold") if hold else None
+        if self.hold_file:
+            full_env["ENGINED_TEST_HOLD_FILE"] = self.hold_file
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=full_env)
         deadline = time.time() + 20
@@ -47,6 +53,14 @@ class Daemon:
         self.ports = [int(x) for x in open(self.port_file).read().split()]
         self.port = self.ports[0]
         self.addr = "127.0.0.1:%d" % self.port
+
+    def hold(self):
+        """Jobs that come up from now on wait before they run."""
+        open(self.hold_file, "w").close()
+
+    def release(self):
+        """A held job runs; later jobs run at once."""
+        os.unlink(self.hold_file)
 
     def log_text(self):
         if not self.log.closed:
@@ -70,6 +84,16 @@ class Daemon:
                 self.proc.wait()
         self.log.close()
         return self.proc.returncode
+
+
+def wait_for(cond, what, timeout=60):
+    """Poll cond() until it is true; fail naming `what` after timeout s (a
+    bound for a hung daemon, far above any machine's speed)."""
+    deadline = time.time() + timeout
+    while not cond():
+        if time.time() > deadline:
+            raise AssertionError("timed out waiting for " + what)
+        time.sleep(0.002)
 
 
 def run_tests(tests):

@@ -17,7 +17,7 @@ import grpc
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_fixture import Daemon, run_tests  # noqa: E402
+from daemon_fixture import Daemon, run_tests, wait_for  # noqa: E402
 
 from engined_client import EngineClient  # noqa: E402
 
@@ -174,30 +174,28 @@ def test_config_file_serves_tcp_and_unix():
 
 
 def test_limits_concurrent_calls_and_default_deadline():
-    """max_concurrent_calls = 2: with one long job running and one queued, a
+    """max_concurrent_calls = 2: with one held job running and one queued, a
     third engine call is refused RESOURCE_EXHAUSTED (GetStatus is not an
     engine call). default_deadline_s = 0.1: a job without a deadline of its
     own still queued after 0.1 s is answered DEADLINE_EXCEEDED without
-    running; one that started in time completes."""
+    running; one that started in time completes. The running job is held
+    by the test hook until the queued one's deadline has passed."""
     tmp = tempfile.mkdtemp(prefix="engined-lim-", dir=TMP)
     d = Daemon("--config", conf("lim.conf", GOOD % {"tmp": tmp}),
-               "-o", "server.default_deadline_s=0.1", listen=None, tmp=tmp)
+               "-o", "server.default_deadline_s=0.1", listen=None, tmp=tmp, hold=True)
     try:
         c = EngineClient(d.addr)  # no client deadline
         c.initialize(preset="tiny")
-        rng = np.random.default_rng(1)
-        ids = rng.integers(0, 1024, 4096).astype(np.int32)
+        ids = np.arange(64, dtype=np.int32)
         out = {}
 
-        def long_job():
-            out["r"] = c.forward_backward(ids, [512] * 8, loss="sft",
-                                          max_tokens_per_micro_batch=512)
+        def held_job():
+            out["r"] = c.forward_backward(ids, [32, 32], loss="sft")
 
-        t = threading.Thread(target=long_job)
+        d.hold()
+        t = threading.Thread(target=held_job)
         t.start()
-        t0 = time.time()
-        while not c.get_status().busy and time.time() - t0 < 10:
-            time.sleep(0.005)
+        wait_for(lambda: c.get_status().busy, "the job to start")
         res = {}
 
         def queued():
@@ -209,22 +207,28 @@ def test_limits_concurrent_calls_and_default_deadline():
 
         t2 = threading.Thread(target=queued)
         t2.start()
-        while c.get_status().queued_jobs < 1 and time.time() - t0 < 10:
-            time.sleep(0.005)
+        wait_for(lambda: c.get_status().queued_jobs >= 1, "the second job to queue")
         expect(SC.RESOURCE_EXHAUSTED, c.lr_scheduler_step, field="max_concurrent_calls")
-        assert c.get_status().busy
+        st = c.get_status()
+        assert st.busy and st.current_job == "ForwardBackward", st
+        # The queued call arrived before it was seen queued: 0.2 s from now
+        # its 0.1 s deadline has passed, however slow the machine.
+        time.sleep(0.2)
+        d.release()
         t.join()
         t2.join()
         assert "r" in out
-        job_s = time.time() - t0
-        # The queued OptimizerStep waited for the long job: past 0.1 s.
-        assert job_s > 0.15, "the long job was too short to test the deadline: %.2f" % job_s
         assert res["q"] == SC.DEADLINE_EXCEEDED, res
         assert c.get_status().step == 0  # it did not run
+        # Released, the hook no longer holds anything: a call runs at once.
+        c.forward_backward(ids, [32, 32], loss="sft")
+        assert c.optimizer_step().step == 1
         c.close()
     finally:
         assert d.stop() == 0
-    assert "deadline passed after" in d.log_text()
+    log = d.log_text()
+    assert "deadline passed after" in log
+    assert "test hook: ForwardBackward held until" in log
 
 
 def test_default_device():

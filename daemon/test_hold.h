@@ -1,0 +1,21 @@
+/* test_hold.h — a test-only hook that holds engine jobs deterministically.
+ *
+ * ENGINED_TEST_HOLD_FILE=PATH (environment, read once at start; the
+ * systemd unit never sets it): a job that comes up to run while PATH
+ * exists waits, after its deadline and state checks and before it runs,
+ * until PATH is removed. Tests that need a long job (a queued call whose
+ * deadline passes, the watchdog held back, a shutdown grace that runs out)
+ * hold one instead of sizing it to the machine's speed. A hold lasts at
+ * most TEST_HOLD_MAX_S; the daemon logs a warning at start when the hook
+ * is set. */
+#ifndef ENGINED_DAEMON_TEST_HOLD_H
+#define ENGINED_DAEMON_TEST_HOLD_H
+
+#define TEST_HOLD_MAX_S 300
+
+/* Read the environment; log a warning when the hook is set. */
+void test_hold_init(void);
+/* Engine thread: wait while the hold file exists (no-op when unset). */
+void test_hold_wait(const char *job);
+
+#endif
