@@ -87,26 +87,13 @@ static const char *const mode_names[] = { "IDLE", "TRAIN", "EVAL" };
 
 enum rpc_code daemon_rpc_code(int err)
 {
+#define ENG_CODE_CASE(e, st, doc) case e: return RPC_##st;
 	switch (-err) {
 	case 0: return RPC_OK;
-	case EINVAL: return RPC_INVALID_ARGUMENT;
-	case ENOENT: return RPC_NOT_FOUND;
-	case ENOMEM: return RPC_RESOURCE_EXHAUSTED;
-	case E2BIG: return RPC_RESOURCE_EXHAUSTED;
-	case EPERM: return RPC_PERMISSION_DENIED;
-	case EACCES: return RPC_PERMISSION_DENIED;
-	case EBADMSG: return RPC_DATA_LOSS;
-	case ENODEV: return RPC_FAILED_PRECONDITION;
-	case EALREADY: return RPC_FAILED_PRECONDITION;
-	case ECANCELED: return RPC_CANCELLED;
-	case ETIMEDOUT: return RPC_DEADLINE_EXCEEDED;
-	case EEXIST: return RPC_ALREADY_EXISTS;
-	case ENOSYS: return RPC_UNIMPLEMENTED;
-	case ESHUTDOWN: return RPC_UNAVAILABLE;
-	case ENOSPC: return RPC_RESOURCE_EXHAUSTED;
-	case EIO: return RPC_INTERNAL;
+	ENG_ERROR_CODES(ENG_CODE_CASE)
 	default: return RPC_INTERNAL;
 	}
+#undef ENG_CODE_CASE
 }
 
 int job_set_reply(struct job *j, const ProtobufCMessage *msg)

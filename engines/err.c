@@ -25,20 +25,28 @@ void eng_error_clear(struct eng_error *err)
 	err->msg[0] = '\0';
 }
 
+#define ENG_CODE_ROW(e, st, doc) { -(e), #e, #st, doc },
+const struct eng_code eng_codes[] = { ENG_ERROR_CODES(ENG_CODE_ROW) };
+#undef ENG_CODE_ROW
+const int eng_n_codes = sizeof(eng_codes) / sizeof(eng_codes[0]);
+
 const char *eng_strerror(int code)
 {
-	switch (-code) {
-	case 0: return "OK";
-	case EINVAL: return "EINVAL";
-	case ENOENT: return "ENOENT";
-	case ENOMEM: return "ENOMEM";
-	case EPERM: return "EPERM";
-	case EBADMSG: return "EBADMSG";
-	case ENODEV: return "ENODEV";
-	case EALREADY: return "EALREADY";
-	case EIO: return "EIO";
-	case ECANCELED: return "ECANCELED";
-	case ELIBACC: return "ELIBACC";
-	default: return "E?";
+	if (code == 0)
+		return "OK";
+	for (int i = 0; i < eng_n_codes; i++)
+		if (eng_codes[i].code == code)
+			return eng_codes[i].name;
+	return "E?";
+}
+
+int eng_errno_code(int e)
+{
+	switch (e) {
+	case ENOENT: return -ENOENT;
+	case ENOMEM: return -ENOMEM;
+	case EACCES:
+	case EPERM: return -EPERM;
+	default: return -EIO;
 	}
 }

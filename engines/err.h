@@ -4,17 +4,13 @@
  * negative errno-style code on failure. When the caller passes a
  * `struct eng_error *`, the failing function also writes a message that
  * names the offending field ("seq_lens[3]: sequence of 9000 tokens exceeds
- * max_tokens_per_micro_batch 4096"). The library never logs; the daemon maps
- * codes to gRPC status at its edge:
+ * max_tokens_per_micro_batch 4096"). The library never logs.
  *
- *   -EINVAL    INVALID_ARGUMENT     bad shapes, values, names
- *   -ENOENT    NOT_FOUND            missing file / unknown tensor
- *   -ENOMEM    RESOURCE_EXHAUSTED   allocation failed; engine stays usable
- *   -EPERM     PERMISSION_DENIED    path escapes a root
- *   -EBADMSG   DATA_LOSS            corrupt checkpoint / file
- *   -ENODEV    FAILED_PRECONDITION  device or engine not built / registered
- *   -EALREADY  FAILED_PRECONDITION  wrong state (not initialized, wrong mode)
- *   -EIO       INTERNAL             I/O or device failure
+ * ENG_ERROR_CODES is the one list of the codes that the engine library and
+ * the daemon return, with the gRPC status the daemon answers for each:
+ * eng_strerror names them, the daemon's daemon_rpc_code maps them, and
+ * tests/unit/test_err.c and test_daemon_codes.c iterate them. A code not in
+ * the list is a bug; the daemon answers it INTERNAL.
  */
 #ifndef ENGINED_ERR_H
 #define ENGINED_ERR_H
@@ -23,6 +19,35 @@
 #include <stdarg.h>
 
 #define ENG_ERROR_MSG_MAX 512
+
+/* X(errno name, gRPC status, meaning) */
+#define ENG_ERROR_CODES(X) \
+	X(EINVAL, INVALID_ARGUMENT, "a request field is malformed or out of range (the message names it)") \
+	X(ENOENT, NOT_FOUND, "a file, checkpoint, directory or tensor that does not exist") \
+	X(ENOMEM, RESOURCE_EXHAUSTED, "memory for the call could not be reserved; the engine stays usable") \
+	X(E2BIG, RESOURCE_EXHAUSTED, "over a configured limit (request size, concurrent calls, reply size)") \
+	X(ENOSPC, RESOURCE_EXHAUSTED, "a device resource ran out (e.g. shared memory for a kernel)") \
+	X(EPERM, PERMISSION_DENIED, "a path escapes its root, or a read-only token asked for a change") \
+	X(EACCES, PERMISSION_DENIED, "no valid credentials (the daemon answers UNAUTHENTICATED for a missing or unknown token)") \
+	X(EBADMSG, DATA_LOSS, "a corrupt or inconsistent file or checkpoint") \
+	X(ENODEV, FAILED_PRECONDITION, "device or engine not built or registered") \
+	X(ELIBACC, FAILED_PRECONDITION, "a device library (e.g. cuBLASLt) is missing") \
+	X(EALREADY, FAILED_PRECONDITION, "wrong state: not initialized, wrong mode, state on the host") \
+	X(ECANCELED, CANCELLED, "the client cancelled the call") \
+	X(ETIMEDOUT, DEADLINE_EXCEEDED, "the call's deadline passed before it ran") \
+	X(ENOSYS, UNIMPLEMENTED, "a service or method this daemon does not provide") \
+	X(ESHUTDOWN, UNAVAILABLE, "the daemon is shutting down") \
+	X(EIO, INTERNAL, "an I/O error or a device failure")
+
+/* One row of ENG_ERROR_CODES. */
+struct eng_code {
+	int code;             /* negative errno */
+	const char *name;     /* "EINVAL" */
+	const char *status;   /* "INVALID_ARGUMENT" */
+	const char *meaning;
+};
+extern const struct eng_code eng_codes[];
+extern const int eng_n_codes;
 
 struct eng_error {
 	int code;                     /* negative errno, 0 = none */
@@ -38,7 +63,12 @@ int eng_fail(struct eng_error *err, int code, const char *fmt, ...)
 /* Clear `err` (may be NULL). */
 void eng_error_clear(struct eng_error *err);
 
-/* Short name of an error code ("EINVAL"), for logs and tests. */
+/* Short name of an error code ("EINVAL"; "OK" for 0), for logs and tests;
+ * "E?" for a code not in ENG_ERROR_CODES. */
 const char *eng_strerror(int code);
+
+/* The library code for an errno from a file-system call: ENOENT, ENOMEM,
+ * EPERM (EACCES too: permission on a file is PERMISSION_DENIED), else EIO. */
+int eng_errno_code(int e);
 
 #endif

@@ -58,17 +58,6 @@ struct ckpt_writer {
 static pthread_mutex_t active_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct ckpt_writer *active_writers;
 
-static int errno_code(int e)
-{
-	switch (e) {
-	case ENOENT: return -ENOENT;
-	case ENOMEM: return -ENOMEM;
-	case EACCES:
-	case EPERM: return -EPERM;
-	default: return -EIO;
-	}
-}
-
 static char *path_join(const char *dir, const char *name)
 {
 	char *p;
@@ -90,7 +79,7 @@ static int fsync_path(const char *path, struct eng_error *err)
 	int rc = 0;
 
 	if (fd < 0)
-		return eng_fail(err, errno_code(errno), "%s: open for fsync: %s", path,
+		return eng_fail(err, eng_errno_code(errno), "%s: open for fsync: %s", path,
 				strerror(errno));
 	if (fsync(fd))
 		rc = eng_fail(err, -EIO, "%s: fsync: %s", path, strerror(errno));
@@ -105,12 +94,12 @@ static int write_file(const char *path, const void *data, size_t len, struct eng
 	int rc;
 
 	if (fd < 0)
-		return eng_fail(err, errno_code(errno), "%s: cannot create: %s", path,
+		return eng_fail(err, eng_errno_code(errno), "%s: cannot create: %s", path,
 				strerror(errno));
 	rc = io_write_full(fd, data, len);
 	if (rc) {
 		close(fd);
-		return eng_fail(err, errno_code(-rc), "%s: write: %s", path, strerror(-rc));
+		return eng_fail(err, eng_errno_code(-rc), "%s: write: %s", path, strerror(-rc));
 	}
 	if (fsync(fd)) {
 		rc = eng_fail(err, -EIO, "%s: fsync: %s", path, strerror(errno));
@@ -293,7 +282,7 @@ int ckpt_writer_begin(const char *dir, struct ckpt_writer **ret, struct eng_erro
 		int e = errno;
 
 		pthread_mutex_unlock(&active_lock);
-		rc = eng_fail(err, errno_code(e), "%s: mkdir: %s", w->tmp, strerror(e));
+		rc = eng_fail(err, eng_errno_code(e), "%s: mkdir: %s", w->tmp, strerror(e));
 		writer_free(w);
 		return rc;
 	}
@@ -405,10 +394,10 @@ static int install(struct ckpt_writer *w, struct eng_error *err)
 			return 0;
 		}
 		if (errno != EINVAL && errno != ENOSYS)
-			return eng_fail(err, errno_code(errno), "%s: exchange with %s: %s",
+			return eng_fail(err, eng_errno_code(errno), "%s: exchange with %s: %s",
 					w->tmp, w->final, strerror(errno));
 	} else if (errno != EINVAL && errno != ENOSYS) {
-		return eng_fail(err, errno_code(errno), "%s: rename to %s: %s", w->tmp,
+		return eng_fail(err, eng_errno_code(errno), "%s: rename to %s: %s", w->tmp,
 				w->final, strerror(errno));
 	}
 	/* No renameat2 flags on this file system: plain rename(2), which
@@ -422,13 +411,13 @@ static int install(struct ckpt_writer *w, struct eng_error *err)
 			return eng_fail(err, -ENOMEM, "%s: no memory", w->final);
 		(void)rm_rf(aside);
 		if (rename(w->final, aside) && errno != ENOENT) {
-			rc = eng_fail(err, errno_code(errno), "%s: rename aside: %s", w->final,
+			rc = eng_fail(err, eng_errno_code(errno), "%s: rename aside: %s", w->final,
 				      strerror(errno));
 			free(aside);
 			return rc;
 		}
 		if (rename(w->tmp, w->final)) {
-			rc = eng_fail(err, errno_code(errno), "%s: rename to %s: %s", w->tmp,
+			rc = eng_fail(err, eng_errno_code(errno), "%s: rename to %s: %s", w->tmp,
 				      w->final, strerror(errno));
 			(void)rename(aside, w->final);
 			free(aside);
@@ -454,7 +443,7 @@ static int update_latest(struct ckpt_writer *w, struct eng_error *err)
 	}
 	rc = write_file(tmp, w->name, strlen(w->name), err);
 	if (!rc && rename(tmp, latest))
-		rc = eng_fail(err, errno_code(errno), "%s: rename: %s", latest, strerror(errno));
+		rc = eng_fail(err, eng_errno_code(errno), "%s: rename: %s", latest, strerror(errno));
 	if (rc)
 		(void)unlink(tmp);
 	if (!rc)
@@ -511,7 +500,7 @@ static int rotate(struct ckpt_writer *w, int max_to_keep, struct eng_error *err)
 
 	d = opendir(w->parent);
 	if (!d)
-		return eng_fail(err, errno_code(errno), "%s: opendir for rotation: %s",
+		return eng_fail(err, eng_errno_code(errno), "%s: opendir for rotation: %s",
 				w->parent, strerror(errno));
 	while ((de = readdir(d))) {
 		struct stat sb;
@@ -700,7 +689,7 @@ static int follow_latest(const char *dir, char **ret, struct eng_error *err)
 		return eng_fail(err, -ENOMEM, "%s: no memory", dir);
 	fd = open(lp, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
-		rc = eng_fail(err, errno == ENOENT ? -ENOENT : errno_code(errno),
+		rc = eng_fail(err, errno == ENOENT ? -ENOENT : eng_errno_code(errno),
 			      "%s: neither %s nor %s found", dir, STATE_FILE, LATEST_FILE);
 		free(lp);
 		return rc;

@@ -116,17 +116,6 @@ struct st_range {
 	const char *name;
 };
 
-static int errno_code(int e)
-{
-	switch (e) {
-	case ENOENT: return -ENOENT;
-	case ENOMEM: return -ENOMEM;
-	case EACCES:
-	case EPERM: return -EPERM;
-	default: return -EIO;
-	}
-}
-
 /* Read exactly len bytes at off. Returns 0, -EIO (errno), or -EBADMSG when
  * the file ends first (it shrank under us). */
 static int pread_full(int fd, void *buf, size_t len, uint64_t off)
@@ -390,7 +379,7 @@ static int load_file(struct st_reader *r, int fi, struct eng_error *err)
 	if (fd < 0) {
 		int e = errno;
 
-		return eng_fail(err, errno_code(e), "%s: cannot open: %s", path, strerror(e));
+		return eng_fail(err, eng_errno_code(e), "%s: cannot open: %s", path, strerror(e));
 	}
 	r->files[fi].fd = fd;
 	if (fstat(fd, &sb))
@@ -600,7 +589,7 @@ int st_reader_open(const char *path, struct st_reader **ret, struct eng_error *e
 	if (stat(path, &sb)) {
 		int e = errno;
 
-		return eng_fail(err, errno_code(e), "%s: %s", path, strerror(e));
+		return eng_fail(err, eng_errno_code(e), "%s: %s", path, strerror(e));
 	}
 	r = calloc(1, sizeof(*r));
 	if (!r)
@@ -920,7 +909,7 @@ int st_writer_new(const char *path, struct st_writer **ret, struct eng_error *er
 		json_decref(w->meta);
 		free(w->path);
 		free(w);
-		return eng_fail(err, errno_code(e), "%s: cannot create: %s", path, strerror(e));
+		return eng_fail(err, eng_errno_code(e), "%s: cannot create: %s", path, strerror(e));
 	}
 	*ret = w;
 	return 0;
@@ -1129,7 +1118,7 @@ int st_writer_finish(struct st_writer *w, uint64_t *ret_bytes,
 	if (!rc)
 		rc = out_flush(&o, true);
 	if (rc) {
-		rc = eng_fail(err, errno_code(-rc), "%s: write: %s",
+		rc = eng_fail(err, eng_errno_code(-rc), "%s: write: %s",
 			      w->path, strerror(-rc));
 		goto out;
 	}
