@@ -11,9 +11,9 @@
 
 #include "grpc/health/v1/health.pb-c.h"
 #include "param_bucket.h"
+#include "service_method.h"
 #include "transport.h"
 
-#define SVC "/engined.v1.TrainingEngine/"
 
 struct ec_client {
 	struct ect_channel *ch;
@@ -173,23 +173,30 @@ int ec_call_raw(struct ec_client *c, const char *method, const void *req, size_t
 	return set_st(st, r, msg);
 }
 
-static int call_msg(struct ec_client *c, const char *method, const ProtobufCMessage *req,
-		    const ProtobufCMessageDescriptor *resp_desc, void **ret,
+/* One unary call of `svc`'s method `name`: its path and reply type come
+ * from protobuf-c's service descriptor (service_method.h). */
+static int call_msg(struct ec_client *c, const ProtobufCServiceDescriptor *svc,
+		    const char *name, const ProtobufCMessage *req, void **ret,
 		    struct ec_status *st)
 {
+	char path[128];
+	const ProtobufCMethodDescriptor *md = service_method(svc, NULL, name, path, sizeof(path));
 	size_t len = protobuf_c_message_get_packed_size(req), rlen = 0;
-	uint8_t *buf = malloc(len ? len : 1), *resp = NULL;
+	uint8_t *buf, *resp = NULL;
 	ProtobufCMessage *m;
 	int r;
 
+	if (!md)
+		return set_st(st, EC_INTERNAL, "client: no such method");
+	buf = malloc(len ? len : 1);
 	if (!buf)
 		return set_st(st, EC_RESOURCE_EXHAUSTED, "out of memory");
 	protobuf_c_message_pack(req, buf);
-	r = ec_call_raw(c, method, buf, len, &resp, &rlen, st);
+	r = ec_call_raw(c, path, buf, len, &resp, &rlen, st);
 	free(buf);
 	if (r)
 		return r;
-	m = protobuf_c_message_unpack(resp_desc, NULL, rlen, resp);
+	m = protobuf_c_message_unpack(md->output, NULL, rlen, resp);
 	free(resp);
 	if (!m)
 		return set_st(st, EC_INTERNAL, "cannot decode the reply");
@@ -197,25 +204,24 @@ static int call_msg(struct ec_client *c, const char *method, const ProtobufCMess
 	return 0;
 }
 
+#define ENGINE_SVC &engined__v1__training_engine__descriptor
+
 int ec_initialize(struct ec_client *c, const Engined__V1__InitializeRequest *req,
 		  Engined__V1__InitializeResponse **ret, struct ec_status *st)
 {
-	return call_msg(c, SVC "Initialize", &req->base,
-			&engined__v1__initialize_response__descriptor, (void **)ret, st);
+	return call_msg(c, ENGINE_SVC, "Initialize", &req->base, (void **)ret, st);
 }
 
 int ec_set_mode(struct ec_client *c, const Engined__V1__SetModeRequest *req,
 		Engined__V1__SetModeResponse **ret, struct ec_status *st)
 {
-	return call_msg(c, SVC "SetMode", &req->base,
-			&engined__v1__set_mode_response__descriptor, (void **)ret, st);
+	return call_msg(c, ENGINE_SVC, "SetMode", &req->base, (void **)ret, st);
 }
 
 int ec_forward_backward(struct ec_client *c, const Engined__V1__ForwardBackwardRequest *req,
 			Engined__V1__ForwardBackwardResponse **ret, struct ec_status *st)
 {
-	return call_msg(c, SVC "ForwardBackward", &req->base,
-			&engined__v1__forward_backward_response__descriptor, (void **)ret, st);
+	return call_msg(c, ENGINE_SVC, "ForwardBackward", &req->base, (void **)ret, st);
 }
 
 int ec_optimizer_step(struct ec_client *c, Engined__V1__OptimizerStepResponse **ret,
@@ -223,8 +229,7 @@ int ec_optimizer_step(struct ec_client *c, Engined__V1__OptimizerStepResponse **
 {
 	Engined__V1__OptimizerStepRequest req = ENGINED__V1__OPTIMIZER_STEP_REQUEST__INIT;
 
-	return call_msg(c, SVC "OptimizerStep", &req.base,
-			&engined__v1__optimizer_step_response__descriptor, (void **)ret, st);
+	return call_msg(c, ENGINE_SVC, "OptimizerStep", &req.base, (void **)ret, st);
 }
 
 int ec_lr_scheduler_step(struct ec_client *c, Engined__V1__LrSchedulerStepResponse **ret,
@@ -232,29 +237,25 @@ int ec_lr_scheduler_step(struct ec_client *c, Engined__V1__LrSchedulerStepRespon
 {
 	Engined__V1__LrSchedulerStepRequest req = ENGINED__V1__LR_SCHEDULER_STEP_REQUEST__INIT;
 
-	return call_msg(c, SVC "LrSchedulerStep", &req.base,
-			&engined__v1__lr_scheduler_step_response__descriptor, (void **)ret, st);
+	return call_msg(c, ENGINE_SVC, "LrSchedulerStep", &req.base, (void **)ret, st);
 }
 
 int ec_to_device(struct ec_client *c, const Engined__V1__ToDeviceRequest *req,
 		 Engined__V1__ToDeviceResponse **ret, struct ec_status *st)
 {
-	return call_msg(c, SVC "ToDevice", &req->base,
-			&engined__v1__to_device_response__descriptor, (void **)ret, st);
+	return call_msg(c, ENGINE_SVC, "ToDevice", &req->base, (void **)ret, st);
 }
 
 int ec_save_checkpoint(struct ec_client *c, const Engined__V1__SaveCheckpointRequest *req,
 		       Engined__V1__SaveCheckpointResponse **ret, struct ec_status *st)
 {
-	return call_msg(c, SVC "SaveCheckpoint", &req->base,
-			&engined__v1__save_checkpoint_response__descriptor, (void **)ret, st);
+	return call_msg(c, ENGINE_SVC, "SaveCheckpoint", &req->base, (void **)ret, st);
 }
 
 int ec_load_checkpoint(struct ec_client *c, const Engined__V1__LoadCheckpointRequest *req,
 		       Engined__V1__LoadCheckpointResponse **ret, struct ec_status *st)
 {
-	return call_msg(c, SVC "LoadCheckpoint", &req->base,
-			&engined__v1__load_checkpoint_response__descriptor, (void **)ret, st);
+	return call_msg(c, ENGINE_SVC, "LoadCheckpoint", &req->base, (void **)ret, st);
 }
 
 int ec_get_status(struct ec_client *c, Engined__V1__GetStatusResponse **ret,
@@ -262,8 +263,7 @@ int ec_get_status(struct ec_client *c, Engined__V1__GetStatusResponse **ret,
 {
 	Engined__V1__GetStatusRequest req = ENGINED__V1__GET_STATUS_REQUEST__INIT;
 
-	return call_msg(c, SVC "GetStatus", &req.base,
-			&engined__v1__get_status_response__descriptor, (void **)ret, st);
+	return call_msg(c, ENGINE_SVC, "GetStatus", &req.base, (void **)ret, st);
 }
 
 int ec_health_check(struct ec_client *c, const char *service, int *ret_serving,
@@ -274,8 +274,8 @@ int ec_health_check(struct ec_client *c, const char *service, int *ret_serving,
 	int r;
 
 	req.service = (char *)(service ? service : "");
-	r = call_msg(c, "/grpc.health.v1.Health/Check", &req.base,
-		     &grpc__health__v1__health_check_response__descriptor, (void **)&resp, st);
+	r = call_msg(c, &grpc__health__v1__health__descriptor, "Check", &req.base,
+		     (void **)&resp, st);
 	if (r)
 		return r;
 	*ret_serving = (int)resp->status;
@@ -329,7 +329,7 @@ int ec_weights_open(struct ec_client *c, const Engined__V1__GetPerTensorParamReq
 	struct ec_weights *w = calloc(1, sizeof(*w));
 	size_t len = protobuf_c_message_get_packed_size(&req->base);
 	uint8_t *buf = malloc(len ? len : 1);
-	char msg[ECT_MSG_MAX] = "";
+	char msg[ECT_MSG_MAX] = "", path[128];
 	int r;
 
 	if (!w || !buf) {
@@ -338,8 +338,12 @@ int ec_weights_open(struct ec_client *c, const Engined__V1__GetPerTensorParamReq
 		return set_st(st, EC_RESOURCE_EXHAUSTED, "out of memory");
 	}
 	protobuf_c_message_pack(&req->base, buf);
-	r = ect_stream_open(c->ch, SVC "GetPerTensorParam", buf, len, c->timeout_ms,
-			    &w->s, msg);
+	if (!service_method(ENGINE_SVC, NULL, "GetPerTensorParam", path, sizeof(path))) {
+		free(w);
+		free(buf);
+		return set_st(st, EC_INTERNAL, "client: no such method");
+	}
+	r = ect_stream_open(c->ch, path, buf, len, c->timeout_ms, &w->s, msg);
 	free(buf);
 	if (r) {
 		free(w);

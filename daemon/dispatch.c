@@ -1,5 +1,5 @@
-/* dispatch.c — the dispatch table, the gate, the job queue and the engine
- * thread.
+/* dispatch.c — the dispatcher, the gate, the job queue and the engine
+ * thread; the daemon's lifecycle.
  *
  * Every RPC goes through on_call(): authentication (bearer token, read-only
  * vs full), decode (protobuf-c), the static gate (shutting down ->
@@ -8,8 +8,8 @@
  * queued behind a long job), a handler that takes the call over (Health
  * Watch, reflection), or a FIFO job for the engine thread, which checks the
  * call's deadline and the state gate (initialized, mode) when the job comes
- * up, runs it and replies. Engine error codes become gRPC status codes only
- * here, and each RPC is logged once (daemon_log_rpc).
+ * up, runs it and replies. The method table is methods.c's; engine error
+ * codes become gRPC status codes and each RPC is logged once in job.c.
  */
 #include "daemon.h"
 
@@ -21,148 +21,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engined/v1/engine.pb-c.h"
-#include "grpc/health/v1/health.pb-c.h"
 #include "log.h"
+#include "methods.h"
+#include "reflection.h"
 #include "test_hold.h"
 #include "tls.h"
 
-#define SVC "/engined.v1.TrainingEngine/"
-
-#define ENG(p, n, desc, init, md, v, r) \
-	{ .path = SVC p, .name = n, .req_desc = desc, .where = RUN_ENGINE, \
-	  .needs_init = init, .modes = md, .validate = v, .run = r }
-
-const struct method daemon_methods[] = {
-	ENG("Initialize", "Initialize", &engined__v1__initialize_request__descriptor,
-	    false, MODES_ANY, h_validate_initialize, h_run_initialize),
-	ENG("SetMode", "SetMode", &engined__v1__set_mode_request__descriptor,
-	    true, MODES_ANY, h_validate_set_mode, h_run_set_mode),
-	ENG("ForwardBackward", "ForwardBackward",
-	    &engined__v1__forward_backward_request__descriptor,
-	    true, MODES_ANY, h_validate_forward_backward, h_run_forward_backward),
-	ENG("OptimizerStep", "OptimizerStep", &engined__v1__optimizer_step_request__descriptor,
-	    true, MODES_IDLE | MODES_TRAIN, NULL, h_run_optimizer_step),
-	ENG("LrSchedulerStep", "LrSchedulerStep",
-	    &engined__v1__lr_scheduler_step_request__descriptor,
-	    true, MODES_ANY, NULL, h_run_lr_scheduler_step),
-	ENG("ToDevice", "ToDevice", &engined__v1__to_device_request__descriptor,
-	    true, MODES_ANY, h_validate_to_device, h_run_to_device),
-	{ .path = SVC "GetPerTensorParam", .name = "GetPerTensorParam",
-	  .req_desc = &engined__v1__get_per_tensor_param_request__descriptor,
-	  .server_streaming = true, .flags = M_READ_ONLY, .where = RUN_ENGINE,
-	  .needs_init = true, .modes = MODES_ANY,
-	  .validate = h_validate_get_params, .run = h_run_get_params },
-	ENG("SaveCheckpoint", "SaveCheckpoint", &engined__v1__save_checkpoint_request__descriptor,
-	    true, MODES_ANY, h_validate_save_checkpoint, h_run_save_checkpoint),
-	ENG("LoadCheckpoint", "LoadCheckpoint", &engined__v1__load_checkpoint_request__descriptor,
-	    true, MODES_ANY, h_validate_load_checkpoint, h_run_load_checkpoint),
-	{ .path = SVC "GetStatus", .name = "GetStatus",
-	  .req_desc = &engined__v1__get_status_request__descriptor,
-	  .flags = M_READ_ONLY, .where = RUN_INLINE, .modes = MODES_ANY,
-	  .run = h_run_get_status },
-	{ .path = "/grpc.health.v1.Health/Check", .name = "Health.Check",
-	  .req_desc = &grpc__health__v1__health_check_request__descriptor,
-	  .flags = M_READ_ONLY | M_HEALTH, .where = RUN_INLINE, .modes = MODES_ANY,
-	  .run = h_run_health_check },
-	{ .path = "/grpc.health.v1.Health/Watch", .name = "Health.Watch",
-	  .req_desc = &grpc__health__v1__health_check_request__descriptor,
-	  .server_streaming = true, .flags = M_READ_ONLY | M_HEALTH, .where = RUN_OWN,
-	  .modes = MODES_ANY, .run = h_run_health_watch },
-	{ .path = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-	  .name = "Reflection.v1alpha", .server_streaming = true, .client_streaming = true,
-	  .flags = M_READ_ONLY, .where = RUN_OWN, .modes = MODES_ANY,
-	  .run = h_run_reflection },
-	{ .path = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
-	  .name = "Reflection.v1", .server_streaming = true, .client_streaming = true,
-	  .flags = M_READ_ONLY, .where = RUN_OWN, .modes = MODES_ANY,
-	  .run = h_run_reflection },
-};
-const int daemon_n_methods = sizeof(daemon_methods) / sizeof(daemon_methods[0]);
-
-_Static_assert(sizeof(daemon_methods) / sizeof(daemon_methods[0]) < METRICS_METHODS,
-	       "metrics has a row per method plus one");
-
 static const char *const mode_names[] = { "IDLE", "TRAIN", "EVAL" };
-
-enum rpc_code daemon_rpc_code(int err)
-{
-#define ENG_CODE_CASE(e, st, doc) case e: return RPC_##st;
-	switch (-err) {
-	case 0: return RPC_OK;
-	ENG_ERROR_CODES(ENG_CODE_CASE)
-	default: return RPC_INTERNAL;
-	}
-#undef ENG_CODE_CASE
-}
-
-int job_set_reply(struct job *j, const ProtobufCMessage *msg)
-{
-	size_t len = protobuf_c_message_get_packed_size(msg);
-	uint8_t *buf = malloc(len ? len : 1);
-
-	if (!buf)
-		return -ENOMEM;
-	protobuf_c_message_pack(msg, buf);
-	free(j->reply);
-	j->reply = buf;
-	j->reply_len = len;
-	return 0;
-}
-
-static void job_free(struct job *j)
-{
-	if (!j)
-		return;
-	if (j->req)
-		protobuf_c_message_free_unpacked(j->req, NULL);
-	if (j->prep_free)
-		j->prep_free(j->prep);
-	free(j->reply);
-	free(j);
-}
-
-static int method_index(const struct method *m)
-{
-	return m ? (int)(m - daemon_methods) : -1;
-}
-
-void daemon_log_rpc(struct daemon *d, struct rpc_call *call, int method_idx,
-		    const char *identity, enum rpc_code code, const char *msg)
-{
-	const char *name = method_idx >= 0 ? daemon_methods[method_idx].name :
-			   rpc_call_method(call);
-	double s = rpc_call_elapsed(call);
-
-	metrics_rpc(&d->metrics, method_idx, (int)code, s);
-	if (code == RPC_OK)
-		log_msg(LOG_LVL_INFO, "rpc %s peer=%s identity=%s status=OK %.1f ms", name,
-			rpc_call_peer(call), identity, s * 1e3);
-	else
-		log_msg(code == RPC_INTERNAL || code == RPC_DATA_LOSS ? LOG_LVL_ERROR :
-			LOG_LVL_INFO, "rpc %s peer=%s identity=%s status=%s %.1f ms: %s",
-			name, rpc_call_peer(call), identity, rpc_code_name(code), s * 1e3,
-			msg && msg[0] ? msg : "-");
-}
-
-/* Reply, log the outcome once and free the job. */
-static void job_finish(struct daemon *d, struct job *j, int r, const struct eng_error *err)
-{
-	enum rpc_code code = daemon_rpc_code(r);
-	const char *msg = r < 0 ? (err && err->code && err->msg[0] ? err->msg :
-				   eng_strerror(r)) : "";
-
-	daemon_log_rpc(d, j->call, method_index(j->m), j->identity[0] ? j->identity : "-",
-		       code, msg);
-	if (r < 0)
-		rpc_reply_status(j->call, code, msg);
-	else if (j->m && j->m->server_streaming)
-		rpc_reply_status(j->call, RPC_OK, NULL);
-	else
-		rpc_reply(j->call, j->reply, j->reply_len);
-	j->call = NULL;
-	job_free(j);
-}
 
 /* The state gate, checked when the job is about to run. */
 static int gate(struct daemon *d, const struct method *m, struct eng_error *err)
@@ -186,7 +51,7 @@ static int gate(struct daemon *d, const struct method *m, struct eng_error *err)
 	mode = engine_mode(d->engine);
 	if (!(m->modes & (1u << mode)))
 		return eng_fail(err, -EALREADY, "mode: %s is not allowed in mode %s",
-				m->name, mode_names[mode]);
+				method_label(m), mode_names[mode]);
 	return 0;
 }
 
@@ -248,7 +113,7 @@ static void run_job(struct daemon *d, struct job *j)
 		log_msg(LOG_LVL_ERROR, "device failed: %s; exiting for a restart",
 			d->snap.failed);
 	}
-	job_finish(d, j, r, &err);
+	job_finish(j, r, &err);
 	if (newly_failed)
 		kill(getpid(), SIGTERM);
 	pthread_mutex_lock(&d->lock);
@@ -344,7 +209,7 @@ static void *engine_thread_main(void *arg)
 			d->tail = NULL;
 		d->queued--;
 		d->busy = true;
-		d->current_job = j->m->name;
+		d->current_job = method_label(j->m);
 		clock_gettime(CLOCK_MONOTONIC, &d->job_started);
 		pthread_mutex_unlock(&d->lock);
 
@@ -369,7 +234,7 @@ static void *engine_thread_main(void *arg)
 
 		eng_error_clear(&err);
 		eng_fail(&err, -ESHUTDOWN, "daemon is shutting down");
-		job_finish(d, j, -ESHUTDOWN, &err);
+		job_finish(j, -ESHUTDOWN, &err);
 		pthread_mutex_lock(&d->lock);
 		d->in_flight--;
 		pthread_mutex_unlock(&d->lock);
@@ -425,19 +290,9 @@ static int authorize(struct daemon *d, struct job *j, struct rpc_call *call,
 	if (m && lvl == AUTH_READ && !(m->flags & M_READ_ONLY)) {
 		*ret_code = RPC_PERMISSION_DENIED;
 		return eng_fail(err, -EPERM, "authorization: token '%s' is read-only; %s needs a full token",
-				name, m->name);
+				name, method_label(m));
 	}
 	return 0;
-}
-
-/* Answer a call that never became a job (status only). */
-static void refuse(struct daemon *d, struct job *j, enum rpc_code code, const char *msg)
-{
-	daemon_log_rpc(d, j->call, method_index(j->m), j->identity[0] ? j->identity : "-",
-		       code, msg);
-	rpc_reply_status(j->call, code, msg);
-	j->call = NULL;
-	job_free(j);
 }
 
 /* Poller thread: a new call. Never blocks. */
@@ -452,24 +307,22 @@ static void on_call(void *ctx, struct rpc_call *call, int method,
 	int r;
 
 	eng_error_clear(&err);
-	j = calloc(1, sizeof(*j));
+	j = job_new(call, m, &d->metrics);
 	if (!j) {
 		rpc_reply_status(call, RPC_RESOURCE_EXHAUSTED, "out of memory");
 		return;
 	}
-	j->m = m;
-	j->call = call;
 
 	/* Who may call: before anything else, even for unknown methods. */
 	if (authorize(d, j, call, &err, &code) < 0) {
-		refuse(d, j, code, err.msg);
+		job_refuse(j, code, err.msg);
 		return;
 	}
 	if (!m) {
 		char msg[300];
 
 		snprintf(msg, sizeof(msg), "unknown method %s", rpc_call_method(call));
-		refuse(d, j, RPC_UNIMPLEMENTED, msg);
+		job_refuse(j, RPC_UNIMPLEMENTED, msg);
 		return;
 	}
 
@@ -478,23 +331,23 @@ static void on_call(void *ctx, struct rpc_call *call, int method,
 	pthread_mutex_unlock(&d->lock);
 	if (r < 0) {
 		eng_fail(&err, r, "daemon is shutting down");
-		job_finish(d, j, r, &err);
+		job_finish(j, r, &err);
 		return;
 	}
 	if (m->client_streaming) {
 		/* The handler reads the messages itself. */
 		r = m->run(d, j, &err);
 		if (r < 0)
-			job_finish(d, j, r, &err);
+			job_finish(j, r, &err);
 		return;
 	}
 	if (!has_message) {
-		job_finish(d, j, eng_fail(&err, -EINVAL, "request: no message"), &err);
+		job_finish(j, eng_fail(&err, -EINVAL, "request: no message"), &err);
 		return;
 	}
 	j->req = protobuf_c_message_unpack(m->req_desc, NULL, len, req);
 	if (!j->req) {
-		job_finish(d, j, eng_fail(&err, -EINVAL,
+		job_finish(j, eng_fail(&err, -EINVAL,
 					  "request: not a valid %s message (%zu bytes)",
 					  m->req_desc->name, len), &err);
 		return;
@@ -502,19 +355,19 @@ static void on_call(void *ctx, struct rpc_call *call, int method,
 	if (m->validate) {
 		r = m->validate(d, j, &err);
 		if (r < 0) {
-			job_finish(d, j, r, &err);
+			job_finish(j, r, &err);
 			return;
 		}
 	}
 	if (m->where == RUN_INLINE) {
 		r = m->run(d, j, &err);
-		job_finish(d, j, r, &err);
+		job_finish(j, r, &err);
 		return;
 	}
 	if (m->where == RUN_OWN) {
 		r = m->run(d, j, &err);
 		if (r < 0)
-			job_finish(d, j, r, &err);
+			job_finish(j, r, &err);
 		return;
 	}
 
@@ -522,7 +375,7 @@ static void on_call(void *ctx, struct rpc_call *call, int method,
 	if (d->stopping) {
 		pthread_mutex_unlock(&d->lock);
 		eng_fail(&err, -ESHUTDOWN, "daemon is shutting down");
-		job_finish(d, j, -ESHUTDOWN, &err);
+		job_finish(j, -ESHUTDOWN, &err);
 		return;
 	}
 	if (d->cfg.max_concurrent_calls > 0 && d->in_flight >= d->cfg.max_concurrent_calls) {
@@ -531,7 +384,7 @@ static void on_call(void *ctx, struct rpc_call *call, int method,
 		pthread_mutex_unlock(&d->lock);
 		eng_fail(&err, -E2BIG, "server: %lld calls queued or running (server.max_concurrent_calls = %d); retry later",
 			 (long long)n, d->cfg.max_concurrent_calls);
-		job_finish(d, j, -E2BIG, &err);
+		job_finish(j, -E2BIG, &err);
 		return;
 	}
 	if (d->tail)
@@ -545,11 +398,38 @@ static void on_call(void *ctx, struct rpc_call *call, int method,
 	pthread_mutex_unlock(&d->lock);
 }
 
-/* RUN_OWN handlers: the job's call is theirs; they free the rest. */
-void daemon_job_release(struct job *j)
+bool daemon_serving(struct daemon *d)
 {
-	j->call = NULL;
-	job_free(j);
+	bool serving;
+
+	pthread_mutex_lock(&d->lock);
+	serving = !d->stopping && !d->engine_failed;
+	pthread_mutex_unlock(&d->lock);
+	return serving;
+}
+
+static bool health_serving(void *ctx)
+{
+	return daemon_serving(ctx);
+}
+
+/* The metrics page's view of the daemon (the endpoint's thread). */
+static void metrics_sample(void *ctx, struct metrics_sample *out)
+{
+	struct daemon *d = ctx;
+	struct timespec now;
+
+	out->job_seconds = daemon_job_seconds(d);
+	pthread_mutex_lock(&d->lock);
+	out->st = d->snap;
+	out->queued = d->queued;
+	out->in_flight = d->in_flight;
+	out->busy = d->busy;
+	pthread_mutex_unlock(&d->lock);
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	out->uptime_seconds = (double)(now.tv_sec - d->started.tv_sec) +
+			      (double)(now.tv_nsec - d->started.tv_nsec) * 1e-9;
+	out->bytes_streamed = d->rpc ? rpc_server_bytes_streamed(d->rpc) : 0;
 }
 
 int daemon_init(struct daemon *d, const struct daemon_config *cfg,
@@ -565,15 +445,21 @@ int daemon_init(struct daemon *d, const struct daemon_config *cfg,
 	pthread_cond_init(&d->cond, NULL);
 	pthread_mutex_init(&d->zc_lock, NULL);
 	pthread_cond_init(&d->zc_cond, NULL);
-	metrics_init(&d->metrics);
 	eng_error_clear(&err);
+	r = methods_init(&err);
+	if (r < 0) {
+		snprintf(errbuf, errlen, "%s", err.msg);
+		return r;
+	}
+	metrics_init(&d->metrics, daemon_method_labels, daemon_n_methods);
+	health_init(&d->health, health_serving, d);
 	r = auth_init(&d->auth, cfg->token_file, &err);
 	if (r < 0) {
 		snprintf(errbuf, errlen, "auth.token_file: %s", err.msg[0] ? err.msg :
 			 eng_strerror(r));
 		return r;
 	}
-	r = reflection_init(d, &err);
+	r = reflection_new(daemon_method_paths, daemon_n_methods, &d->refl, &err);
 	if (r < 0) {
 		snprintf(errbuf, errlen, "reflection: %s", err.msg);
 		return r;
@@ -621,7 +507,8 @@ int daemon_start(struct daemon *d, char *errbuf, size_t errlen)
 		return r;
 	}
 	if (d->cfg.metrics_listen) {
-		r = metrics_start(d, d->cfg.metrics_listen, errbuf, errlen);
+		r = metrics_start(&d->metrics, d->cfg.metrics_listen, metrics_sample, d,
+				  errbuf, errlen);
 		if (r < 0) {
 			(void)daemon_stop(d);
 			return r;
@@ -642,7 +529,7 @@ int daemon_stop(struct daemon *d)
 	d->stopping = true;
 	pthread_cond_broadcast(&d->cond);
 	pthread_mutex_unlock(&d->lock);
-	health_watch_broadcast(d, false);
+	health_broadcast(&d->health, false);
 	if (d->rpc)
 		rpc_server_shutdown(d->rpc);
 	if (d->engine_thread_started) {
@@ -669,7 +556,7 @@ int daemon_stop(struct daemon *d)
 		pthread_join(d->engine_thread, NULL);
 		d->engine_thread_started = false;
 	}
-	health_watch_broadcast(d, true);
+	health_broadcast(&d->health, true);
 	metrics_fini(&d->metrics);
 	if (d->rpc) {
 		rpc_server_destroy(d->rpc, 2000);
@@ -717,7 +604,9 @@ int daemon_reload(struct daemon *d, struct eng_error *err)
 
 void daemon_fini(struct daemon *d)
 {
-	reflection_fini(d);
+	reflection_free(d->refl);
+	d->refl = NULL;
+	health_fini(&d->health);
 	auth_fini(&d->auth);
 	pthread_cond_destroy(&d->zc_cond);
 	pthread_mutex_destroy(&d->zc_lock);

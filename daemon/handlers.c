@@ -5,7 +5,7 @@
  * run_*() run on the engine thread (or inline for GetStatus / Health) and
  * leave the packed reply in the job. Messages name the request field.
  */
-#include "daemon.h"
+#include "handlers.h"
 
 #include <errno.h>
 #include <math.h>
@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include "engined/v1/engine.pb-c.h"
-#include "grpc/health/v1/health.pb-c.h"
 #include "fb_loss.h"
 #include "model/config.h"
 #include "paths.h"
@@ -776,21 +775,5 @@ int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err)
 	resp.busy = busy;
 	resp.current_job = current;
 	resp.queued_jobs = queued;
-	return job_set_reply(j, &resp.base);
-}
-
-int h_run_health_check(struct daemon *d, struct job *j, struct eng_error *err)
-{
-	const Grpc__Health__V1__HealthCheckRequest *q = (const void *)j->req;
-	Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
-	bool stopping;
-
-	if (q->service[0] && strcmp(q->service, "engined.v1.TrainingEngine"))
-		return eng_fail(err, -ENOENT, "service: unknown '%s'", q->service);
-	pthread_mutex_lock(&d->lock);
-	stopping = d->stopping || d->engine_failed;
-	pthread_mutex_unlock(&d->lock);
-	resp.status = stopping ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING :
-				 GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
 	return job_set_reply(j, &resp.base);
 }

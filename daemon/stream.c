@@ -32,7 +32,7 @@
  * Lock order: gRPC releases slices (slot_release) under a call's lock, so
  * nothing calls into rpc.h with the ring lock held.
  */
-#include "daemon.h"
+#include "handlers.h"
 
 #include <errno.h>
 #include <stdint.h>

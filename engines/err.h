@@ -8,7 +8,7 @@
  *
  * ENG_ERROR_CODES is the one list of the codes that the engine library and
  * the daemon return, with the gRPC status the daemon answers for each:
- * eng_strerror names them, the daemon's daemon_rpc_code maps them, and
+ * eng_strerror names them, the daemon's job_rpc_code maps them, and
  * tests/unit/test_err.c and test_daemon_codes.c iterate them. A code not in
  * the list is a bug; the daemon answers it INTERNAL.
  */

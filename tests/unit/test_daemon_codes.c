@@ -4,18 +4,18 @@
 #include <check.h>
 #include <errno.h>
 
-#include "daemon.h"
+#include "job.h"
 
 START_TEST(every_code_maps_to_its_status)
 {
 	for (int i = 0; i < eng_n_codes; i++)
-		ck_assert_str_eq(rpc_code_name(daemon_rpc_code(eng_codes[i].code)),
+		ck_assert_str_eq(rpc_code_name(job_rpc_code(eng_codes[i].code)),
 				 eng_codes[i].status);
-	ck_assert_int_eq(daemon_rpc_code(0), RPC_OK);
-	ck_assert_int_eq(daemon_rpc_code(-EINVAL), RPC_INVALID_ARGUMENT);
-	ck_assert_int_eq(daemon_rpc_code(-ESHUTDOWN), RPC_UNAVAILABLE);
-	ck_assert_int_eq(daemon_rpc_code(-EXDEV), RPC_INTERNAL);
-	ck_assert_int_eq(daemon_rpc_code(-12345), RPC_INTERNAL);
+	ck_assert_int_eq(job_rpc_code(0), RPC_OK);
+	ck_assert_int_eq(job_rpc_code(-EINVAL), RPC_INVALID_ARGUMENT);
+	ck_assert_int_eq(job_rpc_code(-ESHUTDOWN), RPC_UNAVAILABLE);
+	ck_assert_int_eq(job_rpc_code(-EXDEV), RPC_INTERNAL);
+	ck_assert_int_eq(job_rpc_code(-12345), RPC_INTERNAL);
 }
 END_TEST
 

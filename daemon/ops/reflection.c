@@ -14,7 +14,7 @@
  * (rpc_recv_next delivers the next request once the previous response is
  * out). Everything runs on poller threads and never waits.
  */
-#include "daemon.h"
+#include "reflection.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -301,10 +301,8 @@ static int index_file(struct reflection *rf, int fi)
 	return e;
 }
 
-void reflection_fini(struct daemon *d)
+void reflection_free(struct reflection *rf)
 {
-	struct reflection *rf = d->refl;
-
 	if (!rf)
 		return;
 	for (int i = 0; i < rf->n_files; i++)
@@ -315,10 +313,10 @@ void reflection_fini(struct daemon *d)
 	free(rf->syms);
 	free(rf->services);
 	free(rf);
-	d->refl = NULL;
 }
 
-int reflection_init(struct daemon *d, struct eng_error *err)
+int reflection_new(const char *const *paths, int n_paths, struct reflection **ret,
+		   struct eng_error *err)
 {
 	struct reflection *rf = calloc(1, sizeof(*rf));
 	struct rd r = { engined_descriptor_set,
@@ -330,7 +328,6 @@ int reflection_init(struct daemon *d, struct eng_error *err)
 
 	if (!rf)
 		return -ENOMEM;
-	d->refl = rf;
 	/* FileDescriptorSet: repeated FileDescriptorProto file = 1. */
 	while (r.p < r.end) {
 		struct refl_file *v;
@@ -355,13 +352,13 @@ int reflection_init(struct daemon *d, struct eng_error *err)
 		if (e < 0)
 			break;
 	}
-	/* The services listed: every service this daemon registers a method
-	 * of (from the dispatch table, so the list cannot drift). */
-	rf->services = calloc((size_t)daemon_n_methods, sizeof(char *));
+	/* The services listed: every service of the method paths served (the
+	 * daemon passes its method table's, so the list cannot drift). */
+	rf->services = calloc((size_t)n_paths, sizeof(char *));
 	if (e == 0 && !rf->services)
 		e = -ENOMEM;
-	for (int i = 0; e == 0 && i < daemon_n_methods; i++) {
-		const char *path = daemon_methods[i].path + 1;  /* skip '/' */
+	for (int i = 0; e == 0 && i < n_paths; i++) {
+		const char *path = paths[i] + 1;  /* skip '/' */
 		const char *slash = strchr(path, '/');
 		bool seen = false;
 
@@ -380,16 +377,17 @@ int reflection_init(struct daemon *d, struct eng_error *err)
 		}
 		if (!seen) {
 			eng_fail(err, -EBADMSG, "service of %s is not in the descriptor set",
-				 daemon_methods[i].path);
+				 paths[i]);
 			e = -EBADMSG;
 		}
 	}
 	if (e < 0) {
 		if (!err->msg[0])
 			eng_fail(err, e, "the embedded descriptor set cannot be read");
-		reflection_fini(d);
+		reflection_free(rf);
 		return e;
 	}
+	*ret = rf;
 	log_msg(LOG_LVL_DEBUG, "reflection: %d files, %d symbols, %d services", rf->n_files,
 		rf->n_syms, rf->n_services);
 	return 0;
@@ -398,8 +396,9 @@ int reflection_init(struct daemon *d, struct eng_error *err)
 /* --- the stream ------------------------------------------------------------ */
 
 struct refl_call {
-	struct daemon *d;
-	int method_idx;
+	const struct reflection *rf;
+	struct metrics *metrics;
+	const struct method *m;
 	char identity[AUTH_NAME_MAX + 300];
 	int64_t requests;
 };
@@ -536,11 +535,19 @@ static void release_buf(void *p)
 	free(p);
 }
 
+/* End the stream with `code`, log it once, free the call's state. */
+static void end_call(struct refl_call *rc, struct rpc_call *c, enum rpc_code code,
+		     const char *msg)
+{
+	job_log_rpc(rc->metrics, c, rc->m, rc->identity, code, msg);
+	rpc_reply_status(c, code, code == RPC_OK || code == RPC_CANCELLED ? NULL : msg);
+	free(rc);
+}
+
 static void on_request(void *user, struct rpc_call *c, const uint8_t *msg, size_t len,
 		       bool end)
 {
 	struct refl_call *rc = user;
-	struct daemon *d = rc->d;
 	Grpc__Reflection__V1__ServerReflectionRequest *q;
 	struct rpc_piece piece;
 	uint8_t *out = NULL;
@@ -550,28 +557,19 @@ static void on_request(void *user, struct rpc_call *c, const uint8_t *msg, size_
 	if (end) {
 		bool gone = rpc_call_cancelled(c);
 
-		daemon_log_rpc(d, c, rc->method_idx, rc->identity,
-			       gone ? RPC_CANCELLED : RPC_OK, gone ? "client went away" : NULL);
-		rpc_reply_status(c, gone ? RPC_CANCELLED : RPC_OK, NULL);
-		free(rc);
+		end_call(rc, c, gone ? RPC_CANCELLED : RPC_OK, gone ? "client went away" : NULL);
 		return;
 	}
 	q = grpc__reflection__v1__server_reflection_request__unpack(NULL, len, msg);
 	if (!q) {
-		daemon_log_rpc(d, c, rc->method_idx, rc->identity, RPC_INVALID_ARGUMENT,
-			       "request: not a ServerReflectionRequest");
-		rpc_reply_status(c, RPC_INVALID_ARGUMENT, "request: not a ServerReflectionRequest");
-		free(rc);
+		end_call(rc, c, RPC_INVALID_ARGUMENT, "request: not a ServerReflectionRequest");
 		return;
 	}
 	rc->requests++;
-	r = answer(d->refl, q, &out, &out_len);
+	r = answer(rc->rf, q, &out, &out_len);
 	grpc__reflection__v1__server_reflection_request__free_unpacked(q, NULL);
 	if (r < 0) {
-		daemon_log_rpc(d, c, rc->method_idx, rc->identity, RPC_RESOURCE_EXHAUSTED,
-			       "out of memory");
-		rpc_reply_status(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
-		free(rc);
+		end_call(rc, c, RPC_RESOURCE_EXHAUSTED, "out of memory");
 		return;
 	}
 	piece.data = out;
@@ -580,30 +578,26 @@ static void on_request(void *user, struct rpc_call *c, const uint8_t *msg, size_
 	piece.user = out;
 	/* A failed send (call over) shows as the end on the next receive. */
 	(void)rpc_stream_send(c, &piece, 1);
-	if (rpc_recv_next(c, on_request, rc) < 0) {
-		daemon_log_rpc(d, c, rc->method_idx, rc->identity, RPC_INTERNAL, "receive");
-		rpc_reply_status(c, RPC_INTERNAL, "reflection: cannot receive");
-		free(rc);
-	}
+	if (rpc_recv_next(c, on_request, rc) < 0)
+		end_call(rc, c, RPC_INTERNAL, "reflection: cannot receive");
 }
 
-int h_run_reflection(struct daemon *d, struct job *j, struct eng_error *err)
+int reflection_serve(const struct reflection *rf, struct job *j, struct eng_error *err)
 {
 	struct refl_call *rc;
 	struct rpc_call *call = j->call;
 
-	if (!d->refl)
+	if (!rf)
 		return eng_fail(err, -ENOSYS, "reflection: not available");
 	rc = calloc(1, sizeof(*rc));
 	if (!rc)
 		return -ENOMEM;
-	rc->d = d;
-	rc->method_idx = (int)(j->m - daemon_methods);
+	rc->rf = rf;
+	rc->metrics = j->metrics;
+	rc->m = j->m;
 	memcpy(rc->identity, j->identity, sizeof(rc->identity));
-	daemon_job_release(j);
-	if (rpc_recv_next(call, on_request, rc) < 0) {
-		rpc_reply_status(call, RPC_INTERNAL, "reflection: cannot receive");
-		free(rc);
-	}
+	job_release(j);
+	if (rpc_recv_next(call, on_request, rc) < 0)
+		end_call(rc, call, RPC_INTERNAL, "reflection: cannot receive");
 	return 0;
 }

@@ -14,7 +14,6 @@
 
 #include <microhttpd.h>
 
-#include "daemon.h"
 #include "log.h"
 
 /* Upper bounds of the latency buckets, seconds (the last is +Inf). */
@@ -22,10 +21,12 @@ static const double bucket_le[METRICS_BUCKETS - 1] = {
 	0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.5, 10, 60,
 };
 
-void metrics_init(struct metrics *m)
+void metrics_init(struct metrics *m, const char *const *labels, int n_labels)
 {
 	memset(m, 0, sizeof(*m));
 	pthread_mutex_init(&m->lock, NULL);
+	m->labels = labels;
+	m->n_labels = n_labels < METRICS_METHODS - 1 ? n_labels : METRICS_METHODS - 1;
 }
 
 void metrics_fini(struct metrics *m)
@@ -129,9 +130,9 @@ static const char *const code_label[METRICS_CODES] = {
 	"INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
 };
 
-static const char *method_label(int row)
+static const char *row_label(const struct metrics *m, int row)
 {
-	return row < daemon_n_methods ? daemon_methods[row].name : "unknown";
+	return row < m->n_labels ? m->labels[row] : "unknown";
 }
 
 static int64_t ld(const int64_t *x)
@@ -152,22 +153,22 @@ static int64_t rss(void)
 	return res * sysconf(_SC_PAGESIZE);
 }
 
-static void render(struct daemon *d, struct page *p)
+static void render(struct metrics *m, struct page *p)
 {
-	struct metrics *m = &d->metrics;
+	struct metrics_sample smp;
 	struct engine_status st;
-	struct timespec now;
 	int64_t queued, in_flight, tokens, steps, ckpts;
-	double step_s, gnorm, last_ckpt;
+	double step_s, gnorm, last_ckpt, job_s;
 	bool busy;
-	double job_s = daemon_job_seconds(d);
 
-	pthread_mutex_lock(&d->lock);
-	st = d->snap;
-	queued = d->queued;
-	in_flight = d->in_flight;
-	busy = d->busy;
-	pthread_mutex_unlock(&d->lock);
+	memset(&smp, 0, sizeof(smp));
+	if (m->sample)
+		m->sample(m->sample_ctx, &smp);
+	st = smp.st;
+	queued = smp.queued;
+	in_flight = smp.in_flight;
+	busy = smp.busy;
+	job_s = smp.job_seconds;
 	pthread_mutex_lock(&m->lock);
 	tokens = m->tokens_trained;
 	steps = m->optimizer_steps;
@@ -176,14 +177,12 @@ static void render(struct daemon *d, struct page *p)
 	ckpts = m->checkpoints_saved;
 	last_ckpt = m->last_checkpoint_unix;
 	pthread_mutex_unlock(&m->lock);
-	clock_gettime(CLOCK_MONOTONIC, &now);
 
 	put(p, "# HELP engined_build_info Version of the daemon.\n# TYPE engined_build_info gauge\n"
 	       "engined_build_info{version=\"%s\"} 1\n", ENGINED_VERSION);
 	put(p, "# HELP engined_uptime_seconds Seconds since the daemon started.\n"
 	       "# TYPE engined_uptime_seconds gauge\nengined_uptime_seconds %.3f\n",
-	    (double)(now.tv_sec - d->started.tv_sec) +
-	    (double)(now.tv_nsec - d->started.tv_nsec) * 1e-9);
+	    smp.uptime_seconds);
 
 	put(p, "# HELP engined_rpc_total RPCs finished, by method and status code.\n"
 	       "# TYPE engined_rpc_total counter\n");
@@ -191,14 +190,14 @@ static void render(struct daemon *d, struct page *p)
 		for (int c = 0; c < METRICS_CODES; c++)
 			if (ld(&m->calls[r][c]))
 				put(p, "engined_rpc_total{method=\"%s\",code=\"%s\"} %lld\n",
-				    method_label(r), code_label[c], (long long)ld(&m->calls[r][c]));
+				    row_label(m, r), code_label[c], (long long)ld(&m->calls[r][c]));
 	put(p, "# HELP engined_rpc_duration_seconds_total Time spent in RPCs, by method and status code.\n"
 	       "# TYPE engined_rpc_duration_seconds_total counter\n");
 	for (int r = 0; r < METRICS_METHODS; r++)
 		for (int c = 0; c < METRICS_CODES; c++)
 			if (ld(&m->calls[r][c]))
 				put(p, "engined_rpc_duration_seconds_total{method=\"%s\",code=\"%s\"} %.6f\n",
-				    method_label(r), code_label[c],
+				    row_label(m, r), code_label[c],
 				    (double)ld(&m->micros[r][c]) * 1e-6);
 	put(p, "# HELP engined_rpc_latency_seconds RPC latency, by method.\n"
 	       "# TYPE engined_rpc_latency_seconds histogram\n");
@@ -215,14 +214,14 @@ static void render(struct daemon *d, struct page *p)
 			cum += ld(&m->hist[r][b]);
 			if (b < METRICS_BUCKETS - 1)
 				put(p, "engined_rpc_latency_seconds_bucket{method=\"%s\",le=\"%g\"} %lld\n",
-				    method_label(r), bucket_le[b], (long long)cum);
+				    row_label(m, r), bucket_le[b], (long long)cum);
 			else
 				put(p, "engined_rpc_latency_seconds_bucket{method=\"%s\",le=\"+Inf\"} %lld\n",
-				    method_label(r), (long long)cum);
+				    row_label(m, r), (long long)cum);
 		}
-		put(p, "engined_rpc_latency_seconds_sum{method=\"%s\"} %.6f\n", method_label(r),
+		put(p, "engined_rpc_latency_seconds_sum{method=\"%s\"} %.6f\n", row_label(m, r),
 		    (double)micros * 1e-6);
-		put(p, "engined_rpc_latency_seconds_count{method=\"%s\"} %lld\n", method_label(r),
+		put(p, "engined_rpc_latency_seconds_count{method=\"%s\"} %lld\n", row_label(m, r),
 		    (long long)count);
 	}
 	put(p, "# HELP engined_auth_failures_total Calls refused for a missing or invalid token.\n"
@@ -230,7 +229,7 @@ static void render(struct daemon *d, struct page *p)
 	    (long long)ld(&m->auth_failures));
 	put(p, "# HELP engined_stream_bytes_total Bytes of stream messages sent (weights).\n"
 	       "# TYPE engined_stream_bytes_total counter\nengined_stream_bytes_total %lld\n",
-	    (long long)(d->rpc ? rpc_server_bytes_streamed(d->rpc) : 0));
+	    (long long)smp.bytes_streamed);
 
 	put(p, "# HELP engined_engine_initialized 1 once Initialize succeeded.\n"
 	       "# TYPE engined_engine_initialized gauge\nengined_engine_initialized %d\n",
@@ -287,7 +286,7 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
 			       const char *method, const char *version,
 			       const char *upload_data, size_t *upload_data_size, void **con_cls)
 {
-	struct daemon *d = cls;
+	struct metrics *m = cls;
 	struct MHD_Response *resp;
 	struct page p = { NULL, 0, 0, false };
 	enum MHD_Result ret;
@@ -304,7 +303,7 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
 						       MHD_RESPMEM_PERSISTENT);
 		status = MHD_HTTP_NOT_FOUND;
 	} else {
-		render(d, &p);
+		render(m, &p);
 		if (p.oom) {
 			free(p.buf);
 			return MHD_NO;
@@ -323,9 +322,9 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
 	return ret;
 }
 
-int metrics_start(struct daemon *d, const char *addr, char *errbuf, size_t errlen)
+int metrics_start(struct metrics *m, const char *addr, metrics_sample_fn sample, void *ctx,
+		  char *errbuf, size_t errlen)
 {
-	struct metrics *m = &d->metrics;
 	struct sockaddr_storage ss;
 	socklen_t sl = sizeof(ss);
 	char host[256];
@@ -364,7 +363,9 @@ int metrics_start(struct daemon *d, const char *addr, char *errbuf, size_t errle
 		if (inet_pton(AF_INET, host, &a->sin_addr) != 1)
 			goto bad_host;
 	}
-	m->http = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_http, d,
+	m->sample = sample;
+	m->sample_ctx = ctx;
+	m->http = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_http, m,
 				   MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
 				   MHD_OPTION_CONNECTION_LIMIT, (unsigned)16,
 				   MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,

@@ -3,9 +3,10 @@
  *
  * RPC counters are lock-free (atomic adds from any thread); the engine
  * figures (tokens, step time, grad norm, last checkpoint) are written by
- * the engine thread under `lock`. The page also shows the status snapshot
- * (step, lr, queue depth, memory by placement) read under the daemon lock.
- */
+ * the engine thread under `lock`. The page also shows a sample of the
+ * daemon's state (step, lr, queue depth, memory by placement) taken by a
+ * callback that the daemon hands to metrics_start: this module knows
+ * nothing of the daemon. */
 #ifndef ENGINED_DAEMON_METRICS_H
 #define ENGINED_DAEMON_METRICS_H
 
@@ -13,11 +14,22 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define METRICS_METHODS 24      /* daemon_methods rows + 1 for unknown ones */
+#include "engine.h"
+
+#define METRICS_METHODS 24      /* method table rows + 1 for unknown ones */
 #define METRICS_CODES 17
 #define METRICS_BUCKETS 12
 
-struct daemon;
+/* What the page shows of the daemon, sampled per request. */
+struct metrics_sample {
+	struct engine_status st;      /* after the last job */
+	int64_t queued, in_flight;
+	bool busy;
+	double job_seconds;           /* of the running job, 0 when idle */
+	double uptime_seconds;
+	int64_t bytes_streamed;
+};
+typedef void (*metrics_sample_fn)(void *ctx, struct metrics_sample *out);
 
 struct metrics {
 	/* atomic */
@@ -36,11 +48,17 @@ struct metrics {
 	int64_t checkpoints_saved;    /* lock */
 	double last_checkpoint_unix;  /* lock: 0: none yet */
 
+	const char *const *labels;    /* method labels by row */
+	int n_labels;
+	metrics_sample_fn sample;
+	void *sample_ctx;
 	struct MHD_Daemon *http;
 	int http_port;
 };
 
-void metrics_init(struct metrics *m);
+/* labels: the method names by row (borrowed; at most METRICS_METHODS - 1);
+ * rows outside are "unknown". */
+void metrics_init(struct metrics *m, const char *const *labels, int n_labels);
 void metrics_fini(struct metrics *m);   /* stops the endpoint */
 
 /* One finished RPC (method index, -1: unknown method). */
@@ -52,8 +70,10 @@ void metrics_forward_backward(struct metrics *m, int64_t tokens, double seconds)
 void metrics_optimizer_step(struct metrics *m, double seconds, double grad_norm);
 void metrics_checkpoint_saved(struct metrics *m);
 
-/* Serve GET /metrics on `addr` (host:port; port 0 picks one). Returns 0
- * and sets m->http_port, or a negative errno with a message. */
-int metrics_start(struct daemon *d, const char *addr, char *errbuf, size_t errlen);
+/* Serve GET /metrics on `addr` (host:port; port 0 picks one); each page
+ * calls sample(ctx) (from the server's thread). Returns 0 and sets
+ * m->http_port, or a negative errno with a message. */
+int metrics_start(struct metrics *m, const char *addr, metrics_sample_fn sample, void *ctx,
+		  char *errbuf, size_t errlen);
 
 #endif

@@ -1,0 +1,30 @@
+/* handlers.h — the TrainingEngine methods: a validate (poller thread,
+ * before anything is queued) and a run (engine thread, or inline for
+ * GetStatus) each, as the method table (methods.c) names them. */
+#ifndef ENGINED_DAEMON_HANDLERS_H
+#define ENGINED_DAEMON_HANDLERS_H
+
+#include "daemon.h"
+
+/* handlers.c */
+int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err);
+int h_run_initialize(struct daemon *d, struct job *j, struct eng_error *err);
+int h_validate_set_mode(struct daemon *d, struct job *j, struct eng_error *err);
+int h_run_set_mode(struct daemon *d, struct job *j, struct eng_error *err);
+int h_validate_forward_backward(struct daemon *d, struct job *j, struct eng_error *err);
+int h_run_forward_backward(struct daemon *d, struct job *j, struct eng_error *err);
+int h_run_optimizer_step(struct daemon *d, struct job *j, struct eng_error *err);
+int h_run_lr_scheduler_step(struct daemon *d, struct job *j, struct eng_error *err);
+int h_validate_to_device(struct daemon *d, struct job *j, struct eng_error *err);
+int h_run_to_device(struct daemon *d, struct job *j, struct eng_error *err);
+int h_validate_save_checkpoint(struct daemon *d, struct job *j, struct eng_error *err);
+int h_run_save_checkpoint(struct daemon *d, struct job *j, struct eng_error *err);
+int h_validate_load_checkpoint(struct daemon *d, struct job *j, struct eng_error *err);
+int h_run_load_checkpoint(struct daemon *d, struct job *j, struct eng_error *err);
+int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err);
+
+/* stream.c: GetPerTensorParam */
+int h_validate_get_params(struct daemon *d, struct job *j, struct eng_error *err);
+int h_run_get_params(struct daemon *d, struct job *j, struct eng_error *err);
+
+#endif

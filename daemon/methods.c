@@ -1,0 +1,94 @@
+/* methods.c — the method table (see methods.h). */
+#include "methods.h"
+
+#include <errno.h>
+
+#include "engined/v1/engine.pb-c.h"
+#include "grpc/health/v1/health.pb-c.h"
+#include "handlers.h"
+#include "health.h"
+#include "reflection.h"
+#include "reflection.pb-c.h"
+#include "service_method.h"
+
+static int run_health_check(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	return health_check(&d->health, j, err);
+}
+
+static int run_health_watch(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	return health_watch(&d->health, j, err);
+}
+
+static int run_reflection(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	return reflection_serve(d->refl, j, err);
+}
+
+#define ENGINE_SVC &engined__v1__training_engine__descriptor
+#define HEALTH_SVC &grpc__health__v1__health__descriptor
+#define REFLECTION_SVC &grpc__reflection__v1__server_reflection__descriptor
+
+#define ENG(n, init, md, v, r) \
+	{ .service = ENGINE_SVC, .name = n, .where = RUN_ENGINE, \
+	  .needs_init = init, .modes = md, .validate = v, .run = r }
+
+struct method daemon_methods[] = {
+	ENG("Initialize", false, MODES_ANY, h_validate_initialize, h_run_initialize),
+	ENG("SetMode", true, MODES_ANY, h_validate_set_mode, h_run_set_mode),
+	ENG("ForwardBackward", true, MODES_ANY, h_validate_forward_backward,
+	    h_run_forward_backward),
+	ENG("OptimizerStep", true, MODES_IDLE | MODES_TRAIN, NULL, h_run_optimizer_step),
+	ENG("LrSchedulerStep", true, MODES_ANY, NULL, h_run_lr_scheduler_step),
+	ENG("ToDevice", true, MODES_ANY, h_validate_to_device, h_run_to_device),
+	{ .service = ENGINE_SVC, .name = "GetPerTensorParam", .server_streaming = true,
+	  .flags = M_READ_ONLY, .where = RUN_ENGINE, .needs_init = true, .modes = MODES_ANY,
+	  .validate = h_validate_get_params, .run = h_run_get_params },
+	ENG("SaveCheckpoint", true, MODES_ANY, h_validate_save_checkpoint,
+	    h_run_save_checkpoint),
+	ENG("LoadCheckpoint", true, MODES_ANY, h_validate_load_checkpoint,
+	    h_run_load_checkpoint),
+	{ .service = ENGINE_SVC, .name = "GetStatus", .flags = M_READ_ONLY,
+	  .where = RUN_INLINE, .modes = MODES_ANY, .run = h_run_get_status },
+	{ .service = HEALTH_SVC, .name = "Check", .label = "Health.Check",
+	  .flags = M_READ_ONLY | M_HEALTH, .where = RUN_INLINE, .modes = MODES_ANY,
+	  .run = run_health_check },
+	{ .service = HEALTH_SVC, .name = "Watch", .label = "Health.Watch",
+	  .server_streaming = true, .flags = M_READ_ONLY | M_HEALTH, .where = RUN_OWN,
+	  .modes = MODES_ANY, .run = run_health_watch },
+	/* v1alpha and v1 share their messages: v1's descriptor under both
+	 * packages. */
+	{ .service = REFLECTION_SVC, .package = "grpc.reflection.v1alpha",
+	  .name = "ServerReflectionInfo", .label = "Reflection.v1alpha",
+	  .server_streaming = true, .client_streaming = true, .flags = M_READ_ONLY,
+	  .where = RUN_OWN, .modes = MODES_ANY, .run = run_reflection },
+	{ .service = REFLECTION_SVC, .name = "ServerReflectionInfo", .label = "Reflection.v1",
+	  .server_streaming = true, .client_streaming = true, .flags = M_READ_ONLY,
+	  .where = RUN_OWN, .modes = MODES_ANY, .run = run_reflection },
+};
+#define N_METHODS (int)(sizeof(daemon_methods) / sizeof(daemon_methods[0]))
+const int daemon_n_methods = N_METHODS;
+const char *daemon_method_paths[N_METHODS];
+const char *daemon_method_labels[N_METHODS];
+
+_Static_assert(sizeof(daemon_methods) / sizeof(daemon_methods[0]) < METRICS_METHODS,
+	       "metrics has a row per method plus one");
+
+int methods_init(struct eng_error *err)
+{
+	for (int i = 0; i < N_METHODS; i++) {
+		struct method *m = &daemon_methods[i];
+		const ProtobufCMethodDescriptor *md =
+			service_method(m->service, m->package, m->name, m->path, sizeof(m->path));
+
+		if (!md)
+			return eng_fail(err, -EINVAL, "method table: %s has no method %s",
+					m->service->name, m->name);
+		m->id = i;
+		m->req_desc = m->client_streaming ? NULL : md->input;
+		daemon_method_paths[i] = m->path;
+		daemon_method_labels[i] = method_label(m);
+	}
+	return 0;
+}

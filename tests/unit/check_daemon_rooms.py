@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""check_daemon_rooms.py SRC_ROOT — the daemon's include rules (docs/HACKING.md).
+
+Every file under daemon/ sits in a layer; a file includes daemon headers of
+lower layers only (its own header aside), so no file includes its caller and
+no include circle can form. Only daemon/rpc/ includes gRPC's headers. A file
+that is in no layer fails the check: place a new file in LAYERS."""
+import os
+import re
+import sys
+
+# Header (or .c without a header) -> layer. A .c file takes its header's layer.
+LAYERS = {
+    # -1: the log, used everywhere
+    "log.h": -1,
+    # 0: leaves — each knows nothing of the rest of the daemon
+    "config.h": 0, "presets.h": 0, "test_hold.h": 0, "auth.h": 0,
+    "paths.h": 0, "fb_loss.h": 0, "rpc/rpc.h": 0, "rpc/tls.h": 0, "ops/metrics.h": 0,
+    # 1: one RPC's lifecycle and the reply rules
+    "job.h": 1,
+    # 2: the ops services, handed what they need
+    "ops/health.h": 2, "ops/reflection.h": 2,
+    # 3: the daemon's shared state
+    "daemon.h": 3,
+    # 4: the TrainingEngine handlers
+    "handlers.h": 4, "stream.c": 4,
+    # 5: the method table (names the handlers)
+    "methods.h": 5,
+    # 6: the dispatcher and engine thread; 7: the program
+    "dispatch.c": 6, "main.c": 7,
+}
+# A .c file whose header has another name.
+OWN = {"rpc/rpc_grpc.c": "rpc/rpc.h", "stream.c": "handlers.h", "dispatch.c": "daemon.h"}
+GRPC_ROOM = "rpc/"
+INCLUDE = re.compile(r'^\s*#\s*include\s+([<"])([^>"]+)[>"]', re.M)
+
+
+def layer_of(rel):
+    if rel in LAYERS:
+        return LAYERS[rel]
+    own = OWN.get(rel, rel[:-2] + ".h" if rel.endswith(".c") else None)
+    return LAYERS.get(own)
+
+
+def check(texts):
+    """texts: {path under daemon/: source}. Returns the violations."""
+    by_base = {}
+    for f in sorted(texts):
+        if f.endswith(".h"):
+            by_base.setdefault(os.path.basename(f), f)
+    errors = []
+    for f in sorted(texts):
+        lf = layer_of(f)
+        if lf is None:
+            errors.append("%s: in no layer (add it to LAYERS in %s)" % (f, __file__))
+            continue
+        own = OWN.get(f, f[:-2] + ".h" if f.endswith(".c") else f)
+        for kind, inc in INCLUDE.findall(texts[f]):
+            if kind == "<" and inc.startswith("grpc/") and not f.startswith(GRPC_ROOM):
+                errors.append("%s: includes <%s>: only daemon/rpc/ may use gRPC" % (f, inc))
+            if kind != '"' or inc not in by_base:
+                continue
+            target = by_base[inc]
+            lt = layer_of(target)
+            if target == own or lt is None:
+                continue  # a file in no layer is reported on its own
+            if lt >= lf:
+                errors.append("%s (layer %d) includes %s (layer %d): only lower layers"
+                              % (f, lf, target, lt))
+    return errors
+
+
+def main():
+    root = os.path.join(sys.argv[1] if len(sys.argv) > 1 else ".", "daemon")
+    texts = {}
+    for d, _, fs in os.walk(root):
+        for f in fs:
+            if f.endswith((".c", ".h")):
+                path = os.path.join(d, f)
+                texts[os.path.relpath(path, root)] = open(path).read()
+    # The check must catch what it is for: a caller included by a callee,
+    # gRPC outside rpc/, an unplaced file.
+    planted = dict(texts)
+    planted["job.h"] = planted["job.h"] + '\n#include "daemon.h"\n'
+    planted["ops/health.c"] = planted["ops/health.c"] + "\n#include <grpc/grpc.h>\n"
+    planted["stray.c"] = ""
+    missed = len(check(planted)) - len(check(texts)) != 3
+    errors = check(texts)
+    for e in errors:
+        print("FAIL " + e)
+    if missed:
+        print("FAIL the check did not find the three planted violations")
+    print("%d files checked, %d violations" % (len(texts), len(errors)))
+    return 1 if errors or missed or not texts else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
