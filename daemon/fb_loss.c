@@ -30,11 +30,11 @@ int fb_prep_loss(struct fb_prep *p, const Engined__V1__LossSpec *ls, bool value_
 		if (r < 0)
 			return eng_fail(err, r, "loss.options[%s]: %s", key, e2.msg);
 	}
-	loss_inputs_present_init(&present, p->n);
+	loss_inputs_present_init(&present, p->batch.n);
 	for (int k = 0; k < FB_IN_COUNT; k++)
-		present.len[k] = p->in[k] ? p->n : -1;
-	present.len[LOSS_IN_ENTROPY] = value_model ? -1 : p->n;
-	present.len[LOSS_IN_VALUES] = value_model ? p->n : -1;
+		present.len[k] = p->in[k] ? p->batch.n : -1;
+	present.len[LOSS_IN_ENTROPY] = value_model ? -1 : p->batch.n;
+	present.len[LOSS_IN_VALUES] = value_model ? p->batch.n : -1;
 	eng_error_clear(&e2);
 	r = loss_spec_validate(&p->spec, &present, &e2);
 	if (r < 0)
@@ -46,9 +46,9 @@ int fb_prep_loss(struct fb_prep *p, const Engined__V1__LossSpec *ls, bool value_
 void fb_loss_request(const struct fb_prep *p, struct loss_request *ret)
 {
 	memset(ret, 0, sizeof(*ret));
-	ret->n = p->n;
-	ret->num_seqs = p->num_seqs;
-	ret->seq_lens = p->seq_lens;
+	ret->n = p->batch.n;
+	ret->num_seqs = p->batch.num_seqs;
+	ret->seq_lens = p->batch.seq_lens;
 	ret->loss_mask = p->in[FB_IN_LOSS_MASK];
 	ret->old_log_probs = p->in[FB_IN_OLD_LOG_PROBS];
 	ret->ref_log_probs = p->in[FB_IN_REF_LOG_PROBS];

@@ -31,13 +31,11 @@ enum {
 
 /* A validated ForwardBackward request; arrays borrow the unpacked request. */
 struct fb_prep {
-	int64_t n;                      /* tokens */
-	const int32_t *input_ids;       /* [n] */
-	int32_t num_seqs;
-	const int32_t *seq_lens;        /* [num_seqs] */
+	/* n, input_ids, seq_lens, temperature, forward_only, the budget and
+	 * (with a loss) loss_fn, checked by engine_batch_check; loss_ctx is
+	 * set when the job runs. */
+	struct engine_batch batch;
 	const float *in[FB_IN_COUNT];   /* [n] each, NULL = absent */
-	float temperature;
-	bool forward_only;
 	bool has_loss;
 	struct loss_spec spec;
 };

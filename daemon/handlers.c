@@ -65,11 +65,6 @@ static int parse_contents(char **items, size_t n, const char *field,
 	return 0;
 }
 
-static bool finite_nonneg(double x)
-{
-	return isfinite(x) && x >= 0.0;
-}
-
 /* --- Initialize ---------------------------------------------------------- */
 
 struct init_prep {
@@ -91,7 +86,6 @@ int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err
 {
 	const Engined__V1__InitializeRequest *q = (const void *)j->req;
 	const struct engine_ops *ops;
-	struct model_config mc;
 	struct init_prep *ip;
 	struct engine_init_config *c;
 	int sources = 0, r;
@@ -105,23 +99,14 @@ int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err
 	c = &ip->cfg;
 	engine_init_config_defaults(c);
 
-	if (q->model_type[0]) {
-		if (strcmp(q->model_type, "language_model") && strcmp(q->model_type, "value_model"))
-			return eng_fail(err, -EINVAL,
-					"model_type: unknown '%s' (language_model, value_model)",
-					q->model_type);
+	if (q->model_type[0])
 		c->model_type = q->model_type;
-	}
 	if (q->backend[0])
 		c->backend = q->backend;
 	if (q->device[0])
 		c->device = q->device;
 	else if (d->cfg.default_device)
 		c->device = d->cfg.default_device;
-	r = engine_registry_lookup(c->model_type, c->backend, c->device, &ops, err);
-	if (r < 0)
-		return r;
-
 	sources = (q->hf_config_json[0] != 0) + (q->model_path[0] != 0) + (q->preset[0] != 0);
 	if (sources != 1)
 		return eng_fail(err, -EINVAL,
@@ -142,41 +127,21 @@ int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err
 			return r;
 		c->model_path = ip->model.path;
 	}
-	if (c->hf_config_json) {
-		struct eng_error perr;
-
-		eng_error_clear(&perr);
-		r = model_config_parse(c->hf_config_json, &mc, &perr);
-		if (r < 0)
-			return eng_fail(err, r, "%s: %s",
-					q->preset[0] ? "preset" : "hf_config_json", perr.msg);
-	}
 	c->seed = q->seed;
+	/* proto3 sends 0 for a field left unset: 0 means the default; any
+	 * other value goes to the one validation (engine_init_config_check). */
 	if (q->optimizer) {
 		const Engined__V1__OptimizerConfig *o = q->optimizer;
 
-		if (!finite_nonneg(o->lr))
-			return eng_fail(err, -EINVAL, "optimizer.lr: must be finite and >= 0");
-		if (!finite_nonneg(o->beta1) || o->beta1 >= 1.0)
-			return eng_fail(err, -EINVAL, "optimizer.beta1: must be in [0, 1)");
-		if (!finite_nonneg(o->beta2) || o->beta2 >= 1.0)
-			return eng_fail(err, -EINVAL, "optimizer.beta2: must be in [0, 1)");
-		if (!finite_nonneg(o->eps))
-			return eng_fail(err, -EINVAL, "optimizer.eps: must be finite and >= 0");
-		if (!finite_nonneg(o->weight_decay))
-			return eng_fail(err, -EINVAL,
-					"optimizer.weight_decay: must be finite and >= 0");
-		if (!isfinite(o->clip_grad))
-			return eng_fail(err, -EINVAL, "optimizer.clip_grad: must be finite");
-		if (o->lr > 0)
+		if (o->lr != 0)
 			c->optim.lr = o->lr;
-		if (o->beta1 > 0)
+		if (o->beta1 != 0)
 			c->optim.beta1 = o->beta1;
-		if (o->beta2 > 0)
+		if (o->beta2 != 0)
 			c->optim.beta2 = o->beta2;
-		if (o->eps > 0)
+		if (o->eps != 0)
 			c->optim.eps = o->eps;
-		if (o->weight_decay > 0)
+		if (o->weight_decay != 0)
 			c->optim.weight_decay = o->weight_decay;
 		if (o->clip_grad != 0)
 			c->optim.clip_grad = o->clip_grad;
@@ -194,19 +159,10 @@ int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err
 			return eng_fail(err, -EINVAL,
 					"lr_scheduler.type: unknown '%s' (constant, cosine, linear)",
 					s->type);
-		if (s->warmup_steps < 0)
-			return eng_fail(err, -EINVAL, "lr_scheduler.warmup_steps: must be >= 0");
-		if (s->total_steps < 0)
-			return eng_fail(err, -EINVAL, "lr_scheduler.total_steps: must be >= 0");
-		if (!finite_nonneg(s->min_lr_ratio) || s->min_lr_ratio > 1.0)
-			return eng_fail(err, -EINVAL, "lr_scheduler.min_lr_ratio: must be in [0, 1]");
-		if (!finite_nonneg(s->num_cycles))
-			return eng_fail(err, -EINVAL,
-					"lr_scheduler.num_cycles: must be finite and >= 0");
 		c->sched.warmup_steps = s->warmup_steps;
 		c->sched.total_steps = s->total_steps;
 		c->sched.min_lr_ratio = s->min_lr_ratio;
-		if (s->num_cycles > 0)
+		if (s->num_cycles != 0)
 			c->sched.num_cycles = s->num_cycles;
 	}
 	if (q->offload) {
@@ -216,9 +172,7 @@ int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err
 		c->param_offload = d->cfg.param_offload;
 		c->optimizer_offload = d->cfg.optimizer_offload;
 	}
-	if (q->max_tokens_per_micro_batch < 0)
-		return eng_fail(err, -EINVAL, "max_tokens_per_micro_batch: must be >= 0");
-	if (q->max_tokens_per_micro_batch > 0)
+	if (q->max_tokens_per_micro_batch != 0)
 		c->max_tokens_per_micro_batch = q->max_tokens_per_micro_batch;
 	else if (d->cfg.default_micro_batch_tokens > 0)
 		c->max_tokens_per_micro_batch = d->cfg.default_micro_batch_tokens;
@@ -231,7 +185,10 @@ int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err
 		return eng_fail(err, -EINVAL, "dist.rank: must be 0 for a single process");
 	c->threads = d->cfg.threads;
 	c->bf16_matmul = q->bf16_matmul;
-	return 0;
+	r = engine_init_config_check(c, err);
+	if (r < 0)
+		return r;
+	return engine_registry_lookup(c->model_type, c->backend, c->device, &ops, err);
 }
 
 int h_run_initialize(struct daemon *d, struct job *j, struct eng_error *err)
@@ -343,7 +300,7 @@ int h_validate_forward_backward(struct daemon *d, struct job *j, struct eng_erro
 	const Engined__V1__ForwardBackwardRequest *q = (const void *)j->req;
 	const Engined__V1__Tensor *ids = q->input_ids;
 	struct fb_prep *p;
-	int64_t n, sum = 0;
+	int64_t n;
 	int r;
 
 	p = calloc(1, sizeof(*p));
@@ -352,42 +309,29 @@ int h_validate_forward_backward(struct daemon *d, struct job *j, struct eng_erro
 	j->prep = p;
 	j->prep_free = fb_prep_free;
 
-	if (!ids || ids->data.len == 0)
-		return eng_fail(err, -EINVAL, "input_ids: required (INT32 [N], N >= 1)");
-	if (ids->dtype != ENGINED__V1__DTYPE__INT32)
-		return eng_fail(err, -EINVAL, "input_ids: dtype %d, expected INT32",
-				(int)ids->dtype);
-	if (ids->data.len % 4)
-		return eng_fail(err, -EINVAL, "input_ids: %zu bytes is not a whole number of INT32",
-				ids->data.len);
-	n = (int64_t)(ids->data.len / 4);
-	if (ids->n_shape > 1 || (ids->n_shape == 1 && ids->shape[0] != n))
-		return eng_fail(err, -EINVAL, "input_ids: shape must be [%lld] (packed, 1-D)",
-				(long long)n);
-	if (((uintptr_t)ids->data.data & 3) != 0)
-		return eng_fail(err, -EINVAL, "input_ids: misaligned data");
-	p->n = n;
-	p->input_ids = (const int32_t *)ids->data.data;
-	for (int64_t i = 0; i < n; i++)
-		if (p->input_ids[i] < 0)
-			return eng_fail(err, -EINVAL, "input_ids[%lld]: negative token id %d",
-					(long long)i, p->input_ids[i]);
-	if (q->n_seq_lens == 0)
-		return eng_fail(err, -EINVAL, "seq_lens: required (sum = %lld)", (long long)n);
+	/* Decoding only: the rules on the batch are engine_batch_check's. */
+	n = 0;
+	if (ids && ids->data.len) {
+		if (ids->dtype != ENGINED__V1__DTYPE__INT32)
+			return eng_fail(err, -EINVAL, "input_ids: dtype %d, expected INT32",
+					(int)ids->dtype);
+		if (ids->data.len % 4)
+			return eng_fail(err, -EINVAL,
+					"input_ids: %zu bytes is not a whole number of INT32",
+					ids->data.len);
+		n = (int64_t)(ids->data.len / 4);
+		if (ids->n_shape > 1 || (ids->n_shape == 1 && ids->shape[0] != n))
+			return eng_fail(err, -EINVAL,
+					"input_ids: shape must be [%lld] (packed, 1-D)", (long long)n);
+		if (((uintptr_t)ids->data.data & 3) != 0)
+			return eng_fail(err, -EINVAL, "input_ids: misaligned data");
+		p->batch.input_ids = (const int32_t *)ids->data.data;
+	}
+	p->batch.n = n;
 	if (q->n_seq_lens > INT32_MAX)
 		return eng_fail(err, -EINVAL, "seq_lens: too many sequences");
-	for (size_t i = 0; i < q->n_seq_lens; i++) {
-		if (q->seq_lens[i] < 1)
-			return eng_fail(err, -EINVAL, "seq_lens[%zu]: %d, must be >= 1", i,
-					q->seq_lens[i]);
-		sum += q->seq_lens[i];
-	}
-	if (sum != n)
-		return eng_fail(err, -EINVAL,
-				"seq_lens: sum %lld != input_ids length %lld", (long long)sum,
-				(long long)n);
-	p->num_seqs = (int32_t)q->n_seq_lens;
-	p->seq_lens = q->seq_lens;
+	p->batch.num_seqs = (int32_t)q->n_seq_lens;
+	p->batch.seq_lens = q->seq_lens;
 
 	r = per_token_f32(q->loss_mask, "loss_mask", n, &p->in[FB_IN_LOSS_MASK], err);
 	if (!r)
@@ -409,12 +353,14 @@ int h_validate_forward_backward(struct daemon *d, struct job *j, struct eng_erro
 				  &p->in[FB_IN_TOKEN_WEIGHTS], err);
 	if (r < 0)
 		return r;
-	if (!isfinite(q->temperature) || q->temperature < 0.0f)
-		return eng_fail(err, -EINVAL, "temperature: must be finite and > 0 (0 = 1)");
-	p->temperature = q->temperature > 0.0f ? q->temperature : 1.0f;
-	if (q->max_tokens_per_micro_batch < 0)
-		return eng_fail(err, -EINVAL, "max_tokens_per_micro_batch: must be >= 0");
-	p->forward_only = q->forward_only;
+	p->batch.temperature = q->temperature;
+	p->batch.forward_only = q->forward_only;
+	p->batch.max_tokens_per_micro_batch = q->max_tokens_per_micro_batch;
+	/* The adapter is known now; its context is made when the job runs. */
+	p->batch.loss_fn = q->loss && q->loss->name[0] ? loss_engine_fn : NULL;
+	r = engine_batch_check(&p->batch, err);
+	if (r < 0)
+		return r;
 
 	if (q->loss && q->loss->name[0]) {
 		bool value_model;
@@ -425,8 +371,6 @@ int h_validate_forward_backward(struct daemon *d, struct job *j, struct eng_erro
 		r = fb_prep_loss(p, q->loss, value_model, err);
 		if (r < 0)
 			return r;
-	} else if (!q->forward_only) {
-		return eng_fail(err, -EINVAL, "loss.name: required unless forward_only");
 	}
 	return 0;
 }
@@ -446,33 +390,25 @@ int h_run_forward_backward(struct daemon *d, struct job *j, struct eng_error *er
 	struct loss_engine_ctx lc;
 	struct loss_request lreq;
 	double loss = 0;
-	int64_t shape_n = p->n;
+	int64_t shape_n = p->batch.n;
 	float *lp = NULL, *ent = NULL, *val = NULL;
 	int r, nm;
 
-	memset(&b, 0, sizeof(b));
 	memset(&res, 0, sizeof(res));
-	b.n = p->n;
-	b.input_ids = p->input_ids;
-	b.num_seqs = p->num_seqs;
-	b.seq_lens = p->seq_lens;
-	b.temperature = p->temperature;
-	b.forward_only = p->forward_only;
-	b.max_tokens_per_micro_batch = q->max_tokens_per_micro_batch;
+	b = p->batch;
 	memset(&lc, 0, sizeof(lc));
 	if (p->has_loss) {
 		fb_loss_request(p, &lreq);
 		r = loss_engine_ctx_init(&lc, &p->spec, &lreq, err);
 		if (r < 0)
 			return r;
-		b.loss_fn = loss_engine_fn;
 		b.loss_ctx = &lc;
 	}
-	if (q->return_log_probs && !(lp = malloc((size_t)p->n * sizeof(float))))
+	if (q->return_log_probs && !(lp = malloc((size_t)p->batch.n * sizeof(float))))
 		goto nomem;
-	if (q->return_entropy && !(ent = malloc((size_t)p->n * sizeof(float))))
+	if (q->return_entropy && !(ent = malloc((size_t)p->batch.n * sizeof(float))))
 		goto nomem;
-	if (q->return_values && !(val = calloc((size_t)p->n, sizeof(float))))
+	if (q->return_values && !(val = calloc((size_t)p->batch.n, sizeof(float))))
 		goto nomem;
 	res.log_probs = lp;
 	res.entropy = ent;
@@ -487,7 +423,7 @@ int h_run_forward_backward(struct daemon *d, struct job *j, struct eng_error *er
 		t_lp.n_shape = 1;
 		t_lp.shape = &shape_n;
 		t_lp.data.data = (uint8_t *)lp;
-		t_lp.data.len = (size_t)p->n * 4;
+		t_lp.data.len = (size_t)p->batch.n * 4;
 		resp.log_probs = &t_lp;
 	}
 	if (ent) {
@@ -496,7 +432,7 @@ int h_run_forward_backward(struct daemon *d, struct job *j, struct eng_error *er
 		t_ent.dtype = ENGINED__V1__DTYPE__FLOAT32;
 		t_ent.n_shape = 1;
 		t_ent.shape = &shape_n;
-		t_ent.data.len = (size_t)p->n * 4;
+		t_ent.data.len = (size_t)p->batch.n * 4;
 		resp.entropy = &t_ent;
 	}
 	if (val) {
@@ -504,11 +440,11 @@ int h_run_forward_backward(struct daemon *d, struct job *j, struct eng_error *er
 		t_val.n_shape = 1;
 		t_val.shape = &shape_n;
 		t_val.data.data = (uint8_t *)val;
-		t_val.data.len = (size_t)p->n * 4;
+		t_val.data.len = (size_t)p->batch.n * 4;
 		resp.values = &t_val;
 	}
-	if (!p->forward_only)
-		j->m_tokens = p->n;
+	if (!p->batch.forward_only)
+		j->m_tokens = p->batch.n;
 	nm = p->has_loss ? fb_loss_metrics(&lc, &loss, ment, FB_MAX_METRICS) : 0;
 	resp.loss = loss;
 	for (int i = 0; i < nm; i++)
@@ -519,7 +455,7 @@ int h_run_forward_backward(struct daemon *d, struct job *j, struct eng_error *er
 	goto out;
 nomem:
 	r = eng_fail(err, -ENOMEM, "out of memory for %lld per-token outputs",
-		     (long long)p->n);
+		     (long long)p->batch.n);
 out:
 	free(lp);
 	free(ent);

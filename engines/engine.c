@@ -51,8 +51,10 @@ int engine_create(const struct engine_init_config *cfg, struct engine **ret,
 	struct engine *e;
 	int rc;
 
-	rc = engine_registry_lookup(cfg->model_type ? cfg->model_type : "",
-				    cfg->backend ? cfg->backend : "",
+	rc = engine_init_config_check(cfg, err);
+	if (rc)
+		return rc;
+	rc = engine_registry_lookup(cfg->model_type, cfg->backend ? cfg->backend : "",
 				    cfg->device ? cfg->device : "", &ops, err);
 	if (rc)
 		return rc;
@@ -175,13 +177,12 @@ int engine_forward_backward(struct engine *e, const struct engine_batch *b,
 	struct call_ctx c;
 	int rc;
 
+	rc = engine_batch_check(b, err);
+	if (rc)
+		return rc;
 	if (!b->forward_only && e->mode == ENGINE_MODE_EVAL)
 		return eng_fail(err, -EALREADY,
 				"forward_only: a training forward_backward is not allowed in EVAL mode");
-	if (!b->forward_only && !b->loss_fn)
-		return eng_fail(err, -EINVAL, "loss: a loss is required unless forward_only");
-	if (!(b->temperature >= 0.0f) || !isfinite(b->temperature))
-		return eng_fail(err, -EINVAL, "temperature: must be a finite number > 0");
 	rc = call_begin(e, b->forward_only ? ENGINE_MODE_EVAL : ENGINE_MODE_TRAIN, &c, err);
 	if (rc)
 		return rc;

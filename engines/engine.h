@@ -3,9 +3,10 @@
  * One `struct engine_ops` vtable mirrors verl's BaseEngine
  * (verl/workers/engine/base.py); engines register it under
  * (model_type, backend, device). Callers use the engine_*() wrappers below,
- * which hold the argument checks, the mode context (IDLE/TRAIN/EVAL with
- * auto-offload, written once here rather than per engine) and the rule
- * "a rejected call changes nothing".
+ * which hold the argument checks (engine_init_config_check and
+ * engine_batch_check, the one validation, engine_check.c), the mode context
+ * (IDLE/TRAIN/EVAL with auto-offload, written once here rather than per
+ * engine) and the rule "a rejected call changes nothing".
  *
  * Threading: an engine is used by one thread at a time (the daemon's engine
  * thread). engine_status() reads only plain fields and may be called from
@@ -90,6 +91,18 @@ struct engine_init_config {
  * eps 1e-8, weight_decay 0.01, clip 1.0, constant schedule, 4096 tokens. */
 void engine_init_config_defaults(struct engine_init_config *cfg);
 
+/* Limits of sizes that come from clients: tokens in one call and in one
+ * micro-batch; floats of one LM-head tile. Every size derived from them
+ * (with the model bounds of model/config.h) fits int64 and size_t. */
+#define ENGINE_MAX_TOKENS (INT64_C(1) << 30)
+#define ENGINE_MAX_LM_TILE_FLOATS (INT64_C(1) << 32)
+
+/* The one validation of an init config: model_type, exactly one model
+ * source, optimizer and schedule ranges, micro-batch budget and LM tile
+ * within their limits, hf_config_json parsed (model/config.c's rules).
+ * engine_create applies it; callers may apply it earlier. */
+int engine_init_config_check(const struct engine_init_config *cfg, struct eng_error *err);
+
 /* The loss seam. The engine calls `fn` once per micro-batch after the
  * forward pass with the model outputs in micro-batch order; the loss writes
  * dL/d(output) per token (the engine zeroed those arrays) and keeps its
@@ -124,11 +137,15 @@ struct engine_batch {
 	int64_t max_tokens_per_micro_batch;  /* 0 = engine default */
 	engine_loss_fn loss_fn;     /* may be NULL when forward_only */
 	void *loss_ctx;
-	/* Float request arrays the loss will read; listed here only so that the
-	 * engine can reject NaN before touching state. NULL entries are absent. */
-	const float *check_finite[8];
-	const char *check_finite_name[8];
 };
+
+/* The one validation of a batch: 1 <= n <= ENGINE_MAX_TOKENS, every
+ * sequence >= 1 token and the lengths summing to n, temperature finite and
+ * >= 0, max_tokens_per_micro_batch in [0, ENGINE_MAX_TOKENS], a loss unless
+ * forward_only. engine_forward_backward applies it; callers may apply it
+ * earlier. Engines add what needs their state (ids inside the vocabulary;
+ * the planner: each sequence fits the micro-batch budget). */
+int engine_batch_check(const struct engine_batch *b, struct eng_error *err);
 
 struct engine_fb_result {
 	/* Caller-provided buffers of n floats, original order; NULL = not wanted.

@@ -438,16 +438,9 @@ int mb_plan_make(const int32_t *seq_lens, int32_t num_seqs, int64_t budget,
 		return eng_fail(err, -EINVAL,
 				"max_tokens_per_micro_batch: %lld must be > 0",
 				(long long)budget);
-	if (num_seqs <= 0)
-		return eng_fail(err, -EINVAL,
-				"seq_lens: %d sequences, need at least 1", num_seqs);
-	if (!seq_lens)
-		return eng_fail(err, -EINVAL, "seq_lens: missing");
+	/* seq_lens (each >= 1, at least one) were checked by
+	 * engine_batch_check. */
 	for (i = 0; i < num_seqs; i++) {
-		if (seq_lens[i] <= 0)
-			return eng_fail(err, -EINVAL,
-					"seq_lens[%d]: length %d must be >= 1",
-					i, seq_lens[i]);
 		if (seq_lens[i] > budget)
 			return eng_fail(err, -EINVAL,
 					"seq_lens[%d]: sequence of %d tokens exceeds max_tokens_per_micro_batch %lld",
@@ -458,7 +451,7 @@ int mb_plan_make(const int32_t *seq_lens, int32_t num_seqs, int64_t budget,
 			big++;
 	}
 	/* No partition into fewer micro-batches fits. */
-	k_lo = (total + budget - 1) / budget;
+	k_lo = total / budget + (total % budget != 0);  /* no overflow for any budget */
 	if (big > k_lo)
 		k_lo = big;
 	if (k_lo > num_seqs)

@@ -21,8 +21,10 @@ struct mb_plan {
 	int64_t *seq_offset;   /* [num_seqs] first token of request sequence i in input_ids */
 };
 
-/* Plan micro-batches for seq_lens[num_seqs] (each >= 1) within `budget`
- * tokens. A sequence longer than the budget: -EINVAL "seq_lens[i]: ...".
+/* Plan micro-batches for seq_lens[num_seqs] within `budget` tokens (> 0,
+ * any int64; else -EINVAL). The lengths are a checked batch's
+ * (engine_batch_check: num_seqs >= 1, each >= 1). A sequence longer than
+ * the budget: -EINVAL "seq_lens[i]: ...".
  * The caller frees with mb_plan_free. */
 int mb_plan_make(const int32_t *seq_lens, int32_t num_seqs, int64_t budget,
 		 struct mb_plan *ret, struct eng_error *err);

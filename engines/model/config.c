@@ -45,9 +45,9 @@ static json_t *get(json_t *obj, const char *key)
 }
 
 /* Integer `key` of `obj` (reported as prefix+key). Absent: `def`, or
- * -EINVAL when def < 0 (required). Must be an integer >= min. */
+ * -EINVAL when def < 0 (required). Must be an integer in [min, max]. */
 static int get_int(json_t *obj, const char *prefix, const char *key, int64_t def,
-		   int64_t min, int64_t *out, struct eng_error *err)
+		   int64_t min, int64_t max, int64_t *out, struct eng_error *err)
 {
 	json_t *v = get(obj, key);
 
@@ -59,9 +59,9 @@ static int get_int(json_t *obj, const char *prefix, const char *key, int64_t def
 	}
 	if (!json_is_integer(v))
 		return eng_fail(err, -EINVAL, "%s%s: must be an integer", prefix, key);
-	if (json_integer_value(v) < min)
-		return eng_fail(err, -EINVAL, "%s%s: %lld, must be >= %lld", prefix, key,
-				(long long)json_integer_value(v), (long long)min);
+	if (json_integer_value(v) < min || json_integer_value(v) > max)
+		return eng_fail(err, -EINVAL, "%s%s: %lld, must be in [%lld, %lld]", prefix, key,
+				(long long)json_integer_value(v), (long long)min, (long long)max);
 	*out = json_integer_value(v);
 	return 0;
 }
@@ -154,7 +154,7 @@ static int parse_rope(json_t *root, struct model_config *c, struct eng_error *er
 			     &c->rope_high_freq_factor, err);
 	if (!rc)
 		rc = get_int(rs, pre, "original_max_position_embeddings", -1, 1,
-			     &c->rope_original_max_pos, err);
+			     MODEL_MAX_POSITIONS, &c->rope_original_max_pos, err);
 	if (rc)
 		return rc;
 	/* transformers refuses high <= low: the interpolation divides by it. */
@@ -187,17 +187,20 @@ static int parse_root(json_t *root, struct model_config *c, struct eng_error *er
 	c->arch = arch_table[k].arch;
 	snprintf(c->model_type, sizeof(c->model_type), "%s", mt);
 
-	rc = get_int(root, "", "vocab_size", -1, 1, &c->vocab_size, err);
+	rc = get_int(root, "", "vocab_size", -1, 1, MODEL_MAX_VOCAB, &c->vocab_size, err);
 	if (!rc)
-		rc = get_int(root, "", "hidden_size", -1, 1, &c->hidden_size, err);
+		rc = get_int(root, "", "hidden_size", -1, 1, MODEL_MAX_HIDDEN, &c->hidden_size, err);
 	if (!rc)
-		rc = get_int(root, "", "intermediate_size", -1, 1, &c->intermediate_size, err);
+		rc = get_int(root, "", "intermediate_size", -1, 1, MODEL_MAX_INTERMEDIATE,
+			     &c->intermediate_size, err);
 	if (!rc)
-		rc = get_int(root, "", "num_hidden_layers", -1, 1, &c->num_layers, err);
+		rc = get_int(root, "", "num_hidden_layers", -1, 1, MODEL_MAX_LAYERS, &c->num_layers,
+			     err);
 	if (!rc)
-		rc = get_int(root, "", "num_attention_heads", -1, 1, &c->num_heads, err);
+		rc = get_int(root, "", "num_attention_heads", -1, 1, MODEL_MAX_HEADS, &c->num_heads,
+			     err);
 	if (!rc)
-		rc = get_int(root, "", "num_key_value_heads", c->num_heads, 1,
+		rc = get_int(root, "", "num_key_value_heads", c->num_heads, 1, MODEL_MAX_HEADS,
 			     &c->num_kv_heads, err);
 	if (rc)
 		return rc;
@@ -212,14 +215,14 @@ static int parse_root(json_t *root, struct model_config *c, struct eng_error *er
 				(long long)c->hidden_size, (long long)c->num_heads);
 	rc = get_int(root, "", "head_dim",
 		     c->arch == ARCH_QWEN3 ? 128 : c->hidden_size / c->num_heads, 1,
-		     &c->head_dim, err);
+		     MODEL_MAX_HEAD_DIM, &c->head_dim, err);
 	if (rc)
 		return rc;
 	if (c->head_dim % 2)
 		return eng_fail(err, -EINVAL, "head_dim: %lld is odd (RoPE rotates pairs)",
 				(long long)c->head_dim);
 	rc = get_int(root, "", "max_position_embeddings", arch_table[k].default_max_pos, 1,
-		     &c->max_position_embeddings, err);
+		     MODEL_MAX_POSITIONS, &c->max_position_embeddings, err);
 	if (!rc)
 		rc = get_num(root, "", "rms_norm_eps", false, 1e-6, true, &c->rms_norm_eps, err);
 	if (!rc)

@@ -15,6 +15,19 @@ enum model_arch {
 	ARCH_MISTRAL = 3, /* llama layout; sliding window not supported (refused when smaller than max_position_embeddings) */
 };
 
+/* Upper bounds of the dimensions a config.json may give (a config comes
+ * from the network): every size the engine derives from them (products of
+ * two or three, summed over the layers) fits int64 with a wide margin, and
+ * a model at these bounds is far larger than any allocation can hold, so
+ * a too-large but valid config fails with ENOMEM, never by overflow. */
+#define MODEL_MAX_VOCAB (INT64_C(1) << 22)
+#define MODEL_MAX_HIDDEN (INT64_C(1) << 16)
+#define MODEL_MAX_INTERMEDIATE (INT64_C(1) << 18)
+#define MODEL_MAX_LAYERS (INT64_C(1) << 10)
+#define MODEL_MAX_HEADS (INT64_C(1) << 10)
+#define MODEL_MAX_HEAD_DIM (INT64_C(1) << 10)
+#define MODEL_MAX_POSITIONS (INT64_C(1) << 24)
+
 struct model_config {
 	enum model_arch arch;
 	char model_type[32];        /* as written in config.json */

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../checked.h"
+
 struct table_builder {
 	struct param_table *t;
 	int64_t cap;
@@ -36,11 +38,14 @@ static void add(struct table_builder *b, const char *name, int ndim, int64_t d0,
 	e->ndim = ndim;
 	e->shape[0] = d0;
 	e->shape[1] = ndim > 1 ? d1 : 1;
-	e->numel = d0 * (ndim > 1 ? d1 : 1);
 	e->offset = t->total;
 	e->init_ones = ones;
 	e->init_zero = zero;
-	t->total += e->numel;
+	/* Dimensions are bounded (config.h) but the sum over the layers is
+	 * checked all the same. */
+	if (!ck_mul_i64(d0, ndim > 1 ? d1 : 1, &e->numel) ||
+	    !ck_add_i64(t->total, e->numel, &t->total))
+		b->rc = -E2BIG;
 }
 
 int param_table_build(const struct model_config *cfg, bool value_model,
@@ -88,7 +93,9 @@ int param_table_build(const struct model_config *cfg, bool value_model,
 	}
 	if (b.rc) {
 		free(t.entries);
-		return eng_fail(err, b.rc, "parameter table: out of memory");
+		return eng_fail(err, b.rc, b.rc == -E2BIG ?
+				"parameter table: the model's size overflows" :
+				"parameter table: out of memory");
 	}
 	*ret = t;
 	return 0;

@@ -108,23 +108,6 @@ static void native_destroy(struct engine *e)
 
 /* --- initialization ---------------------------------------------------- */
 
-static int validate_optim(const struct engine_optim_config *o, struct eng_error *err)
-{
-	if (!(o->lr >= 0) || !isfinite(o->lr))
-		return eng_fail(err, -EINVAL, "optimizer.lr: must be a finite number >= 0");
-	if (!(o->beta1 >= 0 && o->beta1 < 1))
-		return eng_fail(err, -EINVAL, "optimizer.beta1: must be in [0, 1)");
-	if (!(o->beta2 >= 0 && o->beta2 < 1))
-		return eng_fail(err, -EINVAL, "optimizer.beta2: must be in [0, 1)");
-	if (!(o->eps > 0) || !isfinite(o->eps))
-		return eng_fail(err, -EINVAL, "optimizer.eps: must be a finite number > 0");
-	if (!(o->weight_decay >= 0) || !isfinite(o->weight_decay))
-		return eng_fail(err, -EINVAL, "optimizer.weight_decay: must be a finite number >= 0");
-	if (isnan(o->clip_grad))
-		return eng_fail(err, -EINVAL, "optimizer.clip_grad: must be a number");
-	return 0;
-}
-
 static char *read_text_file(const char *path, struct eng_error *err, int *rc)
 {
 	FILE *f = fopen(path, "rb");
@@ -238,19 +221,7 @@ static int native_initialize(struct engine *e, const struct engine_init_config *
 	rc = engine_registry_lookup(cfg->model_type, cfg->backend, cfg->device, &ops_self, err);
 	if (rc)
 		return rc;
-	if (!cfg->hf_config_json == !cfg->model_path)
-		return eng_fail(err, -EINVAL,
-				"model: exactly one of hf_config_json and model_path is required");
-	rc = validate_optim(&cfg->optim, err);
-	if (rc)
-		return rc;
-	rc = lr_schedule_validate(&cfg->sched, err);
-	if (rc)
-		return rc;
-	if (cfg->max_tokens_per_micro_batch <= 0)
-		return eng_fail(err, -EINVAL, "max_tokens_per_micro_batch: must be > 0");
-	if (cfg->lm_tile_floats < 0)
-		return eng_fail(err, -EINVAL, "lm_tile_floats: must be >= 0");
+	/* engine_create applied engine_init_config_check. */
 	dops = device_find(cfg->device);
 	if (!dops)
 		return eng_fail(err, -ENODEV, "device: %s is not built into this binary (built: %s)",
@@ -333,40 +304,16 @@ static int native_initialize(struct engine *e, const struct engine_init_config *
 
 /* --- forward / backward ------------------------------------------------ */
 
+/* engine_forward_backward applied engine_batch_check; what needs the
+ * model is checked here. */
 static int validate_batch(struct native *n, const struct engine_batch *b,
 			  struct eng_error *err)
 {
-	int64_t sum = 0;
-
-	if (b->n <= 0 || !b->input_ids)
-		return eng_fail(err, -EINVAL, "input_ids: empty batch");
-	if (b->num_seqs <= 0 || !b->seq_lens)
-		return eng_fail(err, -EINVAL, "seq_lens: at least one sequence is required");
-	for (int32_t i = 0; i < b->num_seqs; i++) {
-		if (b->seq_lens[i] <= 0)
-			return eng_fail(err, -EINVAL, "seq_lens[%d]: length %d must be >= 1",
-					i, b->seq_lens[i]);
-		sum += b->seq_lens[i];
-	}
-	if (sum != b->n)
-		return eng_fail(err, -EINVAL, "seq_lens: lengths sum to %lld but input_ids has %lld tokens",
-				(long long)sum, (long long)b->n);
 	for (int64_t t = 0; t < b->n; t++)
 		if (b->input_ids[t] < 0 || b->input_ids[t] >= n->cfg.vocab_size)
 			return eng_fail(err, -EINVAL,
 					"input_ids[%lld]: token %d outside the vocabulary [0, %lld)",
 					(long long)t, b->input_ids[t], (long long)n->cfg.vocab_size);
-	for (int i = 0; i < 8; i++) {
-		const float *x = b->check_finite[i];
-
-		if (!x)
-			continue;
-		for (int64_t t = 0; t < b->n; t++)
-			if (!isfinite(x[t]))
-				return eng_fail(err, -EINVAL, "%s[%lld]: value is not finite",
-						b->check_finite_name[i] ? b->check_finite_name[i] : "input",
-						(long long)t);
-	}
 	return 0;
 }
 

@@ -165,7 +165,7 @@ START_TEST(bad_inputs_leave_state)
 {
 	struct engine *e = make_engine(TINY_QWEN2, "language_model", 5, 1e-3);
 	int32_t lens[2] = {6, 4}, ids[10], bad_ids[10];
-	float gl[10], nanv[10];
+	float gl[10];
 	struct engine_status st0, st1;
 	struct eng_error err = {0};
 	uint64_t p0, g0;
@@ -200,21 +200,26 @@ START_TEST(bad_inputs_leave_state)
 	ck_assert_msg(strstr(err.msg, "seq_lens[1]"), "%s", err.msg);
 
 	eng_error_clear(&err);
-	memcpy(nanv, gl, sizeof(gl));
-	nanv[4] = NAN;
 	{
 		struct given_grads gg = {.g_logp = gl};
 		struct engine_batch b = {
 			.n = 10, .input_ids = ids, .num_seqs = 2, .seq_lens = lens,
 			.loss_fn = given_loss, .loss_ctx = &gg,
-			.check_finite = {nanv}, .check_finite_name = {"advantages"},
 		};
 		struct engine_fb_result r = {0};
 
+		/* Limits of engine_batch_check (the planner once overflowed
+		 * on an INT64_MAX budget). */
+		b.max_tokens_per_micro_batch = INT64_MAX;
 		ck_assert_int_eq(engine_forward_backward(e, &b, &r, &err), -EINVAL);
-		ck_assert_msg(strstr(err.msg, "advantages[4]"), "%s", err.msg);
+		ck_assert_msg(strstr(err.msg, "max_tokens_per_micro_batch"), "%s", err.msg);
 		eng_error_clear(&err);
-		b.check_finite[0] = NULL;
+		b.max_tokens_per_micro_batch = 0;
+		b.n = ENGINE_MAX_TOKENS + 1;
+		ck_assert_int_eq(engine_forward_backward(e, &b, &r, &err), -EINVAL);
+		ck_assert_msg(strstr(err.msg, "at most"), "%s", err.msg);
+		eng_error_clear(&err);
+		b.n = 10;
 		b.temperature = -1.0f;
 		ck_assert_int_eq(engine_forward_backward(e, &b, &r, &err), -EINVAL);
 		ck_assert_msg(strstr(err.msg, "temperature"), "%s", err.msg);

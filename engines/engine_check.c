@@ -1,0 +1,113 @@
+/* engine_check.c — the one validation of engine inputs (see engine.h):
+ * every rule on an init config and on a batch is written here once, with
+ * one message naming the field. The daemon calls these on its poller
+ * threads for early errors; the engine_*() wrappers call them again before
+ * an engine sees the input. Rules that need the engine's state (token ids
+ * inside the vocabulary, a sequence that fits a micro-batch) live with
+ * that state. */
+#include "engine.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "model/config.h"
+#include "optim/schedule.h"
+
+static bool finite_at_least(double x, double lo)
+{
+	return isfinite(x) && x >= lo;
+}
+
+static int optim_check(const struct engine_optim_config *o, struct eng_error *err)
+{
+	if (!finite_at_least(o->lr, 0))
+		return eng_fail(err, -EINVAL, "optimizer.lr: must be a finite number >= 0");
+	if (!(o->beta1 >= 0 && o->beta1 < 1))
+		return eng_fail(err, -EINVAL, "optimizer.beta1: must be in [0, 1)");
+	if (!(o->beta2 >= 0 && o->beta2 < 1))
+		return eng_fail(err, -EINVAL, "optimizer.beta2: must be in [0, 1)");
+	if (!(o->eps > 0) || !isfinite(o->eps))
+		return eng_fail(err, -EINVAL, "optimizer.eps: must be a finite number > 0");
+	if (!finite_at_least(o->weight_decay, 0))
+		return eng_fail(err, -EINVAL, "optimizer.weight_decay: must be a finite number >= 0");
+	if (!isfinite(o->clip_grad))
+		return eng_fail(err, -EINVAL,
+				"optimizer.clip_grad: must be a finite number (<= 0: no clipping)");
+	return 0;
+}
+
+int engine_init_config_check(const struct engine_init_config *cfg, struct eng_error *err)
+{
+	struct model_config mc;
+	struct eng_error perr;
+	int rc;
+
+	if (!cfg->model_type || (strcmp(cfg->model_type, "language_model") &&
+				 strcmp(cfg->model_type, "value_model")))
+		return eng_fail(err, -EINVAL,
+				"model_type: unknown '%s' (language_model, value_model)",
+				cfg->model_type ? cfg->model_type : "");
+	if (!cfg->hf_config_json == !cfg->model_path)
+		return eng_fail(err, -EINVAL,
+				"model: exactly one of hf_config_json and model_path is required");
+	rc = optim_check(&cfg->optim, err);
+	if (rc)
+		return rc;
+	rc = lr_schedule_validate(&cfg->sched, err);
+	if (rc)
+		return rc;
+	if (cfg->max_tokens_per_micro_batch < 1 ||
+	    cfg->max_tokens_per_micro_batch > ENGINE_MAX_TOKENS)
+		return eng_fail(err, -EINVAL, "max_tokens_per_micro_batch: %lld, must be in [1, %lld]",
+				(long long)cfg->max_tokens_per_micro_batch,
+				(long long)ENGINE_MAX_TOKENS);
+	if (cfg->lm_tile_floats < 0 || cfg->lm_tile_floats > ENGINE_MAX_LM_TILE_FLOATS)
+		return eng_fail(err, -EINVAL, "lm_tile_floats: %lld, must be in [0, %lld]",
+				(long long)cfg->lm_tile_floats,
+				(long long)ENGINE_MAX_LM_TILE_FLOATS);
+	if (cfg->hf_config_json) {
+		/* A model directory's config.json is read (and checked by the
+		 * same parser) when the engine loads it. */
+		eng_error_clear(&perr);
+		rc = model_config_parse(cfg->hf_config_json, &mc, &perr);
+		if (rc)
+			return eng_fail(err, rc, "hf_config_json: %s", perr.msg);
+	}
+	return 0;
+}
+
+int engine_batch_check(const struct engine_batch *b, struct eng_error *err)
+{
+	int64_t sum = 0;
+
+	if (b->n < 1 || !b->input_ids)
+		return eng_fail(err, -EINVAL, "input_ids: required (INT32 [N], N >= 1)");
+	if (b->n > ENGINE_MAX_TOKENS)
+		return eng_fail(err, -EINVAL, "input_ids: %lld tokens, at most %lld in one call",
+				(long long)b->n, (long long)ENGINE_MAX_TOKENS);
+	if (b->num_seqs < 1 || !b->seq_lens)
+		return eng_fail(err, -EINVAL, "seq_lens: required (sum = %lld)", (long long)b->n);
+	/* At most n sequences of at most INT32_MAX tokens each: the sum
+	 * (< 2^61) cannot overflow, but stop as soon as it passes n. */
+	for (int32_t i = 0; i < b->num_seqs && sum <= b->n; i++) {
+		if (b->seq_lens[i] < 1)
+			return eng_fail(err, -EINVAL, "seq_lens[%d]: %d, must be >= 1", i,
+					b->seq_lens[i]);
+		sum += b->seq_lens[i];
+	}
+	if (sum > b->n)
+		return eng_fail(err, -EINVAL, "seq_lens: the lengths add up to more than input_ids' %lld tokens",
+				(long long)b->n);
+	if (sum != b->n)
+		return eng_fail(err, -EINVAL, "seq_lens: sum %lld != input_ids length %lld",
+				(long long)sum, (long long)b->n);
+	if (!isfinite(b->temperature) || b->temperature < 0.0f)
+		return eng_fail(err, -EINVAL, "temperature: must be finite and > 0 (0 = 1)");
+	if (b->max_tokens_per_micro_batch < 0 || b->max_tokens_per_micro_batch > ENGINE_MAX_TOKENS)
+		return eng_fail(err, -EINVAL,
+				"max_tokens_per_micro_batch: %lld, must be in [0, %lld] (0: the engine's default)",
+				(long long)b->max_tokens_per_micro_batch, (long long)ENGINE_MAX_TOKENS);
+	if (!b->forward_only && !b->loss_fn)
+		return eng_fail(err, -EINVAL, "loss.name: a loss is required unless forward_only");
+	return 0;
+}
