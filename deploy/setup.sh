@@ -29,6 +29,7 @@ packages=(
   protobuf-compiler    # Python stubs of the client package
   check                # unit tests
   python3-grpcio python3-protobuf python3-numpy python3-venv   # Python client, tests
+  python3-pytest       # runs the Python integration tests (tests/integration/conftest.py)
   python3-torch        # the independent torch reference of the tests
   libopenblas0-pthread # a real BLAS under Debian's torch (the benchmark's peer)
   libinih-dev          # engined's INI configuration file

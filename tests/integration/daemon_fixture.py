@@ -6,11 +6,12 @@ free loopback port chosen by the kernel (--listen 127.0.0.1:0 with
 Daemon(hold=True) sets the test-only hook ENGINED_TEST_HOLD_FILE: between
 hold() and release() every job that comes up waits before it runs, so a
 test holds a job as long as it needs instead of sizing it to the machine.
+conftest.py builds the pytest fixtures (a module's shared daemon) on it;
+tests that need special flags start their own Daemon.
 """
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -94,31 +95,3 @@ def wait_for(cond, what, timeout=60):
         if time.time() > deadline:
             raise AssertionError("timed out waiting for " + what)
         time.sleep(0.002)
-
-
-def run_tests(tests):
-    """Run test functions; print the closing 'N passed, N failed' line."""
-    passed = failed = skipped = 0
-    for t in tests:
-        t0 = time.time()
-        try:
-            r = t()
-        except SkipTest as e:
-            skipped += 1
-            print("SKIP %s: %s" % (t.__name__, e), flush=True)
-            continue
-        except Exception:  # noqa: BLE001 - report and go on
-            import traceback
-            failed += 1
-            print("FAIL %s (%.2f s)" % (t.__name__, time.time() - t0), flush=True)
-            traceback.print_exc()
-            continue
-        passed += 1
-        print("ok   %s (%.2f s)%s" % (t.__name__, time.time() - t0,
-                                     "" if r is None else " " + str(r)), flush=True)
-    print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
-    return 1 if failed else 0
-
-
-class SkipTest(Exception):
-    pass

@@ -3,26 +3,33 @@ key and the line, command-line overrides, several listen addresses, and
 the limits (max_concurrent_calls, default_deadline_s) and engine defaults
 that the file sets, each observed on a real daemon.
 
-Run: ENGINED_BIN=... PYTHONPATH=client/python:<dir of engine_pb2.py>
-/usr/bin/python3 tests/integration/test_config.py [filter]
+Each test starts its own daemons; the `confdir` fixture is a directory the
+module's tests share. Run from the source root (meson runs it through
+run_py.sh): ENGINED_BIN=build/daemon/engined
+PYTHONPATH=client/python:build/tests/integration
+/usr/bin/python3 -m pytest tests/integration/test_config.py [-k name]
 """
 import os
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 
 import grpc
 import numpy as np
+import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_fixture import Daemon, run_tests, wait_for  # noqa: E402
+from daemon_fixture import Daemon, wait_for
 
-from engined_client import EngineClient  # noqa: E402
+from engined_client import EngineClient
 
 SC = grpc.StatusCode
-TMP = None
+
+
+@pytest.fixture(scope="module")
+def confdir():
+    """A directory for the module's configuration files."""
+    return tempfile.mkdtemp(prefix="engined-config-")
 
 
 def engined(*args):
@@ -30,8 +37,8 @@ def engined(*args):
                           text=True, timeout=30)
 
 
-def conf(name, text):
-    path = os.path.join(TMP, name)
+def conf(confdir, name, text):
+    path = os.path.join(confdir, name)
     with open(path, "w") as f:
         f.write(text)
     return path
@@ -76,13 +83,13 @@ grace_s = 7.5
 """
 
 
-def test_check_config_ok_and_effective_values():
-    path = conf("good.conf", GOOD % {"tmp": TMP})
+def test_check_config_ok_and_effective_values(confdir):
+    path = conf(confdir, "good.conf", GOOD % {"tmp": confdir})
     p = engined("--check-config", path)
     assert p.returncode == 0, p.stderr
     assert "configuration OK" in p.stderr
     out = p.stdout
-    for line in ["listen = 127.0.0.1:0", "listen = unix:%s/engined.sock" % TMP,
+    for line in ["listen = 127.0.0.1:0", "listen = unix:%s/engined.sock" % confdir,
                  "pollers = 2", "max_request_bytes = 16777216",
                  "max_send_bytes = 67108864", "default_deadline_s = 0.5",
                  "param_offload = true", "optimizer_offload = false", "level = debug",
@@ -97,10 +104,10 @@ def test_check_config_ok_and_effective_values():
     assert "listen = 127.0.0.1:7001\nlisten = localhost:7002\n" in p.stdout
     assert "engined.sock" not in p.stdout
     # --check-config does not start anything nor create the roots.
-    assert not os.path.exists(os.path.join(TMP, "ck"))
+    assert not os.path.exists(os.path.join(confdir, "ck"))
 
 
-def test_errors_name_key_and_line():
+def test_errors_name_key_and_line(confdir):
     cases = [
         ("[server]\npollers = 2\n\n[engine]\nthreads = lots\n",
          "bad.conf:5: [engine] threads: 'lots' is not an integer in [0, 1024]"),
@@ -131,13 +138,14 @@ def test_errors_name_key_and_line():
         ("[tls]\ncert = /etc/x.pem\n", "[tls] key: missing"),
     ]
     for text, want in cases:
-        path = conf("bad.conf", text)
+        path = conf(confdir, "bad.conf", text)
         p = engined("--check-config", path)
         assert p.returncode == 1, (text, p.returncode, p.stderr)
         assert want in p.stderr, (want, p.stderr)
-    p = engined("--check-config", os.path.join(TMP, "missing.conf"))
+    p = engined("--check-config", os.path.join(confdir, "missing.conf"))
     assert p.returncode == 1 and "missing.conf: cannot open" in p.stderr
-    p = engined("--config", conf("ok.conf", "[log]\nlevel = info\n"), "-o", "log.volume=3")
+    p = engined("--config", conf(confdir, "ok.conf", "[log]\nlevel = info\n"),
+                "-o", "log.volume=3")
     assert p.returncode == 1 and "-o log.volume=3: [log] volume: unknown key" in p.stderr
     p = engined("--pollers", "0")
     assert p.returncode == 1 and "[server] pollers: '0'" in p.stderr
@@ -145,11 +153,11 @@ def test_errors_name_key_and_line():
     assert p.returncode == 2
 
 
-def test_config_file_serves_tcp_and_unix():
+def test_config_file_serves_tcp_and_unix(confdir):
     """The GOOD file on a real daemon: two addresses, its limits, its
     engine defaults."""
-    tmp = tempfile.mkdtemp(prefix="engined-cfg-", dir=TMP)
-    path = conf("serve.conf", GOOD % {"tmp": tmp})
+    tmp = tempfile.mkdtemp(prefix="engined-cfg-", dir=confdir)
+    path = conf(confdir, "serve.conf", GOOD % {"tmp": tmp})
     d = Daemon("--config", path, listen=None, tmp=tmp)
     try:
         assert len(d.ports) == 1  # the unix socket has no port
@@ -173,15 +181,15 @@ def test_config_file_serves_tcp_and_unix():
     assert "serving on 127.0.0.1:%d, unix:%s/engined.sock" % (d.port, tmp) in log, log
 
 
-def test_limits_concurrent_calls_and_default_deadline():
+def test_limits_concurrent_calls_and_default_deadline(confdir):
     """max_concurrent_calls = 2: with one held job running and one queued, a
     third engine call is refused RESOURCE_EXHAUSTED (GetStatus is not an
     engine call). default_deadline_s = 0.1: a job without a deadline of its
     own still queued after 0.1 s is answered DEADLINE_EXCEEDED without
     running; one that started in time completes. The running job is held
     by the test hook until the queued one's deadline has passed."""
-    tmp = tempfile.mkdtemp(prefix="engined-lim-", dir=TMP)
-    d = Daemon("--config", conf("lim.conf", GOOD % {"tmp": tmp}),
+    tmp = tempfile.mkdtemp(prefix="engined-lim-", dir=confdir)
+    d = Daemon("--config", conf(confdir, "lim.conf", GOOD % {"tmp": tmp}),
                "-o", "server.default_deadline_s=0.1", listen=None, tmp=tmp, hold=True)
     try:
         c = EngineClient(d.addr)  # no client deadline
@@ -239,21 +247,3 @@ def test_default_device():
             assert c.initialize(preset="tiny", device="cpu").engine_key.endswith("/cpu")
     finally:
         assert d.stop() == 0
-
-
-TESTS = [
-    test_check_config_ok_and_effective_values, test_errors_name_key_and_line,
-    test_config_file_serves_tcp_and_unix, test_limits_concurrent_calls_and_default_deadline,
-    test_default_device,
-]
-
-
-def main():
-    global TMP
-    flt = sys.argv[1] if len(sys.argv) > 1 else ""
-    TMP = tempfile.mkdtemp(prefix="engined-config-")
-    return run_tests([t for t in TESTS if flt in t.__name__])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,30 +2,37 @@
 (client/python) — every RPC, the full RL iteration, the bad-input matrix,
 streaming, cancellation, concurrency, shutdown, and grpclib interop.
 
-Run: ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python[:dir of
-engine_pb2.py] python3 tests/integration/test_daemon.py [name-filter]
-Prints 'N passed, N failed' and exits non-zero on failure.
+The tests share one daemon (the `daemon` and `client` fixtures of
+conftest.py) and run in file order: later ones rely on the engine that
+test_initialize set up and on what earlier ones did (the log checked last).
+Run from the source root (meson runs it through run_py.sh):
+ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/tests/integration
+/usr/bin/python3 -m pytest tests/integration/test_daemon.py [-k name]
+(or build/venv-pypi/bin/python without PYTHONPATH: the venv's installed client).
 """
 import json
 import os
 import signal
 import struct
-import sys
 import threading
 import time
 
 import grpc
 import numpy as np
+import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_fixture import Daemon, SkipTest, run_tests  # noqa: E402
+from daemon_fixture import Daemon
 
-from engined_client import EngineClient, EngineError, pb  # noqa: E402
+from engined_client import EngineClient, EngineError, pb
 
 SC = grpc.StatusCode
 VOCAB = 1024  # preset tiny
-D = None      # the shared daemon
-C = None      # its client
+
+
+@pytest.fixture(scope="module")
+def daemon_args():
+    """The shared daemon (conftest.py's `daemon`) takes requests up to 8 MiB."""
+    return ("--max-request-bytes", str(8 << 20))
 
 
 def expect_error(code, fn, *args, field=None, **kw):
@@ -87,91 +94,91 @@ def bf16_reference(a):
 
 # --- before Initialize ----------------------------------------------------------
 
-def test_health_and_status_before_init():
-    assert C.health() == "SERVING"
-    assert C.health("engined.v1.TrainingEngine") == "SERVING"
-    expect_error(SC.NOT_FOUND, C.health, "no.such.Service", field="service")
-    s = C.get_status()
+def test_health_and_status_before_init(client):
+    assert client.health() == "SERVING"
+    assert client.health("engined.v1.TrainingEngine") == "SERVING"
+    expect_error(SC.NOT_FOUND, client.health, "no.such.Service", field="service")
+    s = client.get_status()
     assert not s.initialized and s.engine_key == "" and not s.busy
     assert s.version and s.uptime > 0
 
 
-def test_not_initialized():
+def test_not_initialized(client):
     ids, lens = batch(0)
-    for fn, args in [(C.set_mode, ("train",)), (C.optimizer_step, ()),
-                     (C.lr_scheduler_step, ()), (C.to_device, ("cpu",)),
-                     (C.save_checkpoint, ("x",)),
-                     (C.forward_backward, (ids, lens))]:
-        kw = {"loss": "sft"} if fn == C.forward_backward else {}
+    for fn, args in [(client.set_mode, ("train",)), (client.optimizer_step, ()),
+                     (client.lr_scheduler_step, ()), (client.to_device, ("cpu",)),
+                     (client.save_checkpoint, ("x",)),
+                     (client.forward_backward, (ids, lens))]:
+        kw = {"loss": "sft"} if fn == client.forward_backward else {}
         expect_error(SC.FAILED_PRECONDITION, fn, *args, field="Initialize", **kw)
-    expect_error(SC.FAILED_PRECONDITION, lambda: list(C.stream_weights()), field="Initialize")
+    expect_error(SC.FAILED_PRECONDITION, lambda: list(client.stream_weights()), field="Initialize")
 
 
-def test_unknown_method():
+def test_unknown_method(client):
     t0 = time.time()
-    expect_error(SC.UNIMPLEMENTED, C.call_raw, "/engined.v1.TrainingEngine/Nope", b"",
+    expect_error(SC.UNIMPLEMENTED, client.call_raw, "/engined.v1.TrainingEngine/Nope", b"",
                  timeout=10)
-    expect_error(SC.UNIMPLEMENTED, C.call_raw, "/foo.Bar/Baz", b"\x01\x02", timeout=10)
+    expect_error(SC.UNIMPLEMENTED, client.call_raw, "/foo.Bar/Baz", b"\x01\x02", timeout=10)
     assert time.time() - t0 < 2, "UNIMPLEMENTED must come at once"
 
 
-def test_garbage_request():
-    e = expect_error(SC.INVALID_ARGUMENT, C.call_raw,
+def test_garbage_request(client):
+    e = expect_error(SC.INVALID_ARGUMENT, client.call_raw,
                      "/engined.v1.TrainingEngine/Initialize", b"\xff\xff\xff\xff\x0f")
     assert "request" in e.details()
-    assert C.health() == "SERVING"
+    assert client.health() == "SERVING"
 
 
-def test_oversize_request():
+def test_oversize_request(client):
     # The shared daemon runs with --max-request-bytes 8388608.
     big = np.zeros(3 * 1024 * 1024, np.int32)  # 12 MiB
-    expect_error(SC.RESOURCE_EXHAUSTED, C.forward_backward, big, [big.size], loss="sft")
-    assert C.health() == "SERVING"
+    expect_error(SC.RESOURCE_EXHAUSTED, client.forward_backward, big, [big.size], loss="sft")
+    assert client.health() == "SERVING"
 
 
-def test_initialize_errors():
-    expect_error(SC.INVALID_ARGUMENT, C.initialize, preset="tiny", model_type="foo",
+def test_initialize_errors(client):
+    expect_error(SC.INVALID_ARGUMENT, client.initialize, preset="tiny", model_type="foo",
                  field="model_type")
-    expect_error(SC.FAILED_PRECONDITION, C.initialize, preset="tiny", device="tpu",
+    expect_error(SC.FAILED_PRECONDITION, client.initialize, preset="tiny", device="tpu",
                  field="not registered")
-    expect_error(SC.INVALID_ARGUMENT, C.initialize, hf_config_json="{not json",
+    expect_error(SC.INVALID_ARGUMENT, client.initialize, hf_config_json="{not json",
                  field="hf_config_json")
-    expect_error(SC.INVALID_ARGUMENT, C.initialize, hf_config_json='{"model_type": "llama"}',
+    expect_error(SC.INVALID_ARGUMENT, client.initialize, hf_config_json='{"model_type": "llama"}',
                  field="hf_config_json")
-    expect_error(SC.INVALID_ARGUMENT, C.initialize, preset="tiny", hf_config_json="{}",
+    expect_error(SC.INVALID_ARGUMENT, client.initialize, preset="tiny", hf_config_json="{}",
                  field="exactly one")
-    expect_error(SC.INVALID_ARGUMENT, C.initialize, preset="huge", field="preset")
-    expect_error(SC.PERMISSION_DENIED, C.initialize, model_path="../../etc",
+    expect_error(SC.INVALID_ARGUMENT, client.initialize, preset="huge", field="preset")
+    expect_error(SC.PERMISSION_DENIED, client.initialize, model_path="../../etc",
                  field="model_path")
-    expect_error(SC.PERMISSION_DENIED, C.initialize, model_path="/etc", field="model_path")
-    expect_error(SC.NOT_FOUND, C.initialize, model_path="missing", field="model_path")
-    expect_error(SC.INVALID_ARGUMENT, C.initialize, preset="tiny",
+    expect_error(SC.PERMISSION_DENIED, client.initialize, model_path="/etc", field="model_path")
+    expect_error(SC.NOT_FOUND, client.initialize, model_path="missing", field="model_path")
+    expect_error(SC.INVALID_ARGUMENT, client.initialize, preset="tiny",
                  optimizer={"beta1": 1.5}, field="optimizer.beta1")
-    expect_error(SC.INVALID_ARGUMENT, C.initialize, preset="tiny",
+    expect_error(SC.INVALID_ARGUMENT, client.initialize, preset="tiny",
                  lr_scheduler={"type": "exp"}, field="lr_scheduler.type")
-    assert not C.get_status().initialized
+    assert not client.get_status().initialized
 
 
 # --- Initialize and the engine RPCs ----------------------------------------------
 
-def test_initialize():
-    r = C.initialize(preset="tiny", seed=7, optimizer={"lr": 1e-3})
+def test_initialize(client):
+    r = client.initialize(preset="tiny", seed=7, optimizer={"lr": 1e-3})
     assert r.engine_key == "language_model/native/cpu"
     assert 800_000 < r.num_parameters < 1_100_000 and r.num_tensors > 10
-    s = C.get_status()
+    s = client.get_status()
     assert s.initialized and s.num_parameters == r.num_parameters and s.step == 0
     assert abs(s.lr - 1e-3) < 1e-12
-    w = weights(C)
+    w = weights(client)
     assert sum(a.size for a in w.values()) == r.num_parameters
     assert "model.embed_tokens.weight" in w and w["model.embed_tokens.weight"].shape == (VOCAB, 128)
 
 
-def test_bad_inputs_change_nothing():
+def test_bad_inputs_change_nothing(client):
     ids, lens = batch(1)
     n = ids.size
-    good = C.forward_backward(ids, lens, loss="sft", forward_only=True, return_log_probs=True)
-    before = weights(C)
-    step = C.get_status().step
+    good = client.forward_backward(ids, lens, loss="sft", forward_only=True, return_log_probs=True)
+    before = weights(client)
+    step = client.get_status().step
     adv = np.ones(n, np.float32)
     cases = [
         (dict(input_ids=np.where(np.arange(n) == 5, VOCAB, ids).astype(np.int32),
@@ -193,32 +200,32 @@ def test_bad_inputs_change_nothing():
     for kw, field in cases:
         kw = dict(kw)
         i, sl = kw.pop("input_ids"), kw.pop("seq_lens")
-        expect_error(SC.INVALID_ARGUMENT, C.forward_backward, i, sl, field=field, **kw)
+        expect_error(SC.INVALID_ARGUMENT, client.forward_backward, i, sl, field=field, **kw)
     # A per-token tensor of the wrong dtype (INT32 advantages), built by hand.
     req = pb.ForwardBackwardRequest(
         input_ids=pb.Tensor(dtype=pb.INT32, shape=[n], data=ids.tobytes()), seq_lens=lens,
         loss=pb.LossSpec(name="sft"),
         advantages=pb.Tensor(dtype=pb.INT32, shape=[n], data=np.ones(n, np.int32).tobytes()))
-    expect_error(SC.INVALID_ARGUMENT, C._call, "ForwardBackward", req,
+    expect_error(SC.INVALID_ARGUMENT, client._call, "ForwardBackward", req,
                  pb.ForwardBackwardResponse, field="advantages")
     req = pb.ForwardBackwardRequest(
         input_ids=pb.Tensor(dtype=pb.INT64, shape=[n], data=ids.astype(np.int64).tobytes()),
         seq_lens=lens, loss=pb.LossSpec(name="sft"))
-    expect_error(SC.INVALID_ARGUMENT, C._call, "ForwardBackward", req,
+    expect_error(SC.INVALID_ARGUMENT, client._call, "ForwardBackward", req,
                  pb.ForwardBackwardResponse, field="input_ids")
     # Nothing changed: same weights, same step, same outputs.
-    after = weights(C)
+    after = weights(client)
     assert all(np.array_equal(before[k], after[k]) for k in before)
-    assert C.get_status().step == step
-    again = C.forward_backward(ids, lens, loss="sft", forward_only=True, return_log_probs=True)
+    assert client.get_status().step == step
+    again = client.forward_backward(ids, lens, loss="sft", forward_only=True, return_log_probs=True)
     assert np.array_equal(good["log_probs"], again["log_probs"])
     assert good["loss"] == again["loss"]
 
 
-def test_forward_only_outputs():
+def test_forward_only_outputs(client):
     ids, lens = batch(2)
-    r = C.forward_backward(ids, lens, loss="sft", forward_only=True, return_log_probs=True,
-                           return_entropy=True)
+    r = client.forward_backward(ids, lens, loss="sft", forward_only=True, return_log_probs=True,
+                                return_entropy=True)
     lp, ent = r["log_probs"], r["entropy"]
     assert lp.shape == (ids.size,) and lp.dtype == np.float32
     starts = np.cumsum([0] + lens[:-1])
@@ -231,165 +238,166 @@ def test_forward_only_outputs():
     assert abs(r["loss"] + lp[mask].astype(np.float64).mean()) < 1e-4 * abs(r["loss"])
     assert r["metrics"]["num_tokens"] == mask.sum()
     # Temperature changes the log-probs.
-    r2 = C.forward_backward(ids, lens, forward_only=True, return_log_probs=True,
-                            temperature=0.7)
+    r2 = client.forward_backward(ids, lens, forward_only=True, return_log_probs=True,
+                                 temperature=0.7)
     assert not np.allclose(r2["log_probs"][mask], lp[mask])
 
 
-def test_sft_training_reduces_loss():
+def test_sft_training_reduces_loss(client):
     ids, lens = batch(3)
     losses = []
     for _ in range(4):
-        r = C.forward_backward(ids, lens, loss="sft")
-        s = C.optimizer_step()
+        r = client.forward_backward(ids, lens, loss="sft")
+        s = client.optimizer_step()
         assert s.grad_norm > 0 and not s.skipped
         losses.append(r["loss"])
     assert losses[-1] < losses[0], losses
-    assert C.get_status().step == s.step
-    lr = C.lr_scheduler_step()
+    assert client.get_status().step == s.step
+    lr = client.lr_scheduler_step()
     assert lr > 0
 
 
-def test_rl_iteration_and_weights_match_checkpoint():
+def test_rl_iteration_and_weights_match_checkpoint(daemon, client):
     """forward-only log-probs at T=0.7 -> PPO over two calls with global
     normalization -> OptimizerStep -> stream; equals a checkpoint saved
     right after (FLOAT32 bit for bit, BFLOAT16 correctly rounded). The two
     calls give the same gradient as one call over the whole batch."""
     ids, lens = batch(4, nseq=6, length=16)
     n = ids.size
-    old = C.forward_backward(ids, lens, forward_only=True, return_log_probs=True,
-                             temperature=0.7)["log_probs"]
+    old = client.forward_backward(ids, lens, forward_only=True, return_log_probs=True,
+                                  temperature=0.7)["log_probs"]
     rng = np.random.default_rng(5)
     adv = np.repeat(rng.standard_normal(len(lens)).astype(np.float32), lens)
     ntok = n - len(lens)
     loss = {"name": "ppo", "policy_loss": "vanilla", "loss_agg_mode": "token-mean",
             "global_num_tokens": ntok}
-    C.save_checkpoint("rl/pre")
+    client.save_checkpoint("rl/pre")
     half = n // 2
     parts = [(slice(0, half), lens[:3]), (slice(half, n), lens[3:])]
     tot = 0.0
     for sl, pl in parts:
-        r = C.forward_backward(ids[sl], pl, loss=loss, temperature=0.7,
-                               old_log_probs=old[sl], advantages=adv[sl])
+        r = client.forward_backward(ids[sl], pl, loss=loss, temperature=0.7,
+                                    old_log_probs=old[sl], advantages=adv[sl])
         assert abs(r["metrics"]["ppo_kl"]) < 1e-6, r["metrics"]
         tot += r["loss"]
-    g2 = C.optimizer_step().grad_norm
-    w2 = weights(C)
+    g2 = client.optimizer_step().grad_norm
+    w2 = weights(client)
     # Reference: one call over the whole batch from the same state.
-    C.load_checkpoint("rl/pre")
-    r = C.forward_backward(ids, lens, loss=loss, temperature=0.7, old_log_probs=old,
-                           advantages=adv)
+    client.load_checkpoint("rl/pre")
+    r = client.forward_backward(ids, lens, loss=loss, temperature=0.7, old_log_probs=old,
+                                advantages=adv)
     assert abs(r["loss"] - tot) < 1e-5 * max(1, abs(tot))
-    g1 = C.optimizer_step().grad_norm
+    g1 = client.optimizer_step().grad_norm
     assert abs(g1 - g2) < 1e-4 * g1, (g1, g2)
-    w1 = weights(C)
+    w1 = weights(client)
     for k in w1:
         np.testing.assert_allclose(w1[k], w2[k], rtol=0, atol=1e-6)
     # Stream vs checkpoint saved right after.
-    saved = C.save_checkpoint("rl/post", global_step=1)
+    saved = client.save_checkpoint("rl/post", global_step=1)
     assert saved.path == "rl/post" and saved.bytes > 0
-    ck = read_safetensors(os.path.join(D.ckpt_root, "rl/post/model.safetensors"))
+    ck = read_safetensors(os.path.join(daemon.ckpt_root, "rl/post/model.safetensors"))
     assert set(ck) == set(w1)
     for k, a in w1.items():
         dt, ref = ck[k]
         assert dt == "F32" and np.array_equal(ref, a), k
-    bf = weights(C, "bfloat16")
+    bf = weights(client, "bfloat16")
     for k, a in w1.items():
         assert np.array_equal(bf[k].view(np.uint16), bf16_reference(a)), k
-    f16 = weights(C, "float16")
+    f16 = weights(client, "float16")
     for k, a in w1.items():
         assert np.array_equal(f16[k].view(np.uint16), a.astype(np.float16).view(np.uint16)), k
 
 
-def test_stream_buckets_and_filters():
-    all_w = weights(C)
+def test_stream_buckets_and_filters(client):
+    all_w = weights(client)
     names = ["model.norm.weight", "model.embed_tokens.weight"]
-    got = list(C.stream_weights(names=names, bucket_bytes=4096))
+    got = list(client.stream_weights(names=names, bucket_bytes=4096))
     assert [k for k, _ in got] == names
     for k, a in got:
         assert np.array_equal(a, all_w[k])
-    msgs = list(C.get_per_tensor_param(bucket_bytes=4096))
+    msgs = list(client.get_per_tensor_param(bucket_bytes=4096))
     assert msgs[-1].last and not any(m.last for m in msgs[:-1])
     assert all(len(m.data) <= 4096 for m in msgs)
     split = [s for m in msgs for s in m.slices if s.length < s.tensor_bytes]
     assert split, "a large tensor must be split across buckets"
     shared = [m for m in msgs if len(m.slices) > 1]
     assert shared, "small tensors must share a bucket"
-    expect_error(SC.NOT_FOUND, lambda: list(C.stream_weights(names=["nope"])), field="names[0]")
-    expect_error(SC.INVALID_ARGUMENT, lambda: list(C.stream_weights(dtype=pb.INT32)),
+    expect_error(SC.NOT_FOUND, lambda: list(client.stream_weights(names=["nope"])),
+                 field="names[0]")
+    expect_error(SC.INVALID_ARGUMENT, lambda: list(client.stream_weights(dtype=pb.INT32)),
                  field="dtype")
-    expect_error(SC.INVALID_ARGUMENT, lambda: list(C.stream_weights(bucket_bytes=10)),
+    expect_error(SC.INVALID_ARGUMENT, lambda: list(client.stream_weights(bucket_bytes=10)),
                  field="bucket_bytes")
 
 
-def test_stream_cancel_frees_engine():
-    it = C.get_per_tensor_param(bucket_bytes=1024)
+def test_stream_cancel_frees_engine(daemon, client):
+    it = client.get_per_tensor_param(bucket_bytes=1024)
     next(it)
     it.cancel()
     t0 = time.time()
-    while C.get_status().busy and time.time() - t0 < 5:
+    while client.get_status().busy and time.time() - t0 < 5:
         time.sleep(0.01)
-    assert not C.get_status().busy, "engine still busy after cancel"
-    assert C.get_status().initialized
+    assert not client.get_status().busy, "engine still busy after cancel"
+    assert client.get_status().initialized
     # A client that disappears mid-stream (its channel closes).
-    c2 = EngineClient(D.addr)
+    c2 = EngineClient(daemon.addr)
     it = c2.get_per_tensor_param(bucket_bytes=1024)
     next(it)
     c2.close()
     ids, lens = batch(6)
-    C.forward_backward(ids, lens, forward_only=True)
-    assert C.health() == "SERVING"
+    client.forward_backward(ids, lens, forward_only=True)
+    assert client.health() == "SERVING"
 
 
-def test_checkpoint_paths():
-    os.symlink("/tmp", os.path.join(D.ckpt_root, "escape"))
-    expect_error(SC.PERMISSION_DENIED, C.save_checkpoint, "../x", field="path")
-    expect_error(SC.PERMISSION_DENIED, C.save_checkpoint, "/tmp/x", field="path")
-    expect_error(SC.PERMISSION_DENIED, C.save_checkpoint, "a/../../x", field="path")
-    expect_error(SC.PERMISSION_DENIED, C.save_checkpoint, "escape/x", field="path")
-    expect_error(SC.PERMISSION_DENIED, C.load_checkpoint, "escape", field="path")
-    expect_error(SC.NOT_FOUND, C.load_checkpoint, "never/saved", field="path")
-    expect_error(SC.INVALID_ARGUMENT, C.save_checkpoint, "ok", contents=["model", "x"],
+def test_checkpoint_paths(daemon, client):
+    os.symlink("/tmp", os.path.join(daemon.ckpt_root, "escape"))
+    expect_error(SC.PERMISSION_DENIED, client.save_checkpoint, "../x", field="path")
+    expect_error(SC.PERMISSION_DENIED, client.save_checkpoint, "/tmp/x", field="path")
+    expect_error(SC.PERMISSION_DENIED, client.save_checkpoint, "a/../../x", field="path")
+    expect_error(SC.PERMISSION_DENIED, client.save_checkpoint, "escape/x", field="path")
+    expect_error(SC.PERMISSION_DENIED, client.load_checkpoint, "escape", field="path")
+    expect_error(SC.NOT_FOUND, client.load_checkpoint, "never/saved", field="path")
+    expect_error(SC.INVALID_ARGUMENT, client.save_checkpoint, "ok", contents=["model", "x"],
                  field="contents[1]")
-    expect_error(SC.INVALID_ARGUMENT, C.save_checkpoint, "", field="path")
+    expect_error(SC.INVALID_ARGUMENT, client.save_checkpoint, "", field="path")
     assert not os.path.exists("/tmp/x")
-    r = C.save_checkpoint("./nested//dir/ck", global_step=9, contents=["model"])
+    r = client.save_checkpoint("./nested//dir/ck", global_step=9, contents=["model"])
     assert r.path == "nested/dir/ck"
 
 
-def test_modes_and_placement():
-    r = C.set_mode("train")
+def test_modes_and_placement(client):
+    r = client.set_mode("train")
     assert r.mode == pb.MODE_TRAIN and r.placement.model and r.placement.optimizer
-    r = C.set_mode("eval")
+    r = client.set_mode("eval")
     assert r.mode == pb.MODE_EVAL
     ids, lens = batch(7)
-    expect_error(SC.FAILED_PRECONDITION, C.forward_backward, ids, lens, loss="sft",
+    expect_error(SC.FAILED_PRECONDITION, client.forward_backward, ids, lens, loss="sft",
                  field="EVAL")
-    expect_error(SC.FAILED_PRECONDITION, C.optimizer_step, field="EVAL")
-    C.forward_backward(ids, lens, forward_only=True)
-    assert C.get_status().mode == pb.MODE_EVAL
-    assert C.set_mode("idle").mode == pb.MODE_IDLE
-    expect_error(SC.INVALID_ARGUMENT, C.set_mode, pb.MODE_UNSPECIFIED, field="mode")
-    expect_error(SC.INVALID_ARGUMENT, C.to_device, "cpu", model=False, optimizer=True,
+    expect_error(SC.FAILED_PRECONDITION, client.optimizer_step, field="EVAL")
+    client.forward_backward(ids, lens, forward_only=True)
+    assert client.get_status().mode == pb.MODE_EVAL
+    assert client.set_mode("idle").mode == pb.MODE_IDLE
+    expect_error(SC.INVALID_ARGUMENT, client.set_mode, pb.MODE_UNSPECIFIED, field="mode")
+    expect_error(SC.INVALID_ARGUMENT, client.to_device, "cpu", model=False, optimizer=True,
                  field="model")
-    expect_error(SC.INVALID_ARGUMENT, C.to_device, "tpu", field="device")
-    expect_error(SC.FAILED_PRECONDITION, C.to_device, "cuda", field="device")
-    p = C.to_device("cpu")
+    expect_error(SC.INVALID_ARGUMENT, client.to_device, "tpu", field="device")
+    expect_error(SC.FAILED_PRECONDITION, client.to_device, "cuda", field="device")
+    p = client.to_device("cpu")
     assert not p.model and not p.optimizer and not p.grad
-    p = C.to_device("device")
+    p = client.to_device("device")
     assert p.model and p.optimizer and p.grad
 
 
-def test_concurrent_clients():
+def test_concurrent_clients(daemon, client):
     inputs = [batch(100 + i) for i in range(8)]
-    serial = [C.forward_backward(i, l, forward_only=True, return_log_probs=True)
+    serial = [client.forward_backward(i, l, forward_only=True, return_log_probs=True)
               for i, l in inputs]
     results = [None] * 8
     errors = []
 
     def worker(k):
         try:
-            with EngineClient(D.addr, timeout=120) as c:
+            with EngineClient(daemon.addr, timeout=120) as c:
                 c.get_status()
                 i, l = inputs[k]
                 results[k] = c.forward_backward(i, l, forward_only=True, return_log_probs=True)
@@ -405,7 +413,7 @@ def test_concurrent_clients():
         assert np.array_equal(a["log_probs"], b["log_probs"])
 
 
-def test_status_while_long_job_runs():
+def test_status_while_long_job_runs(daemon, client):
     # 98304 tokens on the tiny preset: a job of several seconds (the issue
     # asks for GetStatus within 50 ms while a ~5 s job runs).
     rng = np.random.default_rng(8)
@@ -414,12 +422,12 @@ def test_status_while_long_job_runs():
 
     def job():
         t0 = time.time()
-        done["r"] = C.forward_backward(ids, [512] * 192, loss="sft", timeout=300)
+        done["r"] = client.forward_backward(ids, [512] * 192, loss="sft", timeout=300)
         done["t"] = time.time() - t0
     t = threading.Thread(target=job)
     t.start()
     lat, busy = [], 0
-    c2 = EngineClient(D.addr, timeout=10)
+    c2 = EngineClient(daemon.addr, timeout=10)
     while t.is_alive():
         t0 = time.time()
         s = c2.get_status()
@@ -432,8 +440,8 @@ def test_status_while_long_job_runs():
     assert busy >= 1, "GetStatus never saw the job running"
     lat.sort()
     assert lat[len(lat) // 2] < 0.05 and lat[-1] < 0.5, lat[-5:]
-    return "job %.2f s, %d GetStatus during it, p50 %.2f ms, max %.2f ms" % (
-        done["t"], len(lat), lat[len(lat) // 2] * 1e3, lat[-1] * 1e3)
+    print("job %.2f s, %d GetStatus during it, p50 %.2f ms, max %.2f ms" % (
+        done["t"], len(lat), lat[len(lat) // 2] * 1e3, lat[-1] * 1e3))
 
 
 def test_sigterm_during_job_finishes_it():
@@ -468,12 +476,6 @@ def test_sigterm_during_job_finishes_it():
     assert "received SIGTERM" in d.log_text()
 
 
-def test_log_line_per_rpc():
-    text = D.log_text()
-    assert "rpc GetStatus peer=" in text and "status=OK" in text
-    assert "status=INVALID_ARGUMENT" in text
-
-
 def test_value_model():
     d = Daemon()
     try:
@@ -492,17 +494,17 @@ def test_value_model():
         d.stop()
 
 
-def test_grpclib_interop():
+def test_grpclib_interop(daemon, client):
     try:
         import asyncio
 
         from grpclib.client import Channel
         from grpclib.const import Cardinality
     except ImportError:
-        raise SkipTest("grpclib not installed")
+        pytest.skip("grpclib not installed")
 
     async def main():
-        ch = Channel("127.0.0.1", D.port)
+        ch = Channel("127.0.0.1", daemon.port)
         try:
             async with ch.request("/engined.v1.TrainingEngine/GetStatus",
                                   Cardinality.UNARY_UNARY, pb.GetStatusRequest,
@@ -531,42 +533,12 @@ def test_grpclib_interop():
     total = sum(len(b.data) for b in buckets)
     assert total == 2 * ini.num_parameters
     # Same bytes as grpcio's view of the same engine.
-    ref = b"".join(b.data for b in C.get_per_tensor_param(dtype="bfloat16", bucket_bytes=65536))
+    ref = b"".join(b.data for b in client.get_per_tensor_param(dtype="bfloat16",
+                                                               bucket_bytes=65536))
     assert ref == b"".join(b.data for b in buckets)
 
 
-TESTS = [
-    test_health_and_status_before_init, test_not_initialized, test_unknown_method,
-    test_garbage_request, test_oversize_request, test_initialize_errors,
-    test_initialize, test_bad_inputs_change_nothing, test_forward_only_outputs,
-    test_sft_training_reduces_loss, test_rl_iteration_and_weights_match_checkpoint,
-    test_stream_buckets_and_filters, test_stream_cancel_frees_engine,
-    test_checkpoint_paths, test_modes_and_placement, test_concurrent_clients,
-    test_status_while_long_job_runs, test_sigterm_during_job_finishes_it,
-    test_value_model, test_grpclib_interop, test_log_line_per_rpc,
-]
-
-
-def main():
-    global D, C
-    flt = sys.argv[1] if len(sys.argv) > 1 else ""
-    print("python %s, grpcio %s, protobuf %s" % (
-        sys.version.split()[0], grpc.__version__,
-        __import__("google.protobuf").protobuf.__version__), flush=True)
-    D = Daemon("--max-request-bytes", str(8 << 20))
-    C = EngineClient(D.addr, timeout=120)
-    try:
-        rc = run_tests([t for t in TESTS if flt in t.__name__])
-    finally:
-        C.close()
-        code = D.stop()
-    if code != 0:
-        print("engined exited with %s" % code)
-        rc = 1
-    if rc:
-        print(D.log_text()[-4000:])
-    return rc
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def test_log_line_per_rpc(daemon):
+    text = daemon.log_text()
+    assert "rpc GetStatus peer=" in text and "status=OK" in text
+    assert "status=INVALID_ARGUMENT" in text

@@ -8,19 +8,17 @@ failed at its N-th device allocation, as a sticky error would. The tiny
 preset's Initialize makes 5 device allocations (4 state families and the
 RoPE table), so N = 6 fails the first ForwardBackward.
 
-Run: ENGINED_BIN=... PYTHONPATH=client/python:<dir of engine_pb2.py>
-/usr/bin/python3 tests/integration/test_device_failure.py
+Each test starts its own daemon. Run from the source root (meson runs it
+through run_py.sh): ENGINED_BIN=build/daemon/engined
+PYTHONPATH=client/python:build/tests/integration
+/usr/bin/python3 -m pytest tests/integration/test_device_failure.py
 """
-import os
-import sys
-
 import grpc
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_fixture import Daemon, run_tests  # noqa: E402
+from daemon_fixture import Daemon
 
-from engined_client import EngineClient  # noqa: E402
+from engined_client import EngineClient
 
 
 def expect_code(fn, code, text):
@@ -60,7 +58,3 @@ def test_healthy_daemon_exits_zero():
             c.forward_backward(ids, [16], loss="sft")
     finally:
         assert d.stop() == 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_tests([test_sticky_device_failure_restarts, test_healthy_daemon_exits_zero]))

@@ -4,27 +4,27 @@ grpcio-reflection: a dynamic stub built from reflection alone calls the
 engine) and through grpclib (an independent implementation: health, and
 reflection v1).
 
-Run with the PyPI venv (tests/integration/setup_venv.sh):
-ENGINED_BIN=... PYTHONPATH=client/python BUILD/venv-pypi/bin/python
-tests/integration/test_health_reflection.py [filter]
+The tests share one daemon (conftest.py's `daemon` fixture); some start
+their own. Run from the source root with the PyPI venv
+(tests/integration/setup_venv.sh; meson runs it through run_py.sh):
+ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/tests/integration
+build/venv-pypi/bin/python -m pytest tests/integration/test_health_reflection.py [-k name]
 """
 import asyncio
 import os
 import signal
-import sys
 import threading
 import time
 
 import grpc
+import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_fixture import Daemon, SkipTest, run_tests  # noqa: E402
+from daemon_fixture import Daemon
 
-from engined_client import EngineClient  # noqa: E402
-from engined_client.client import _AuthInterceptor  # noqa: E402
+from engined_client import EngineClient
+from engined_client.client import _AuthInterceptor
 
 SC = grpc.StatusCode
-D = None
 SERVICES = {"engined.v1.TrainingEngine", "grpc.health.v1.Health",
             "grpc.reflection.v1alpha.ServerReflection", "grpc.reflection.v1.ServerReflection"}
 
@@ -33,13 +33,13 @@ def need(mod):
     try:
         return __import__(mod, fromlist=["x"])
     except ImportError:
-        raise SkipTest("%s not installed (tests/integration/setup_venv.sh)" % mod)
+        pytest.skip("%s not installed (tests/integration/setup_venv.sh)" % mod)
 
 
-def test_health_check_official_client():
+def test_health_check_official_client(daemon):
     hp = need("grpc_health.v1.health_pb2")
     hg = need("grpc_health.v1.health_pb2_grpc")
-    with grpc.insecure_channel(D.addr) as ch:
+    with grpc.insecure_channel(daemon.addr) as ch:
         stub = hg.HealthStub(ch)
         S = hp.HealthCheckResponse
         assert stub.Check(hp.HealthCheckRequest(), timeout=10).status == S.SERVING
@@ -106,7 +106,7 @@ def test_health_watch_sees_draining():
         d.stop()
 
 
-def test_reflection_official_client_builds_a_stub():
+def test_reflection_official_client_builds_a_stub(daemon):
     need("grpc_reflection.v1alpha.proto_reflection_descriptor_database")
     from google.protobuf.descriptor_pool import DescriptorPool
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import \
@@ -117,7 +117,7 @@ def test_reflection_official_client_builds_a_stub():
         from google.protobuf.message_factory import MessageFactory
         GetMessageClass = MessageFactory().GetPrototype  # noqa: N806
 
-    with grpc.insecure_channel(D.addr) as ch:
+    with grpc.insecure_channel(daemon.addr) as ch:
         db = ProtoReflectionDescriptorDatabase(ch)
         assert set(db.get_services()) == SERVICES
         pool = DescriptorPool(db)
@@ -152,7 +152,7 @@ def test_reflection_official_client_builds_a_stub():
         assert h.output_type.full_name == "grpc.health.v1.HealthCheckResponse"
 
 
-def test_grpclib_health_and_reflection_v1():
+def test_grpclib_health_and_reflection_v1(daemon):
     need("grpclib.client")
     hp = need("grpc_health.v1.health_pb2")
     from google.protobuf import descriptor_pb2
@@ -161,7 +161,7 @@ def test_grpclib_health_and_reflection_v1():
     from grpclib.reflection.v1 import reflection_grpc, reflection_pb2 as rp
 
     async def main():
-        ch = Channel("127.0.0.1", D.port)
+        ch = Channel("127.0.0.1", daemon.port)
         try:
             # grpclib's own health_pb2 would clash with grpc_health's in the
             # default descriptor pool: its transport with grpc_health's messages.
@@ -198,11 +198,11 @@ def test_grpclib_health_and_reflection_v1():
     assert out[4].error_response.error_code == 5
 
 
-def test_reflection_needs_a_token_when_tokens_are_on():
+def test_reflection_needs_a_token_when_tokens_are_on(daemon):
     need("grpc_reflection.v1alpha.proto_reflection_descriptor_database")
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import \
         ProtoReflectionDescriptorDatabase
-    tf = os.path.join(D.tmp, "tokens")
+    tf = os.path.join(daemon.tmp, "tokens")
     with open(tf, "w") as f:
         f.write("viewer:0123456789abcdef0123456789 read-only\n")
     os.chmod(tf, 0o600)
@@ -220,33 +220,3 @@ def test_reflection_needs_a_token_when_tokens_are_on():
         assert d.stop() == 0
     assert "rpc Reflection.v1alpha peer=ipv4:127.0.0.1:" in d.log_text()
     assert "identity=token:viewer status=OK" in d.log_text()
-
-
-TESTS = [
-    test_health_check_official_client, test_health_watch_sees_draining,
-    test_reflection_official_client_builds_a_stub, test_grpclib_health_and_reflection_v1,
-    test_reflection_needs_a_token_when_tokens_are_on,
-]
-
-
-def main():
-    global D
-    flt = sys.argv[1] if len(sys.argv) > 1 else ""
-    import google.protobuf
-    print("python %s, grpcio %s, protobuf %s" % (sys.version.split()[0], grpc.__version__,
-                                                google.protobuf.__version__), flush=True)
-    D = Daemon()
-    try:
-        rc = run_tests([t for t in TESTS if flt in t.__name__])
-    finally:
-        code = D.stop()
-    if code != 0:
-        print("engined exited with %s" % code)
-        rc = 1
-    if rc:
-        print(D.log_text()[-3000:])
-    return rc
-
-
-if __name__ == "__main__":
-    sys.exit(main())

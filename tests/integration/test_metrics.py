@@ -2,25 +2,29 @@
 after a known sequence of RPCs, every value checked against what the RPCs
 returned; plus one log line per RPC.
 
-Run: ENGINED_BIN=... PYTHONPATH=client/python:<dir of engine_pb2.py>
-/usr/bin/python3 tests/integration/test_metrics.py
+The two tests share one daemon (conftest.py's `daemon`, with
+--metrics-listen) and run in this order: the second counts the log lines of
+the RPCs of the first. Run from the source root (meson runs it through
+run_py.sh): ENGINED_BIN=build/daemon/engined
+PYTHONPATH=client/python:build/tests/integration
+/usr/bin/python3 -m pytest tests/integration/test_metrics.py
 """
-import os
 import re
-import sys
 import time
 import urllib.error
 import urllib.request
 
 import grpc
 import numpy as np
+import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_fixture import Daemon, run_tests  # noqa: E402
+from engined_client import EngineClient
 
-from engined_client import EngineClient  # noqa: E402
 
-D = None
+@pytest.fixture(scope="module")
+def daemon_args():
+    """The shared daemon (conftest.py's `daemon`) serves metrics too."""
+    return ("--metrics-listen", "127.0.0.1:0")
 
 
 def metrics_port(d):
@@ -43,9 +47,9 @@ def scrape(port, path="/metrics", method="GET"):
     return text, vals
 
 
-def test_metrics_after_known_rpcs():
-    port = metrics_port(D)
-    c = EngineClient(D.addr, timeout=60)
+def test_metrics_after_known_rpcs(daemon):
+    port = metrics_port(daemon)
+    c = EngineClient(daemon.addr, timeout=60)
     t0 = time.time()
     for _ in range(3):
         c.get_status()
@@ -122,8 +126,8 @@ def test_metrics_after_known_rpcs():
             assert e.code == code, (path, e.code)
 
 
-def test_one_log_line_per_rpc():
-    log = D.log_text()
+def test_one_log_line_per_rpc(daemon):
+    log = daemon.log_text()
     lines = [x for x in log.split("\n") if " rpc GetStatus " in x]
     assert len(lines) == 4, lines
     for x in lines:
@@ -131,25 +135,3 @@ def test_one_log_line_per_rpc():
                          r"status=OK \d+\.\d ms$", x), x
     bad = [x for x in log.split("\n") if "status=INVALID_ARGUMENT" in x]
     assert len(bad) == 1 and "rpc ForwardBackward" in bad[0] and "seq_lens" in bad[0], bad
-
-
-TESTS = [test_metrics_after_known_rpcs, test_one_log_line_per_rpc]
-
-
-def main():
-    global D
-    D = Daemon("--metrics-listen", "127.0.0.1:0")
-    try:
-        rc = run_tests(TESTS)
-    finally:
-        code = D.stop()
-    if code != 0:
-        print("engined exited with %s" % code)
-        rc = 1
-    if rc:
-        print(D.log_text()[-3000:])
-    return rc
-
-
-if __name__ == "__main__":
-    sys.exit(main())

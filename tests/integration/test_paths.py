@@ -6,24 +6,34 @@ PERMISSION_DENIED; a symlink inside the root is fine; and a directory
 swapped for a symlink to the outside while saves run redirects nothing:
 every byte lands under the root.
 
-Run: ENGINED_BIN=... PYTHONPATH=client/python:<dir of engine_pb2.py>
-/usr/bin/python3 tests/integration/test_paths.py [filter]
+The tests share one daemon with an initialized engine (the `daemon` and
+`client` fixtures). Run from the source root (meson runs it through
+run_py.sh): ENGINED_BIN=build/daemon/engined
+PYTHONPATH=client/python:build/tests/integration
+/usr/bin/python3 -m pytest tests/integration/test_paths.py [-k name]
 """
 import os
-import sys
 import tempfile
 import threading
 import time
 
 import grpc
+import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_fixture import Daemon, run_tests  # noqa: E402
-
-from engined_client import EngineClient  # noqa: E402
+from engined_client import EngineClient
 
 SC = grpc.StatusCode
-D = C = None
+
+
+@pytest.fixture(scope="module")
+def client(daemon):
+    """The shared daemon's client, its engine initialized (tiny preset)."""
+    c = EngineClient(daemon.addr, timeout=60)
+    try:
+        c.initialize(preset="tiny")
+        yield c
+    finally:
+        c.close()
 
 
 def expect(code, fn, *args, field=None, **kw):
@@ -44,8 +54,8 @@ def files_under(path):
     return out
 
 
-def test_refused_paths():
-    root = D.ckpt_root
+def test_refused_paths(daemon, client):
+    root = daemon.ckpt_root
     outside = tempfile.mkdtemp(prefix="engined-outside-")
     os.symlink("/etc", os.path.join(root, "etc"))
     os.symlink(outside, os.path.join(root, "out"))
@@ -54,36 +64,36 @@ def test_refused_paths():
     os.symlink(outside, os.path.join(root, "real", "ck-link"))
     for path in ["../x", "a/../../x", "/tmp/x", "/etc", "etc/x", "etc", "out/ck", "out",
                  "out/deeper/ck", "rel-out/ck", "real/ck-link"]:
-        expect(SC.PERMISSION_DENIED, C.save_checkpoint, path, field="path")
+        expect(SC.PERMISSION_DENIED, client.save_checkpoint, path, field="path")
     for path in ["../x", "/etc", "etc", "out", "rel-out"]:
-        expect(SC.PERMISSION_DENIED, C.load_checkpoint, path, field="path")
-    expect(SC.NOT_FOUND, C.load_checkpoint, "real/none", field="path")
+        expect(SC.PERMISSION_DENIED, client.load_checkpoint, path, field="path")
+    expect(SC.NOT_FOUND, client.load_checkpoint, "real/none", field="path")
     # Models: the same rules under the model root.
-    mroot = D.model_root
+    mroot = daemon.model_root
     os.symlink("/etc", os.path.join(mroot, "etc"))
     for path in ["../checkpoints", "/etc", "etc", "etc/ssl"]:
-        expect(SC.PERMISSION_DENIED, C.initialize, model_path=path, field="model_path")
+        expect(SC.PERMISSION_DENIED, client.initialize, model_path=path, field="model_path")
     assert files_under(outside) == [], files_under(outside)
     # A symlink that stays inside the root is followed.
     os.symlink("real", os.path.join(root, "alias"))
-    r = C.save_checkpoint("alias/ck", global_step=3)
+    r = client.save_checkpoint("alias/ck", global_step=3)
     assert r.path == "alias/ck"
     assert os.path.exists(os.path.join(root, "real/ck/model.safetensors"))
-    assert C.load_checkpoint("alias/ck") == 3
-    assert C.load_checkpoint("real/ck") == 3
+    assert client.load_checkpoint("alias/ck") == 3
+    assert client.load_checkpoint("real/ck") == 3
 
 
 VANISHED = "path: the directory 'run' was removed or replaced while in use"
 
 
-def test_symlink_swap_during_saves():
+def test_symlink_swap_during_saves(daemon, client):
     """A thread keeps swapping the directory `run` for a symlink to a
     directory outside the root (and back) while checkpoints are saved into
     run/ck-N. Each save must either be refused or land under the root,
     whatever the timing; the outside directory stays empty. A save whose
     pinned directory the swap removed (the toggler's rename replaces an
     empty `run` the daemon had just made) answers NOT_FOUND saying so."""
-    root = D.ckpt_root
+    root = daemon.ckpt_root
     outside = tempfile.mkdtemp(prefix="engined-swap-outside-")
     run, real = os.path.join(root, "run"), os.path.join(root, "run.real")
     os.makedirs(run)
@@ -116,7 +126,7 @@ def test_symlink_swap_during_saves():
         i = 0
         while time.time() - t0 < 3 or i < 20:
             try:
-                C.save_checkpoint("run/ck-%d" % i, global_step=i)
+                client.save_checkpoint("run/ck-%d" % i, global_step=i)
                 codes["OK"] = codes.get("OK", 0) + 1
             except grpc.RpcError as e:
                 codes[e.code().name] = codes.get(e.code().name, 0) + 1
@@ -137,30 +147,4 @@ def test_symlink_swap_during_saves():
     # Every successful save is a complete checkpoint somewhere under the root.
     saved = [p for p in files_under(root) if p.endswith("/engine_state.json") and "/ck-" in p]
     assert len(saved) >= codes["OK"], (len(saved), codes)
-    return "%d saves: %s, %d swaps" % (i, codes, swaps[0])
-
-
-TESTS = [test_refused_paths, test_symlink_swap_during_saves]
-
-
-def main():
-    global D, C
-    flt = sys.argv[1] if len(sys.argv) > 1 else ""
-    D = Daemon()
-    C = EngineClient(D.addr, timeout=60)
-    try:
-        C.initialize(preset="tiny")
-        rc = run_tests([t for t in TESTS if flt in t.__name__])
-    finally:
-        C.close()
-        code = D.stop()
-    if code != 0:
-        print("engined exited with %s" % code)
-        rc = 1
-    if rc:
-        print(D.log_text()[-3000:])
-    return rc
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    print("%d saves: %s, %d swaps" % (i, codes, swaps[0]))

@@ -3,28 +3,29 @@ read-only), reload of certificates and tokens on SIGHUP while a stream
 runs, the refusal to serve a non-loopback address without client
 authentication, and the C client's (enginectl's) TLS and token options.
 
-Certificates are made with openssl in a temporary directory (tls_util).
-Run: ENGINED_BIN=... ENGINECTL_BIN=... PYTHONPATH=client/python:<dir of
-engine_pb2.py> /usr/bin/python3 tests/integration/test_security.py [filter]
+Certificates are made with openssl in a temporary directory (tls_util), once
+for the module (the `cert` fixture); each test starts its own daemons.
+Run from the source root (meson runs it through run_py.sh):
+ENGINED_BIN=build/daemon/engined ENGINECTL_BIN=build/client/enginectl
+PYTHONPATH=client/python:build/tests/integration
+/usr/bin/python3 -m pytest tests/integration/test_security.py [-k name]
 """
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 
 import grpc
+import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_fixture import Daemon, run_tests  # noqa: E402
-from tls_util import make_ca, make_cert, read  # noqa: E402
+from daemon_fixture import Daemon
+from tls_util import make_ca, make_cert
 
-from engined_client import EngineClient, EngineError, pb  # noqa: E402
+from engined_client import EngineClient
 
 SC = grpc.StatusCode
-CERTS = None  # temporary directory with every certificate
 TOK_FULL = "alice-0123456789abcdef0123456789"
 TOK_RO = "ci-ro-0123456789abcdef0123456789"
 TOK_ANON = "anonymous-token-0123456789abcdef"
@@ -45,8 +46,22 @@ def expect(code, fn, *args, field=None, **kw):
     raise AssertionError("expected %s, call succeeded" % code)
 
 
-def cert(name):
-    return os.path.join(CERTS, name)
+@pytest.fixture(scope="module")
+def cert():
+    """cert(name): the path of `name` in a temporary directory with every
+    certificate, made for the module (the tests write token files there)."""
+    certs = tempfile.mkdtemp(prefix="engined-certs-")
+    t0 = time.time()
+    for ca in ("ca1", "ca2", "ca3"):
+        make_ca(certs, ca)
+    make_cert(certs, "srv1", "ca1", "engined", server=True)
+    make_cert(certs, "srv2", "ca1", "engined-other", server=True)
+    make_cert(certs, "srv3", "ca3", "engined-rotated", server=True)
+    make_cert(certs, "trainer", "ca1", "trainer", server=False)
+    make_cert(certs, "mallory", "ca2", "mallory", server=False)
+    print("certificates made in %.2f s" % (time.time() - t0), flush=True)
+    yield lambda name: os.path.join(certs, name)
+    shutil.rmtree(certs, ignore_errors=True)
 
 
 def client(d, **kw):
@@ -54,12 +69,16 @@ def client(d, **kw):
     return EngineClient(d.addr, options=OWN, **kw)
 
 
-def tls_client(d, ca="ca1.pem", client_cert=None, **kw):
-    extra = {}
-    if client_cert:
-        extra = dict(certificate_chain=cert(client_cert + ".pem"),
-                     private_key=cert(client_cert + ".key"))
-    return client(d, root_certificates=cert(ca), server_name="localhost", **extra, **kw)
+@pytest.fixture(scope="module")
+def tls_client(cert):
+    """tls_client(d, ca=..., client_cert=..., **kw): a TLS client of daemon d."""
+    def make(d, ca="ca1.pem", client_cert=None, **kw):
+        extra = {}
+        if client_cert:
+            extra = dict(certificate_chain=cert(client_cert + ".pem"),
+                         private_key=cert(client_cert + ".key"))
+        return client(d, root_certificates=cert(ca), server_name="localhost", **extra, **kw)
+    return make
 
 
 def write_tokens(path, lines):
@@ -79,7 +98,7 @@ def wait_log(d, text, timeout=10):
 
 # --- TLS ---------------------------------------------------------------------
 
-def test_tls():
+def test_tls(cert, tls_client):
     d = Daemon("--tls-cert", cert("srv1.pem"), "--tls-key", cert("srv1.key"))
     try:
         with tls_client(d) as c:
@@ -95,7 +114,7 @@ def test_tls():
     assert "(TLS)" in d.log_text()
 
 
-def test_mutual_tls():
+def test_mutual_tls(cert, tls_client):
     d = Daemon("--tls-cert", cert("srv1.pem"), "--tls-key", cert("srv1.key"),
                "--tls-client-ca", cert("ca1.pem"))
     try:
@@ -115,8 +134,8 @@ def test_mutual_tls():
 
 # --- tokens ------------------------------------------------------------------
 
-def test_tokens_full_and_read_only():
-    tf = os.path.join(CERTS, "tokens")
+def test_tokens_full_and_read_only(cert):
+    tf = cert("tokens")
     write_tokens(tf, ["alice:" + TOK_FULL, "ci:%s read-only" % TOK_RO, TOK_ANON + " full"])
     d = Daemon("--token-file", tf)
     try:
@@ -159,8 +178,8 @@ def test_tokens_full_and_read_only():
         assert t not in log, "a token leaked into the log"
 
 
-def test_health_exempt():
-    tf = os.path.join(CERTS, "tokens-h")
+def test_health_exempt(cert):
+    tf = cert("tokens-h")
     write_tokens(tf, ["alice:" + TOK_FULL])
     d = Daemon("--token-file", tf, "-o", "auth.health_exempt=true")
     try:
@@ -171,8 +190,8 @@ def test_health_exempt():
         assert d.stop() == 0
 
 
-def test_token_file_refused():
-    tf = os.path.join(CERTS, "tokens-bad")
+def test_token_file_refused(cert):
+    tf = cert("tokens-bad")
     for lines, mode, what in [
             (["alice:" + TOK_FULL], 0o644, "readable or writable by others"),
             (["alice:short"], 0o600, "tokens-bad:3: token of 5 characters"),
@@ -182,15 +201,15 @@ def test_token_file_refused():
         write_tokens(tf, lines)
         os.chmod(tf, mode)
         p = subprocess.run([os.environ["ENGINED_BIN"], "--listen", "127.0.0.1:0",
-                            "--token-file", tf, "--checkpoint-root", CERTS + "/ck",
-                            "--model-root", CERTS + "/m"],
+                            "--token-file", tf, "--checkpoint-root", cert("ck"),
+                            "--model-root", cert("m")],
                            capture_output=True, text=True, timeout=20)
         assert p.returncode == 1, (p.returncode, p.stderr)
         assert what in p.stderr, (what, p.stderr)
         assert TOK_FULL not in p.stderr
 
 
-def test_tls_files_refused():
+def test_tls_files_refused(cert):
     for args, what in [
             (["--tls-cert", cert("srv1.pem"), "--tls-key", cert("srv2.key")],
              "tls.key: %s does not match" % cert("srv2.key")),
@@ -201,15 +220,15 @@ def test_tls_files_refused():
              "tls.key: cannot open"),
             (["--tls-client-ca", cert("ca1.pem")], "tls] client_ca")]:
         p = subprocess.run([os.environ["ENGINED_BIN"], "--listen", "127.0.0.1:0",
-                            "--checkpoint-root", CERTS + "/ck", "--model-root", CERTS + "/m"]
+                            "--checkpoint-root", cert("ck"), "--model-root", cert("m")]
                            + args, capture_output=True, text=True, timeout=20)
         assert p.returncode == 1, (args, p.returncode, p.stderr)
         assert what in p.stderr, (what, p.stderr)
 
 
-def test_non_loopback_refused():
-    base = [os.environ["ENGINED_BIN"], "--checkpoint-root", CERTS + "/ck",
-            "--model-root", CERTS + "/m", "--listen", "127.0.0.1:0"]
+def test_non_loopback_refused(cert):
+    base = [os.environ["ENGINED_BIN"], "--checkpoint-root", cert("ck"),
+            "--model-root", cert("m"), "--listen", "127.0.0.1:0"]
     for addr in ["0.0.0.0:0", "[::]:0", ":0", "192.0.2.1:0", "example.com:50051"]:
         p = subprocess.run(base + ["--listen", addr], capture_output=True, text=True,
                            timeout=20)
@@ -217,7 +236,7 @@ def test_non_loopback_refused():
         assert "refusing to serve on non-loopback address '%s'" % addr in p.stderr, p.stderr
         assert "--insecure" in p.stderr and "token_file" in p.stderr
     # Loopback forms are fine; so is 0.0.0.0 with tokens, mutual TLS or --insecure.
-    tf = os.path.join(CERTS, "tokens-nl")
+    tf = cert("tokens-nl")
     write_tokens(tf, ["alice:" + TOK_FULL])
     for extra in (["--insecure"], ["--token-file", tf],
                   ["--tls-cert", cert("srv1.pem"), "--tls-key", cert("srv1.key"),
@@ -236,7 +255,7 @@ def test_non_loopback_refused():
 
 # --- reload ------------------------------------------------------------------
 
-def test_reload_on_sighup_while_streaming():
+def test_reload_on_sighup_while_streaming(cert, tls_client):
     """Certificates and tokens replaced + SIGHUP in the middle of a weight
     stream: the stream finishes intact over its connection; new
     connections see the new certificate (the old CA is refused) and only
@@ -287,10 +306,10 @@ def test_reload_on_sighup_while_streaming():
 
 # --- the C client (enginectl) ------------------------------------------------
 
-def test_enginectl_tls_and_token():
-    tf = os.path.join(CERTS, "tokens-c")
+def test_enginectl_tls_and_token(cert):
+    tf = cert("tokens-c")
     write_tokens(tf, ["alice:" + TOK_FULL])
-    tok = os.path.join(CERTS, "client-token")
+    tok = cert("client-token")
     with open(tok, "w") as f:
         f.write(TOK_FULL + "\n")
     d = Daemon("--tls-cert", cert("srv1.pem"), "--tls-key", cert("srv1.key"),
@@ -316,34 +335,3 @@ def test_enginectl_tls_and_token():
     finally:
         assert d.stop() == 0
     assert "identity=token:alice,cert:trainer status=OK" in d.log_text()
-
-
-TESTS = [
-    test_tls, test_mutual_tls, test_tokens_full_and_read_only, test_health_exempt,
-    test_token_file_refused, test_tls_files_refused, test_non_loopback_refused,
-    test_reload_on_sighup_while_streaming, test_enginectl_tls_and_token,
-]
-
-
-def main():
-    global CERTS
-    flt = sys.argv[1] if len(sys.argv) > 1 else ""
-    print("python %s, grpcio %s" % (sys.version.split()[0], grpc.__version__), flush=True)
-    CERTS = tempfile.mkdtemp(prefix="engined-certs-")
-    t0 = time.time()
-    for ca in ("ca1", "ca2", "ca3"):
-        make_ca(CERTS, ca)
-    make_cert(CERTS, "srv1", "ca1", "engined", server=True)
-    make_cert(CERTS, "srv2", "ca1", "engined-other", server=True)
-    make_cert(CERTS, "srv3", "ca3", "engined-rotated", server=True)
-    make_cert(CERTS, "trainer", "ca1", "trainer", server=False)
-    make_cert(CERTS, "mallory", "ca2", "mallory", server=False)
-    print("certificates made in %.2f s" % (time.time() - t0), flush=True)
-    try:
-        return run_tests([t for t in TESTS if flt in t.__name__])
-    finally:
-        shutil.rmtree(CERTS, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,8 +5,10 @@ watchdog.stuck_job_s, STATUS= lines, STOPPING=1 on SIGTERM); SIGTERM with
 save_on_stop and with a grace that runs out; the unit, sysusers.d and
 tmpfiles.d files checked by systemd's own tools and placed by meson install.
 
-Run: ENGINED_BIN=... MESON_BUILD_ROOT=... PYTHONPATH=client/python:<dir of
-engine_pb2.py> /usr/bin/python3 tests/integration/test_systemd.py [filter]
+Each test starts its own daemon. Run from the source root (meson runs it
+through run_py.sh): ENGINED_BIN=build/daemon/engined MESON_BUILD_ROOT=build
+PYTHONPATH=client/python:build/tests/integration
+/usr/bin/python3 -m pytest tests/integration/test_systemd.py [-k name]
 """
 import json
 import os
@@ -14,17 +16,16 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 
 import numpy as np
+import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_fixture import Daemon, SkipTest, run_tests, wait_for  # noqa: E402
+from daemon_fixture import Daemon, wait_for
 
-from engined_client import EngineClient  # noqa: E402
+from engined_client import EngineClient
 
 SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -97,20 +98,16 @@ class Notify:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def ready_probe():
+def ready_probe(port_file):
     """Called when READY=1 arrives: the port must answer at once."""
-    port = int(open(PORT_FILE[0]).read().split()[0])
+    port = int(open(port_file).read().split()[0])
     with EngineClient("127.0.0.1:%d" % port, timeout=2) as c:
         return c.health()
 
 
-PORT_FILE = [None]
-
-
 def test_ready_watchdog_status_stopping():
-    n = Notify(on_ready=ready_probe)
     tmp = tempfile.mkdtemp(prefix="engined-sd-")
-    PORT_FILE[0] = os.path.join(tmp, "port")
+    n = Notify(on_ready=lambda: ready_probe(os.path.join(tmp, "port")))
     d = Daemon(env=n.env(watchdog_usec=200000), tmp=tmp)
     try:
         n.wait("READY", "1")
@@ -240,7 +237,7 @@ def test_unit_files():
     build = os.environ["MESON_BUILD_ROOT"]
     unit = os.path.join(build, "daemon", "engined@.service")
     if not shutil.which("systemd-analyze"):
-        raise SkipTest("systemd-analyze not installed (package systemd)")
+        pytest.skip("systemd-analyze not installed (package systemd)")
     tmp = tempfile.mkdtemp(prefix="engined-unit-")
     text = open(unit).read()
     for key in ["Type=notify", "WatchdogSec=", "Restart=on-failure",
@@ -300,18 +297,3 @@ def ENGINED_INSTALLED(build):  # noqa: N802 - a constant of the build
                        capture_output=True, text=True, timeout=60)
     opts = {o["name"]: o["value"] for o in json.loads(p.stdout)}
     return os.path.join(opts["prefix"], opts["bindir"], "engined")
-
-
-TESTS = [
-    test_ready_watchdog_status_stopping, test_watchdog_held_back_while_a_job_is_stuck,
-    test_sigterm_save_on_stop, test_sigterm_grace_runs_out, test_unit_files,
-]
-
-
-def main():
-    flt = sys.argv[1] if len(sys.argv) > 1 else ""
-    return run_tests([t for t in TESTS if flt in t.__name__])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
