@@ -1,0 +1,97 @@
+"""Hostile input over the wire (issue 11): sizes that once crashed the
+daemon get a precise INVALID_ARGUMENT or RESOURCE_EXHAUSTED, the daemon
+keeps serving and the engine stays usable. Each case is the request a
+remote attacker would send, through the Python client.
+
+Run: ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/tests/integration
+/usr/bin/python3 -m pytest tests/integration/test_hostile.py [-k name]
+"""
+import json
+
+import grpc
+import numpy as np
+
+from engined_client import EngineError
+
+SC = grpc.StatusCode
+INT64_MAX = (1 << 63) - 1
+
+TINY_LLAMA = {"model_type": "llama", "vocab_size": 16, "hidden_size": 2,
+              "intermediate_size": 4, "num_hidden_layers": 1, "num_attention_heads": 1,
+              "num_key_value_heads": 1, "tie_word_embeddings": True}
+
+
+def expect(code, fn, *args, field=None, **kw):
+    try:
+        fn(*args, **kw)
+    except EngineError as e:
+        assert e.code() == code, "expected %s, got %s: %s" % (code, e.code(), e.details())
+        if field:
+            assert field in e.details(), "message %r does not name %r" % (e.details(), field)
+        return e.details()
+    raise AssertionError("expected %s, the call succeeded" % code)
+
+
+def still_usable(client):
+    """The daemon answers and a real step still runs on the engine."""
+    assert client.health() == "SERVING"
+    client.initialize(preset="tiny", seed=1)
+    ids = np.arange(64, dtype=np.int32)
+    out = client.forward_backward(ids, [32, 32], loss="sft")
+    assert np.isfinite(out["loss"]) and out["loss"] > 0
+
+
+def test_config_dimensions_out_of_range(client):
+    """The config of the report (intermediate_size 2^61: a signed overflow,
+    then a heap overflow in the random init) and its siblings."""
+    for key, value in [("intermediate_size", 2305843009213693952),
+                       ("vocab_size", 1 << 40), ("hidden_size", 1 << 20),
+                       ("num_hidden_layers", 10 ** 7), ("num_attention_heads", 1 << 20),
+                       ("max_position_embeddings", 1 << 40)]:
+        cfg = dict(TINY_LLAMA, **{key: value})
+        if key == "num_attention_heads":
+            cfg["num_key_value_heads"] = value
+        msg = expect(SC.INVALID_ARGUMENT, client.initialize, hf_config_json=json.dumps(cfg),
+                     field=key)
+        assert "must be in [1, " in msg, msg
+    still_usable(client)
+
+
+def test_config_too_large_for_memory(client):
+    """Within the bounds but 2^38 parameters (1 TiB of fp32): refused for
+    memory, not by a crash."""
+    cfg = dict(TINY_LLAMA, vocab_size=1 << 22, hidden_size=1 << 16)
+    expect(SC.RESOURCE_EXHAUSTED, client.initialize, hf_config_json=json.dumps(cfg))
+    still_usable(client)
+
+
+def test_micro_batch_budget_out_of_range(client):
+    """max_tokens_per_micro_batch = INT64_MAX once overflowed the planner:
+    refused by ForwardBackward and by Initialize alike."""
+    client.initialize(preset="tiny")
+    ids = np.arange(20, dtype=np.int32)
+    for budget in (INT64_MAX, -1, (1 << 30) + 1):
+        expect(SC.INVALID_ARGUMENT, client.forward_backward, ids, [5, 15], forward_only=True,
+               max_tokens_per_micro_batch=budget, field="max_tokens_per_micro_batch")
+        expect(SC.INVALID_ARGUMENT, client.initialize, preset="tiny",
+               max_tokens_per_micro_batch=budget, field="max_tokens_per_micro_batch")
+    # The largest budget allowed plans fine.
+    out = client.forward_backward(ids, [5, 15], forward_only=True,
+                                  max_tokens_per_micro_batch=1 << 30, return_log_probs=True)
+    assert out["num_micro_batches"] == 1
+    still_usable(client)
+
+
+def test_optimizer_ranges_named_once(client):
+    """Each optimizer rule has one message (engine_init_config_check), the
+    same from the wire as from the engine library."""
+    for field, value, text in [("lr", -1.0, "optimizer.lr: must be a finite number >= 0"),
+                               ("eps", -1e-8, "optimizer.eps: must be a finite number > 0"),
+                               ("beta1", 1.0, "optimizer.beta1: must be in [0, 1)"),
+                               ("weight_decay", float("nan"),
+                                "optimizer.weight_decay: must be a finite number >= 0"),
+                               ("clip_grad", float("inf"), "optimizer.clip_grad: must be a finite")]:
+        msg = expect(SC.INVALID_ARGUMENT, client.initialize, preset="tiny",
+                     optimizer={field: value})
+        assert msg.startswith(text), msg
+    still_usable(client)
