@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "engined/v1/engine.pb-c.h"
-#include "fb_loss.h"
+#include "fb_request.h"
 #include "model/config.h"
 #include "paths.h"
 #include "presets.h"
@@ -262,117 +262,21 @@ int h_run_set_mode(struct daemon *d, struct job *j, struct eng_error *err)
 
 /* --- ForwardBackward ----------------------------------------------------- */
 
-/* An optional per-token tensor: absent when NULL or entirely empty;
- * otherwise FLOAT32 [n] with finite values. *ret_data points into the
- * request (protobuf-c copies bytes into malloc'ed, aligned memory). */
-static int per_token_f32(const Engined__V1__Tensor *t, const char *field, int64_t n,
-			 const float **ret_data, struct eng_error *err)
-{
-	const float *v;
-
-	*ret_data = NULL;
-	if (!t || (t->dtype == ENGINED__V1__DTYPE__DTYPE_UNSPECIFIED &&
-		   t->n_shape == 0 && t->data.len == 0))
-		return 0;
-	if (t->dtype != ENGINED__V1__DTYPE__FLOAT32)
-		return eng_fail(err, -EINVAL, "%s: dtype %d, expected FLOAT32", field,
-				(int)t->dtype);
-	if (t->n_shape > 1 || (t->n_shape == 1 && t->shape[0] != n))
-		return eng_fail(err, -EINVAL, "%s: shape must be [%lld] (input_ids length)",
-				field, (long long)n);
-	if (t->data.len != (size_t)n * 4)
-		return eng_fail(err, -EINVAL,
-				"%s: %zu bytes of data, expected %lld (FLOAT32 [%lld])",
-				field, t->data.len, (long long)n * 4, (long long)n);
-	if (((uintptr_t)t->data.data & 3) != 0)
-		return eng_fail(err, -EINVAL, "%s: misaligned data", field);
-	v = (const float *)t->data.data;
-	for (int64_t i = 0; i < n; i++)
-		if (!isfinite(v[i]))
-			return eng_fail(err, -EINVAL, "%s[%lld]: not a finite number (%g)",
-					field, (long long)i, (double)v[i]);
-	*ret_data = v;
-	return 0;
-}
-
 int h_validate_forward_backward(struct daemon *d, struct job *j, struct eng_error *err)
 {
 	const Engined__V1__ForwardBackwardRequest *q = (const void *)j->req;
-	const Engined__V1__Tensor *ids = q->input_ids;
 	struct fb_prep *p;
-	int64_t n;
-	int r;
+	bool value_model;
 
 	p = calloc(1, sizeof(*p));
 	if (!p)
 		return -ENOMEM;
 	j->prep = p;
 	j->prep_free = fb_prep_free;
-
-	/* Decoding only: the rules on the batch are engine_batch_check's. */
-	n = 0;
-	if (ids && ids->data.len) {
-		if (ids->dtype != ENGINED__V1__DTYPE__INT32)
-			return eng_fail(err, -EINVAL, "input_ids: dtype %d, expected INT32",
-					(int)ids->dtype);
-		if (ids->data.len % 4)
-			return eng_fail(err, -EINVAL,
-					"input_ids: %zu bytes is not a whole number of INT32",
-					ids->data.len);
-		n = (int64_t)(ids->data.len / 4);
-		if (ids->n_shape > 1 || (ids->n_shape == 1 && ids->shape[0] != n))
-			return eng_fail(err, -EINVAL,
-					"input_ids: shape must be [%lld] (packed, 1-D)", (long long)n);
-		if (((uintptr_t)ids->data.data & 3) != 0)
-			return eng_fail(err, -EINVAL, "input_ids: misaligned data");
-		p->batch.input_ids = (const int32_t *)ids->data.data;
-	}
-	p->batch.n = n;
-	if (q->n_seq_lens > INT32_MAX)
-		return eng_fail(err, -EINVAL, "seq_lens: too many sequences");
-	p->batch.num_seqs = (int32_t)q->n_seq_lens;
-	p->batch.seq_lens = q->seq_lens;
-
-	r = per_token_f32(q->loss_mask, "loss_mask", n, &p->in[FB_IN_LOSS_MASK], err);
-	if (!r)
-		r = per_token_f32(q->old_log_probs, "old_log_probs", n,
-				  &p->in[FB_IN_OLD_LOG_PROBS], err);
-	if (!r)
-		r = per_token_f32(q->ref_log_probs, "ref_log_probs", n,
-				  &p->in[FB_IN_REF_LOG_PROBS], err);
-	if (!r)
-		r = per_token_f32(q->advantages, "advantages", n, &p->in[FB_IN_ADVANTAGES], err);
-	if (!r)
-		r = per_token_f32(q->returns, "returns", n, &p->in[FB_IN_RETURNS], err);
-	if (!r)
-		r = per_token_f32(q->old_values, "old_values", n, &p->in[FB_IN_OLD_VALUES], err);
-	if (!r)
-		r = per_token_f32(q->is_weights, "is_weights", n, &p->in[FB_IN_IS_WEIGHTS], err);
-	if (!r)
-		r = per_token_f32(q->token_weights, "token_weights", n,
-				  &p->in[FB_IN_TOKEN_WEIGHTS], err);
-	if (r < 0)
-		return r;
-	p->batch.temperature = q->temperature;
-	p->batch.forward_only = q->forward_only;
-	p->batch.max_tokens_per_micro_batch = q->max_tokens_per_micro_batch;
-	/* The adapter is known now; its context is made when the job runs. */
-	p->batch.loss_fn = q->loss && q->loss->name[0] ? loss_engine_fn : NULL;
-	r = engine_batch_check(&p->batch, err);
-	if (r < 0)
-		return r;
-
-	if (q->loss && q->loss->name[0]) {
-		bool value_model;
-
-		pthread_mutex_lock(&d->lock);
-		value_model = strncmp(d->snap.key, "value_model/", 12) == 0;
-		pthread_mutex_unlock(&d->lock);
-		r = fb_prep_loss(p, q->loss, value_model, err);
-		if (r < 0)
-			return r;
-	}
-	return 0;
+	pthread_mutex_lock(&d->lock);
+	value_model = strncmp(d->snap.key, "value_model/", 12) == 0;
+	pthread_mutex_unlock(&d->lock);
+	return fb_request_decode(p, q, value_model, err);
 }
 
 int h_run_forward_backward(struct daemon *d, struct job *j, struct eng_error *err)

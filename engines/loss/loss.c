@@ -223,31 +223,31 @@ static int check_batch(const struct loss_spec *s, const struct loss_batch *b,
 		break;
 	case LOSS_PPO:
 		r = check_array(b->log_probs, "log_probs", why, err);
-		r = r ? r : check_array(b->advantages, "advantages", why, err);
+		r = r ? r : check_array(b->in[LOSS_IN_ADVANTAGES], "advantages", why, err);
 		if (s->policy_loss != LOSS_PG_GPG)
-			r = r ? r : check_array(b->old_log_probs, "old_log_probs", why, err);
+			r = r ? r : check_array(b->in[LOSS_IN_OLD_LOG_PROBS], "old_log_probs", why, err);
 		if (s->kl_coef != 0.0)
-			r = r ? r : check_array(b->ref_log_probs, "ref_log_probs",
+			r = r ? r : check_array(b->in[LOSS_IN_REF_LOG_PROBS], "ref_log_probs",
 						"kl_coef != 0", err);
 		if (s->entropy_coeff != 0.0)
 			r = r ? r : check_array(b->entropy, "entropy", "entropy_coeff != 0", err);
 		break;
 	case LOSS_VALUE:
 		r = check_array(b->values, "values", why, err);
-		r = r ? r : check_array(b->returns, "returns", why, err);
-		r = r ? r : check_array(b->old_values, "old_values", why, err);
+		r = r ? r : check_array(b->in[LOSS_IN_RETURNS], "returns", why, err);
+		r = r ? r : check_array(b->in[LOSS_IN_OLD_VALUES], "old_values", why, err);
 		break;
 	case LOSS_DRO:
 		r = check_array(b->log_probs, "log_probs", why, err);
-		r = r ? r : check_array(b->advantages, "advantages", why, err);
-		r = r ? r : check_array(b->old_log_probs, "old_log_probs", why, err);
+		r = r ? r : check_array(b->in[LOSS_IN_ADVANTAGES], "advantages", why, err);
+		r = r ? r : check_array(b->in[LOSS_IN_OLD_LOG_PROBS], "old_log_probs", why, err);
 		break;
 	}
 	if (r)
 		return r;
-	if (b->loss_mask) {
+	if (b->in[LOSS_IN_LOSS_MASK]) {
 		for (int64_t t = 0; t < b->n; t++) {
-			float v = b->loss_mask[t];
+			float v = b->in[LOSS_IN_LOSS_MASK][t];
 
 			if (v != 0.0f && v != 1.0f)
 				return eng_fail(err, -EINVAL, "loss_mask[%lld]: %g must be 0 or 1",
@@ -279,8 +279,8 @@ static int lctx_init(struct lctx *c, const struct loss_spec *s,
 
 		c->seq_off[i] = t;
 		for (int32_t j = 0; j < b->seq_lens[i]; j++, t++) {
-			if (b->loss_mask)
-				c->m[t] = b->loss_mask[t] != 0.0f;
+			if (b->in[LOSS_IN_LOSS_MASK])
+				c->m[t] = b->in[LOSS_IN_LOSS_MASK][t] != 0.0f;
 			else
 				c->m[t] = j > 0;  /* entry 0 has no prediction */
 			cnt += c->m[t];
@@ -315,7 +315,7 @@ static void cov_means(const struct lctx *c, double *ret_a, double *ret_lp)
 	for (int64_t t = 0; t < b->n; t++) {
 		if (!c->m[t])
 			continue;
-		sa += b->advantages[t];
+		sa += b->in[LOSS_IN_ADVANTAGES][t];
 		sl += b->log_probs[t];
 	}
 	*ret_a = c->own_tokens ? sa / (double)c->own_tokens : 0.0;
@@ -339,11 +339,11 @@ static int select_clip_cov(struct lctx *c, struct eng_error *err)
 	}
 	cov_means(c, &ma, &ml);
 	for (int64_t t = 0; t < b->n; t++) {
-		double a = b->advantages[t], x, r, rc, pass, cov;
+		double a = b->in[LOSS_IN_ADVANTAGES][t], x, r, rc, pass, cov;
 
 		if (!c->m[t])
 			continue;
-		x = (double)b->log_probs[t] - (double)b->old_log_probs[t];
+		x = (double)b->log_probs[t] - (double)b->in[LOSS_IN_OLD_LOG_PROBS][t];
 		r = exp(x);
 		rc = clamp_g(r, 1.0 - c->lo, 1.0 + c->hi, &pass);
 		if (-a * rc > -a * r)  /* clipped by the PPO clip: not a candidate */
@@ -408,7 +408,7 @@ static int select_kl_cov(struct lctx *c, struct eng_error *err)
 	for (int64_t t = 0; t < b->n; t++) {
 		if (!c->m[t])
 			continue;
-		items[nv].cov = ((double)b->advantages[t] - ma) *
+		items[nv].cov = ((double)b->in[LOSS_IN_ADVANTAGES][t] - ma) *
 				((double)b->log_probs[t] - ml);
 		items[nv].t = t;
 		nv++;
@@ -440,8 +440,8 @@ static void pg_token(const struct lctx *c, int64_t t, double seq_lr,
 {
 	const struct loss_spec *s = c->s;
 	const struct loss_batch *b = c->b;
-	double a = b->advantages[t], lp = b->log_probs[t];
-	double x = b->old_log_probs ? lp - (double)b->old_log_probs[t] : 0.0;
+	double a = b->in[LOSS_IN_ADVANTAGES][t], lp = b->log_probs[t];
+	double x = b->in[LOSS_IN_OLD_LOG_PROBS] ? lp - (double)b->in[LOSS_IN_OLD_LOG_PROBS][t] : 0.0;
 	double lo = 1.0 - c->lo, hi = 1.0 + c->hi;
 	double xc, p, r, dr, rc, q, l1, dl1, l2, dl2, v, dv;
 
@@ -545,9 +545,9 @@ static void pg_token(const struct lctx *c, int64_t t, double seq_lr,
 	case LOSS_PG_GEO_MEAN:
 		break;  /* sequence level: geo_mean_seq */
 	}
-	if (b->is_weights && s->policy_loss != LOSS_PG_GEO_MEAN) {
-		o->l *= b->is_weights[t];
-		o->dl *= b->is_weights[t];
+	if (b->in[LOSS_IN_IS_WEIGHTS] && s->policy_loss != LOSS_PG_GEO_MEAN) {
+		o->l *= b->in[LOSS_IN_IS_WEIGHTS][t];
+		o->dl *= b->in[LOSS_IN_IS_WEIGHTS][t];
 	}
 }
 
@@ -645,19 +645,19 @@ static double geo_mean_seq(const struct lctx *c, int32_t i, double ci,
 	if (c->seq_cnt[i] == 0)
 		return 0.0;
 	for (int64_t t = off; t < off + len; t++) {
-		double a = b->advantages[t], x, xcl, p, sa_, mn, dmn;
+		double a = b->in[LOSS_IN_ADVANTAGES][t], x, xcl, p, sa_, mn, dmn;
 
 		if (!c->m[t])
 			continue;
-		x = (double)b->log_probs[t] - (double)b->old_log_probs[t];
+		x = (double)b->log_probs[t] - (double)b->in[LOSS_IN_OLD_LOG_PROBS][t];
 		xcl = clamp_g(x, -c->lo, c->hi, &p);
 		sa_ = sgn(a);
 		tmin(sa_ * x, sa_, sa_ * xcl, sa_ * p, &mn, &dmn);
 		sk += sa_ * mn;
 		dlogp[t - off] = sa_ * dmn;  /* dk_t/dx, scaled below */
 		sa += a;
-		if (b->is_weights)
-			slw += log((double)b->is_weights[t] + 1e-10);
+		if (b->in[LOSS_IN_IS_WEIGHTS])
+			slw += log((double)b->in[LOSS_IN_IS_WEIGHTS][t] + 1e-10);
 		acc->clip += (x != xcl && a > 0);
 		acc->lower += (x != xcl && a < 0);
 		acc->ppo_kl += -x;
@@ -666,7 +666,7 @@ static double geo_mean_seq(const struct lctx *c, int32_t i, double ci,
 	n_i += 1e-8;
 	ratio = exp(sk / n_i);
 	abar = sa / n_i;
-	if (b->is_weights)
+	if (b->in[LOSS_IN_IS_WEIGHTS])
 		isw = exp(slw / n_i);
 	li = -abar * ratio * isw;
 	for (int64_t t = off; t < off + len; t++)
@@ -681,7 +681,7 @@ int loss_compute(const struct loss_spec *s, const struct loss_batch *b,
 	struct acc acc = {0};
 	enum loss_agg pg_agg = loss_spec_pg_agg(s), agg = s->agg;
 	bool is_ppo = s->name == LOSS_PPO, geo = is_ppo && s->policy_loss == LOSS_PG_GEO_MEAN;
-	bool want_ent = is_ppo && b->entropy, want_kl = is_ppo && b->ref_log_probs;
+	bool want_ent = is_ppo && b->entropy, want_kl = is_ppo && b->in[LOSS_IN_REF_LOG_PROBS];
 	double *geo_d = NULL, loss;
 	int r;
 
@@ -719,7 +719,7 @@ int loss_compute(const struct loss_spec *s, const struct loss_batch *b,
 			for (int64_t t = off; t < off + len; t++)
 				if (c.m[t])
 					seq_lr += (double)b->log_probs[t] -
-						  (double)b->old_log_probs[t];
+						  (double)b->in[LOSS_IN_OLD_LOG_PROBS][t];
 			seq_lr /= n_i > 1 ? n_i : 1.0;
 		}
 		if (geo)
@@ -738,22 +738,22 @@ int loss_compute(const struct loss_spec *s, const struct loss_batch *b,
 			switch (s->name) {
 			case LOSS_SFT:
 			case LOSS_CROSS_ENTROPY: {
-				double w = b->token_weights ? b->token_weights[t] : 1.0;
+				double w = b->in[LOSS_IN_TOKEN_WEIGHTS] ? b->in[LOSS_IN_TOKEN_WEIGHTS][t] : 1.0;
 
 				acc.pg += c_pg * -w * (double)b->log_probs[t];
 				dlp = c_pg * -w;
 				break;
 			}
 			case LOSS_DRO: {
-				double a = b->advantages[t], lp = b->log_probs[t];
-				double d = lp - (double)b->old_log_probs[t];
+				double a = b->in[LOSS_IN_ADVANTAGES][t], lp = b->log_probs[t];
+				double d = lp - (double)b->in[LOSS_IN_OLD_LOG_PROBS][t];
 
 				acc.pg += c_pg * -(lp * a - 0.5 * s->beta * d * d);
 				dlp = c_pg * (-a + s->beta * d);
 				break;
 			}
 			case LOSS_VALUE: {
-				double v = b->values[t], ret = b->returns[t], ov = b->old_values[t];
+				double v = b->values[t], ret = b->in[LOSS_IN_RETURNS][t], ov = b->in[LOSS_IN_OLD_VALUES][t];
 				double e = s->cliprange_value, vc, dvc, vf1, vf2, vm, dvm;
 
 				/* clip_by_value: max(min(v, ov + e), ov - e) */
@@ -787,7 +787,7 @@ int loss_compute(const struct loss_spec *s, const struct loss_batch *b,
 				if (want_kl) {
 					double kv, kd;
 
-					kl_token(s, b->log_probs[t], b->ref_log_probs[t], &kv, &kd);
+					kl_token(s, b->log_probs[t], b->in[LOSS_IN_REF_LOG_PROBS][t], &kv, &kd);
 					acc.kl += c_ag * kv;
 					dlp += s->kl_coef * c_ag * kd;
 				}

@@ -113,22 +113,40 @@ struct loss_spec {
 	uint64_t seed;                   /* clip_cov's random token choice */
 };
 
-/* Inputs a loss can read. The first eight are request arrays; ENTROPY and
- * VALUES are model outputs (a language model always yields entropy, only a
- * value model yields values). */
+/* The per-token inputs a loss can read: the one table of them.
+ * X(ID, name, read by): each is FLOAT32 [n] (one value per token of the
+ * packed batch, target-aligned); `name` is the ForwardBackward request's
+ * field (the daemon finds it in the proto's descriptor by that name, and
+ * messages use it); `read by` says which losses read it (the exact rule,
+ * e.g. ref_log_probs only with kl_coef != 0, is loss_spec_validate's).
+ * The request carries these; ENTROPY and VALUES below are model outputs (a
+ * language model always yields entropy, only a value model yields values). */
+#define LOSS_REQUEST_INPUTS(X) \
+	X(LOSS_MASK, "loss_mask", "every loss (0/1; absent: all but each sequence's first token)") \
+	X(OLD_LOG_PROBS, "old_log_probs", "ppo (all but gpg), dro") \
+	X(REF_LOG_PROBS, "ref_log_probs", "ppo with kl_coef != 0") \
+	X(ADVANTAGES, "advantages", "ppo, dro") \
+	X(RETURNS, "returns", "value") \
+	X(OLD_VALUES, "old_values", "value") \
+	X(IS_WEIGHTS, "is_weights", "ppo (rollout importance-sampling weights)") \
+	X(TOKEN_WEIGHTS, "token_weights", "sft, cross_entropy (per-token weights; custom losses)")
+
 enum loss_input {
-	LOSS_IN_LOSS_MASK = 0,
-	LOSS_IN_OLD_LOG_PROBS,
-	LOSS_IN_REF_LOG_PROBS,
-	LOSS_IN_ADVANTAGES,
-	LOSS_IN_RETURNS,
-	LOSS_IN_OLD_VALUES,
-	LOSS_IN_IS_WEIGHTS,
-	LOSS_IN_TOKEN_WEIGHTS,
+#define LOSS_IN_ENUM(id, name, read_by) LOSS_IN_##id,
+	LOSS_REQUEST_INPUTS(LOSS_IN_ENUM)
+#undef LOSS_IN_ENUM
 	LOSS_IN_ENTROPY,
 	LOSS_IN_VALUES,
 	LOSS_IN_COUNT,
 };
+/* Inputs [0, LOSS_IN_REQUEST_COUNT) come with the request. */
+#define LOSS_IN_REQUEST_COUNT LOSS_IN_ENTROPY
+
+struct loss_input_info {
+	const char *name;
+	const char *read_by;
+};
+extern const struct loss_input_info loss_inputs[LOSS_IN_COUNT];
 
 /* What a request carries, for loss_spec_validate: n tokens and each input's
  * element count, -1 when absent (loss_inputs_present_init sets all absent). */
@@ -177,15 +195,8 @@ struct loss_batch {
 	const float *log_probs;       /* required except for the value loss */
 	const float *entropy;         /* NULL when not computed */
 	const float *values;          /* value model only, else NULL */
-	/* request inputs, [n] each, NULL = absent */
-	const float *loss_mask;       /* 0/1; absent: 1 except at each sequence's first token */
-	const float *old_log_probs;
-	const float *ref_log_probs;
-	const float *advantages;
-	const float *returns;
-	const float *old_values;
-	const float *is_weights;      /* multiply the per-token policy loss */
-	const float *token_weights;   /* sft / cross_entropy weights w (custom losses: -dC/dlogp) */
+	/* request inputs (LOSS_REQUEST_INPUTS), [n] each, NULL = absent */
+	const float *in[LOSS_IN_REQUEST_COUNT];
 	/* normalizers (see the top of this file); <= 0: this batch's own counts */
 	double norm_tokens;
 	double norm_seqs;

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { GATHER_ARRAYS = 8 };
+enum { GATHER_ARRAYS = LOSS_IN_REQUEST_COUNT };
 
 void loss_engine_ctx_destroy(struct loss_engine_ctx *ctx)
 {
@@ -39,8 +39,8 @@ int loss_engine_ctx_init(struct loss_engine_ctx *ctx, const struct loss_spec *sp
 		int64_t cnt = 0;
 
 		for (int32_t j = 0; j < req->seq_lens[i]; j++, t++) {
-			if (req->loss_mask) {
-				float v = req->loss_mask[t];
+			if (req->in[LOSS_IN_LOSS_MASK]) {
+				float v = req->in[LOSS_IN_LOSS_MASK][t];
 
 				if (v != 0.0f && v != 1.0f)
 					return eng_fail(err, -EINVAL,
@@ -144,14 +144,8 @@ int loss_engine_fn(void *vctx, struct engine_loss_io *io, struct eng_error *err)
 	b.log_probs = io->log_probs;
 	b.entropy = io->entropy;
 	b.values = io->values;
-	b.loss_mask = gather(ctx, 0, q->loss_mask, io);
-	b.old_log_probs = gather(ctx, 1, q->old_log_probs, io);
-	b.ref_log_probs = gather(ctx, 2, q->ref_log_probs, io);
-	b.advantages = gather(ctx, 3, q->advantages, io);
-	b.returns = gather(ctx, 4, q->returns, io);
-	b.old_values = gather(ctx, 5, q->old_values, io);
-	b.is_weights = gather(ctx, 6, q->is_weights, io);
-	b.token_weights = gather(ctx, 7, q->token_weights, io);
+	for (int k = 0; k < LOSS_IN_REQUEST_COUNT; k++)
+		b.in[k] = gather(ctx, k, q->in[k], io);
 	b.norm_tokens = ctx->call_tokens;
 	b.norm_seqs = ctx->call_seqs;
 	b.norm_horizon = ctx->call_horizon;

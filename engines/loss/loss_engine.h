@@ -33,14 +33,7 @@ struct loss_request {
 	int64_t n;                    /* tokens */
 	int32_t num_seqs;
 	const int32_t *seq_lens;      /* [num_seqs], each >= 1, sum n */
-	const float *loss_mask;       /* [n] each, NULL = absent */
-	const float *old_log_probs;
-	const float *ref_log_probs;
-	const float *advantages;
-	const float *returns;
-	const float *old_values;
-	const float *is_weights;
-	const float *token_weights;
+	const float *in[LOSS_IN_REQUEST_COUNT];  /* [n] each (loss.h's table), NULL = absent */
 };
 
 struct loss_engine_ctx {
@@ -53,7 +46,7 @@ struct loss_engine_ctx {
 	double call_tokens;                /* masked tokens of the call */
 	double call_seqs;                  /* sequences with a masked token */
 	double call_horizon;               /* longest sequence */
-	float *gather;                     /* [8 * n] owned scratch */
+	float *gather;                     /* [LOSS_IN_REQUEST_COUNT * n] owned scratch */
 	int32_t num_micro_batches;         /* calls of loss_engine_fn so far */
 	double loss;                       /* summed contributions */
 	double msum[LOSS_M_COUNT];         /* sum of value (x weight for means) */

@@ -49,18 +49,13 @@ static const char *const kl_strs[] = {
 	[LOSS_KL_K3] = "k3",
 };
 
-static const char *const input_strs[] = {
-	[LOSS_IN_LOSS_MASK] = "loss_mask",
-	[LOSS_IN_OLD_LOG_PROBS] = "old_log_probs",
-	[LOSS_IN_REF_LOG_PROBS] = "ref_log_probs",
-	[LOSS_IN_ADVANTAGES] = "advantages",
-	[LOSS_IN_RETURNS] = "returns",
-	[LOSS_IN_OLD_VALUES] = "old_values",
-	[LOSS_IN_IS_WEIGHTS] = "is_weights",
-	[LOSS_IN_TOKEN_WEIGHTS] = "token_weights",
-	[LOSS_IN_ENTROPY] = "entropy",
-	[LOSS_IN_VALUES] = "values",
+#define LOSS_IN_ROW(id, name, read_by) [LOSS_IN_##id] = { name, read_by },
+const struct loss_input_info loss_inputs[LOSS_IN_COUNT] = {
+	LOSS_REQUEST_INPUTS(LOSS_IN_ROW)
+	[LOSS_IN_ENTROPY] = { "entropy", "ppo with entropy_coeff != 0 (model output)" },
+	[LOSS_IN_VALUES] = { "values", "value (model output of a value model)" },
 };
+#undef LOSS_IN_ROW
 
 static const char *const metric_strs[] = {
 	[LOSS_M_LOSS] = "loss",
@@ -107,7 +102,7 @@ const char *loss_kl_type_str(enum loss_kl_type k)
 
 const char *loss_input_str(enum loss_input i)
 {
-	return table_str(input_strs, ARRAY_LEN(input_strs), (int)i);
+	return i >= 0 && i < LOSS_IN_COUNT ? loss_inputs[i].name : "?";
 }
 
 const char *loss_metric_str(enum loss_metric_id m)

@@ -112,14 +112,8 @@ static int run_compute(const struct loss_spec *s, const struct full *f, json_t *
 	b.log_probs = f->log_probs;
 	b.entropy = f->entropy;
 	b.values = f->values;
-	b.loss_mask = f->in[0];
-	b.old_log_probs = f->in[1];
-	b.ref_log_probs = f->in[2];
-	b.advantages = f->in[3];
-	b.returns = f->in[4];
-	b.old_values = f->in[5];
-	b.is_weights = f->in[6];
-	b.token_weights = f->in[7];
+	for (int k = 0; k < LOSS_IN_REQUEST_COUNT; k++)
+		b.in[k] = f->in[k];
 	if (norm) {
 		b.norm_tokens = json_number_value(json_object_get(norm, "tokens"));
 		b.norm_seqs = json_number_value(json_object_get(norm, "seqs"));
@@ -201,14 +195,8 @@ static int run_call(const struct loss_spec *s, const struct full *f, json_t *mbs
 	q.n = n;
 	q.num_seqs = nseq;
 	q.seq_lens = lens;
-	q.loss_mask = arr[0];
-	q.old_log_probs = arr[1];
-	q.ref_log_probs = arr[2];
-	q.advantages = arr[3];
-	q.returns = arr[4];
-	q.old_values = arr[5];
-	q.is_weights = arr[6];
-	q.token_weights = arr[7];
+	for (int k = 0; k < LOSS_IN_REQUEST_COUNT; k++)
+		q.in[k] = arr[k];
 	r = loss_engine_ctx_init(&lc, s, &q, err);
 	if (r)
 		goto out;

@@ -514,14 +514,8 @@ static int fb_with_loss(struct engine *e, struct engine_batch *eb,
 	q.n = b->n;
 	q.num_seqs = b->num_seqs;
 	q.seq_lens = b->seq_lens;
-	q.loss_mask = b->req[LOSS_IN_LOSS_MASK];
-	q.old_log_probs = b->req[LOSS_IN_OLD_LOG_PROBS];
-	q.ref_log_probs = b->req[LOSS_IN_REF_LOG_PROBS];
-	q.advantages = b->req[LOSS_IN_ADVANTAGES];
-	q.returns = b->req[LOSS_IN_RETURNS];
-	q.old_values = b->req[LOSS_IN_OLD_VALUES];
-	q.is_weights = b->req[LOSS_IN_IS_WEIGHTS];
-	q.token_weights = b->req[LOSS_IN_TOKEN_WEIGHTS];
+	for (int k = 0; k < LOSS_IN_REQUEST_COUNT; k++)
+		q.in[k] = b->req[k];
 	rc = loss_engine_ctx_init(&lc, &c->spec, &q, err);
 	if (rc)
 		return rc;

@@ -45,7 +45,7 @@ START_TEST(ppo_three_tokens_by_hand)
 	float dl[4], de[4];
 	struct loss_batch b = {
 		.n = 4, .num_seqs = 1, .seq_lens = lens, .log_probs = lp,
-		.loss_mask = mask, .old_log_probs = old, .advantages = adv,
+		.in[LOSS_IN_LOSS_MASK] = mask, .in[LOSS_IN_OLD_LOG_PROBS] = old, .in[LOSS_IN_ADVANTAGES] = adv,
 	};
 	struct loss_result res = { .d_log_probs = dl, .d_entropy = de };
 	struct eng_error err = {0};
@@ -89,8 +89,8 @@ START_TEST(value_clipping_by_hand)
 	float v[] = { 1.0f, 0.2f, -1.0f }, ov[] = { 0, 0, 0 }, ret[] = { 2.0f, -1.0f, 1.0f };
 	float mask[] = { 1, 1, 1 }, dv[3], dl[3];
 	struct loss_batch b = {
-		.n = 3, .num_seqs = 1, .seq_lens = lens, .values = v, .old_values = ov,
-		.returns = ret, .loss_mask = mask,
+		.n = 3, .num_seqs = 1, .seq_lens = lens, .values = v, .in[LOSS_IN_OLD_VALUES] = ov,
+		.in[LOSS_IN_RETURNS] = ret, .in[LOSS_IN_LOSS_MASK] = mask,
 	};
 	struct loss_result res = { .d_values = dv, .d_log_probs = dl };
 	struct eng_error err = {0};
@@ -139,7 +139,7 @@ START_TEST(aggregation_normalizers)
 		struct loss_spec s = spec_of("sft", kv);
 		struct loss_batch b = {
 			.n = 5, .num_seqs = 2, .seq_lens = lens, .log_probs = lp,
-			.loss_mask = mask,
+			.in[LOSS_IN_LOSS_MASK] = mask,
 		};
 		struct loss_result res = { .d_log_probs = dl };
 		struct eng_error err = {0};
@@ -195,9 +195,9 @@ static void full_batch(const struct loss_spec *s, double *ret_loss, float *dl,
 {
 	struct loss_batch b = {
 		.n = NTOK, .num_seqs = NSEQ, .seq_lens = P_LENS, .log_probs = P_LP,
-		.entropy = P_ENT, .values = P_V, .loss_mask = P_MASK,
-		.old_log_probs = P_OLD, .ref_log_probs = P_REF, .advantages = P_ADV,
-		.returns = P_RET, .old_values = P_OV,
+		.entropy = P_ENT, .values = P_V, .in[LOSS_IN_LOSS_MASK] = P_MASK,
+		.in[LOSS_IN_OLD_LOG_PROBS] = P_OLD, .in[LOSS_IN_REF_LOG_PROBS] = P_REF, .in[LOSS_IN_ADVANTAGES] = P_ADV,
+		.in[LOSS_IN_RETURNS] = P_RET, .in[LOSS_IN_OLD_VALUES] = P_OV,
 	};
 	struct loss_result res = { .d_log_probs = dl, .d_entropy = de, .d_values = dv };
 	struct eng_error err = {0};
@@ -251,9 +251,9 @@ START_TEST(global_normalizers_two_halves)
 					.n = h ? NTOK - tok_split : tok_split, .num_seqs = ns,
 					.seq_lens = P_LENS + (h ? 3 : 0), .log_probs = P_LP + off,
 					.entropy = P_ENT + off, .values = P_V + off,
-					.loss_mask = P_MASK + off, .old_log_probs = P_OLD + off,
-					.ref_log_probs = P_REF + off, .advantages = P_ADV + off,
-					.returns = P_RET + off, .old_values = P_OV + off,
+					.in[LOSS_IN_LOSS_MASK] = P_MASK + off, .in[LOSS_IN_OLD_LOG_PROBS] = P_OLD + off,
+					.in[LOSS_IN_REF_LOG_PROBS] = P_REF + off, .in[LOSS_IN_ADVANTAGES] = P_ADV + off,
+					.in[LOSS_IN_RETURNS] = P_RET + off, .in[LOSS_IN_OLD_VALUES] = P_OV + off,
 				};
 				struct loss_result res = {
 					.d_log_probs = hl + off, .d_entropy = he + off,
@@ -328,12 +328,12 @@ static double run_engine(const struct loss_spec *s, int ncalls, const int (*call
 		q.n = n;
 		q.num_seqs = nseq;
 		q.seq_lens = lens;
-		q.loss_mask = arr[0];
-		q.old_log_probs = arr[1];
-		q.ref_log_probs = arr[2];
-		q.advantages = arr[3];
-		q.returns = arr[4];
-		q.old_values = arr[5];
+		q.in[LOSS_IN_LOSS_MASK] = arr[0];
+		q.in[LOSS_IN_OLD_LOG_PROBS] = arr[1];
+		q.in[LOSS_IN_REF_LOG_PROBS] = arr[2];
+		q.in[LOSS_IN_ADVANTAGES] = arr[3];
+		q.in[LOSS_IN_RETURNS] = arr[4];
+		q.in[LOSS_IN_OLD_VALUES] = arr[5];
 		ck_assert_msg(loss_engine_ctx_init(&lc, s, &q, &err) == 0, "%s", err.msg);
 
 		while (calls[c][k] != -1) {
@@ -489,8 +489,8 @@ START_TEST(metrics_combine_to_full_batch)
 	s = spec_of("ppo", kv);
 	b = (struct loss_batch){
 		.n = NTOK, .num_seqs = NSEQ, .seq_lens = P_LENS, .log_probs = P_LP,
-		.entropy = P_ENT, .loss_mask = P_MASK, .old_log_probs = P_OLD,
-		.ref_log_probs = P_REF, .advantages = P_ADV,
+		.entropy = P_ENT, .in[LOSS_IN_LOSS_MASK] = P_MASK, .in[LOSS_IN_OLD_LOG_PROBS] = P_OLD,
+		.in[LOSS_IN_REF_LOG_PROBS] = P_REF, .in[LOSS_IN_ADVANTAGES] = P_ADV,
 	};
 	ck_assert(loss_compute(&s, &b, &res, &err) == 0);
 	run_engine(&s, 1, five, gl, ge, gv, m);
@@ -656,7 +656,7 @@ START_TEST(batch_errors_leave_outputs_untouched)
 	float mask[] = { 0, 1, 0.5f, 1 }, dl[4] = { 7, 7, 7, 7 };
 	struct loss_batch b = {
 		.n = 4, .num_seqs = 2, .seq_lens = lens, .log_probs = lp,
-		.old_log_probs = old, .advantages = adv, .loss_mask = mask,
+		.in[LOSS_IN_OLD_LOG_PROBS] = old, .in[LOSS_IN_ADVANTAGES] = adv, .in[LOSS_IN_LOSS_MASK] = mask,
 	};
 	struct loss_result res = { .loss = 42.0, .d_log_probs = dl };
 	struct eng_error err = {0};
@@ -670,15 +670,15 @@ START_TEST(batch_errors_leave_outputs_untouched)
 	ck_assert_msg(strstr(err.msg, "seq_lens"), "%s", err.msg);
 	eng_error_clear(&err);
 	b.seq_lens = lens;
-	b.advantages = NULL;
+	b.in[LOSS_IN_ADVANTAGES] = NULL;
 	ck_assert_int_eq(loss_compute(&s, &b, &res, &err), -EINVAL);
 	ck_assert_msg(strstr(err.msg, "advantages"), "%s", err.msg);
 	ck_assert(res.loss == 42.0 && dl[0] == 7 && dl[1] == 7 && dl[3] == 7);
 
 	/* without loss_mask, each sequence's first token is out */
 	eng_error_clear(&err);
-	b.advantages = adv;
-	b.loss_mask = NULL;
+	b.in[LOSS_IN_ADVANTAGES] = adv;
+	b.in[LOSS_IN_LOSS_MASK] = NULL;
 	ck_assert_int_eq(loss_compute(&s, &b, &res, &err), 0);
 	ck_assert(res.metrics[LOSS_M_NUM_TOKENS].value == 2.0);
 	ck_assert(dl[0] == 0.0f && dl[2] == 0.0f && dl[1] != 0.0f);
@@ -709,7 +709,7 @@ START_TEST(clip_cov_seeded_choice)
 		float dl[N];
 		struct loss_batch b = {
 			.n = N, .num_seqs = 1, .seq_lens = lens, .log_probs = lp,
-			.old_log_probs = old, .advantages = adv,
+			.in[LOSS_IN_OLD_LOG_PROBS] = old, .in[LOSS_IN_ADVANTAGES] = adv,
 			.rng_seed = k == 2 ? 8 : 7,
 		};
 		struct loss_result res = { .d_log_probs = dl, .selected = sel[k] };
@@ -741,8 +741,8 @@ START_TEST(adapter_io_checks_and_forward_only)
 	int64_t tok[] = { 2, 3, 4, 0, 1 };
 	int32_t mlens[] = { 3, 2 }, midx[] = { 1, 0 }, bad_lens[] = { 2, 3 };
 	struct loss_request q = {
-		.n = 5, .num_seqs = 2, .seq_lens = lens, .loss_mask = mask,
-		.old_log_probs = old, .advantages = adv,
+		.n = 5, .num_seqs = 2, .seq_lens = lens, .in[LOSS_IN_LOSS_MASK] = mask,
+		.in[LOSS_IN_OLD_LOG_PROBS] = old, .in[LOSS_IN_ADVANTAGES] = adv,
 	};
 	struct loss_spec s = spec_of("ppo", NULL);
 	struct loss_engine_ctx lc;

@@ -1,0 +1,138 @@
+/* test_fb_request.c — ForwardBackwardRequest decoding (daemon/fb_request.c)
+ * against the loss library's one table of per-token inputs: the table and
+ * the proto name the same tensors, and each rule answers with its field. */
+#include "check_run.h"
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+#include "fb_request.h"
+
+/* Every table input is a Tensor field of the request, and every Tensor
+ * field of the request but input_ids is in the table. */
+START_TEST(table_matches_proto)
+{
+	const ProtobufCMessageDescriptor *md = &engined__v1__forward_backward_request__descriptor;
+	Engined__V1__ForwardBackwardRequest q = ENGINED__V1__FORWARD_BACKWARD_REQUEST__INIT;
+	int tensors = 0;
+
+	for (int k = 0; k < LOSS_IN_REQUEST_COUNT; k++) {
+		bool found;
+
+		fb_request_tensor(&q, loss_inputs[k].name, &found);
+		ck_assert_msg(found, "%s is not a Tensor field", loss_inputs[k].name);
+	}
+	for (unsigned i = 0; i < md->n_fields; i++) {
+		const ProtobufCFieldDescriptor *f = &md->fields[i];
+		bool in_table = false;
+
+		if (f->type != PROTOBUF_C_TYPE_MESSAGE || f->descriptor != &engined__v1__tensor__descriptor)
+			continue;
+		tensors++;
+		for (int k = 0; k < LOSS_IN_REQUEST_COUNT; k++)
+			in_table |= !strcmp(loss_inputs[k].name, f->name);
+		ck_assert_msg(in_table || !strcmp(f->name, "input_ids"),
+			      "request tensor %s is missing from LOSS_REQUEST_INPUTS", f->name);
+	}
+	ck_assert_int_eq(tensors, LOSS_IN_REQUEST_COUNT + 1);
+}
+END_TEST
+
+static Engined__V1__Tensor tensor(Engined__V1__DType dt, int64_t *shape, void *data, size_t len)
+{
+	Engined__V1__Tensor t = ENGINED__V1__TENSOR__INIT;
+
+	t.dtype = dt;
+	t.n_shape = 1;
+	t.shape = shape;
+	t.data.data = data;
+	t.data.len = len;
+	return t;
+}
+
+START_TEST(decode_and_rules)
+{
+	int32_t ids[6] = { 1, 2, 3, 4, 5, 6 }, lens[2] = { 2, 4 };
+	float adv[6] = { 0, 1, 2, 3, 4, 5 }, mask[6] = { 0, 1, 1, 0, 1, 1 };
+	int64_t n = 6;
+	Engined__V1__Tensor t_ids = tensor(ENGINED__V1__DTYPE__INT32, &n, ids, sizeof(ids));
+	Engined__V1__Tensor t_adv = tensor(ENGINED__V1__DTYPE__FLOAT32, &n, adv, sizeof(adv));
+	Engined__V1__Tensor t_mask = tensor(ENGINED__V1__DTYPE__FLOAT32, &n, mask, sizeof(mask));
+	Engined__V1__ForwardBackwardRequest q = ENGINED__V1__FORWARD_BACKWARD_REQUEST__INIT;
+	Engined__V1__LossSpec ls = ENGINED__V1__LOSS_SPEC__INIT;
+	struct fb_prep p;
+	struct eng_error err = { 0 };
+
+	q.input_ids = &t_ids;
+	q.n_seq_lens = 2;
+	q.seq_lens = lens;
+	q.advantages = &t_adv;
+	q.loss_mask = &t_mask;
+	q.forward_only = true;
+	memset(&p, 0, sizeof(p));
+	ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), 0);
+	ck_assert_int_eq(p.batch.n, 6);
+	ck_assert_ptr_eq(p.in[LOSS_IN_ADVANTAGES], adv);
+	ck_assert_ptr_eq(p.in[LOSS_IN_LOSS_MASK], mask);
+	ck_assert_ptr_null(p.in[LOSS_IN_OLD_LOG_PROBS]);
+	ck_assert(!p.has_loss);
+
+	/* A non-finite input names its field and index. */
+	adv[3] = NAN;
+	memset(&p, 0, sizeof(p));
+	ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), -EINVAL);
+	ck_assert_str_eq(err.msg, "advantages[3]: not a finite number (nan)");
+	adv[3] = 3;
+
+	/* The batch's rules are engine_batch_check's. */
+	eng_error_clear(&err);
+	q.max_tokens_per_micro_batch = INT64_MAX;
+	memset(&p, 0, sizeof(p));
+	ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(err.msg, "max_tokens_per_micro_batch"));
+	q.max_tokens_per_micro_batch = 0;
+	eng_error_clear(&err);
+	q.forward_only = false;
+	memset(&p, 0, sizeof(p));
+	ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), -EINVAL);
+	ck_assert_str_eq(err.msg, "loss.name: a loss is required unless forward_only");
+
+	/* A loss: its spec and inputs are checked (ppo needs old_log_probs). */
+	eng_error_clear(&err);
+	ls.name = "ppo";
+	q.loss = &ls;
+	memset(&p, 0, sizeof(p));
+	ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(err.msg, "old_log_probs"));
+	eng_error_clear(&err);
+	ls.name = "sft";
+	memset(&p, 0, sizeof(p));
+	ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), 0);
+	ck_assert(p.has_loss);
+
+	/* Wrong dtype and length of a per-token input. */
+	t_adv.dtype = ENGINED__V1__DTYPE__INT32;
+	memset(&p, 0, sizeof(p));
+	ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(err.msg, "advantages: dtype"));
+	eng_error_clear(&err);
+	t_adv.dtype = ENGINED__V1__DTYPE__FLOAT32;
+	t_adv.data.len = 5 * 4;
+	t_adv.n_shape = 0;
+	memset(&p, 0, sizeof(p));
+	ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(err.msg, "advantages: 20 bytes"));
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("fb_request");
+	TCase *tc = tcase_create("core");
+
+	tcase_add_test(tc, table_matches_proto);
+	tcase_add_test(tc, decode_and_rules);
+	suite_add_tcase(s, tc);
+	return check_run(s);
+}
