@@ -1,88 +1,34 @@
 /* enginectl — command-line client of engined.
  *
- *   enginectl [--addr ADDR] [--timeout SEC] [--tls-ca PEM [--tls-cert PEM
- *              --tls-key PEM] [--tls-server-name NAME]] [--token-file FILE]
- *             COMMAND [options]
- *   (the token may also come from $ENGINED_TOKEN)
- *     status
- *     init [--preset NAME | --config model.json | --model-path DIR]
- *          [--model-type T] [--device D] [--seed N] [--lr X] [--bf16-matmul]
- *     set-mode idle|train|eval [--no-auto-offload]
- *     to-device cpu|cuda [--model] [--optimizer] [--grad]   (none given: all)
- *     save PATH [--step N] [--keep K]
- *     load PATH
- *     pull-weights --out FILE.safetensors [--dtype f32|bf16|f16] [--names a,b]
- *     demo [--preset NAME] [--sft-steps N] [--ppo-steps N] [--checkpoint-root DIR]
+ *   enginectl [global options] COMMAND [options] [arguments]
+ *   enginectl help [COMMAND]     enginectl COMMAND --help     enginectl --version
+ *
+ * The commands (status, init, set-mode, to-device, save, load, pull-weights,
+ * demo, help) are the table `commands` below: it dispatches, and `help`
+ * prints from it, so every command has its usage and options. Options are
+ * parsed with getopt_long from each command's table (enginectl_common.c);
+ * the demo is enginectl_demo.c.
  *
  * Exit status: 0 on success, 1 when the daemon answered an error (printed
  * as CODE: message), 2 on bad usage.
  */
 #include <errno.h>
+#include <float.h>
 #include <getopt.h>
-#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "enginectl.h"
+#include "enginectl_demo.h"
 #include "engined_client.h"
 #include "st_mini.h"
 
-static const char *addr = "127.0.0.1:50051";
-static double timeout_s = 0;
-static struct ec_options sec;   /* TLS files, token file (global options) */
-
-static void usage(FILE *f)
-{
-	fprintf(f,
-		"usage: enginectl [--addr ADDR] [--timeout SEC] [security] COMMAND [options]\n"
-		"security: --tls-ca PEM (TLS) [--tls-cert PEM --tls-key PEM] (mutual TLS)\n"
-		"          [--tls-server-name NAME] [--token-file FILE] ($ENGINED_TOKEN)\n"
-		"  status\n"
-		"  init [--preset NAME | --config model.json | --model-path DIR]\n"
-		"       [--model-type language_model|value_model] [--device cpu|cuda]\n"
-		"       [--seed N] [--lr X] [--bf16-matmul]\n"
-		"  set-mode idle|train|eval [--no-auto-offload]\n"
-		"  to-device cpu|cuda [--model] [--optimizer] [--grad]\n"
-		"  save PATH [--step N] [--keep K]\n"
-		"  load PATH\n"
-		"  pull-weights --out FILE.safetensors [--dtype f32|bf16|f16] [--names a,b,...]\n"
-		"  demo [--preset NAME] [--sft-steps N] [--ppo-steps N] [--checkpoint-root DIR]\n"
-		"ADDR defaults to 127.0.0.1:50051 (unix:/path for a socket).\n");
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int fail(const char *what, const struct ec_status *st)
-{
-	fprintf(stderr, "enginectl: %s: %s: %s\n", what, ec_code_name(st->code), st->message);
-	return 1;
-}
-
-static struct ec_client *connect_or_die(void)
-{
-	struct ec_client *c = NULL;
-	struct ec_status st;
-
-	sec.token = getenv("ENGINED_TOKEN");
-	if (sec.token && !sec.token[0])
-		sec.token = NULL;
-	if (ec_connect_opts(addr, &sec, &c, &st)) {
-		fail("connect", &st);
-		exit(1);
-	}
-	if (timeout_s > 0)
-		ec_set_timeout_ms(c, (int64_t)(timeout_s * 1000));
-	return c;
-}
+#ifndef ENGINED_VERSION
+#define ENGINED_VERSION "unknown"
+#endif
 
 static const char *mode_name(Engined__V1__Mode m)
 {
@@ -105,16 +51,20 @@ static void print_placement(const char *label, const Engined__V1__Placement *p)
 
 static int cmd_status(int argc, char **argv)
 {
-	struct ec_client *c = connect_or_die();
 	Engined__V1__GetStatusResponse *s = NULL;
+	struct ec_client *c;
 	struct ec_status st;
 	int serving = 0;
 
+	while (ctl_getopt(argc, argv) != -1)
+		;
+	ctl_positionals(argc, argv, 0, 0, NULL);
+	c = ctl_connect();
 	if (ec_get_status(c, &s, &st))
-		return fail("GetStatus", &st);
+		return ctl_fail("GetStatus", &st);
 	if (ec_health_check(c, "", &serving, &st))
 		serving = 0;
-	printf("daemon      engined %s at %s, up %.1f s, health %s\n", s->version, addr,
+	printf("daemon      engined %s at %s, up %.1f s, health %s\n", s->version, ctl_addr,
 	       s->uptime, serving == 1 ? "SERVING" : "NOT_SERVING");
 	if (!s->initialized) {
 		printf("engine      not initialized\n");
@@ -161,19 +111,23 @@ static char *read_file(const char *path)
 	return buf;
 }
 
+static const struct ctl_opt init_opts[] = {
+	{ "preset", required_argument, 'p', "NAME",
+	  "tiny (default), small or qwen2.5-0.5b-shape" },
+	{ "config", required_argument, 'c', "FILE",
+	  "random weights for a Hugging Face config.json" },
+	{ "model-path", required_argument, 'm', "DIR",
+	  "a model directory under the daemon's model root" },
+	{ "model-type", required_argument, 't', "TYPE", "language_model (default) or value_model" },
+	{ "device", required_argument, 'd', "DEV", "cpu (default) or cuda" },
+	{ "seed", required_argument, 's', "N", "seed of the random initialization (0 to 2^64-1)" },
+	{ "lr", required_argument, 'l', "X", "AdamW's learning rate (default: the daemon's, 1e-5)" },
+	{ "bf16-matmul", no_argument, 'b', NULL, "matmul inputs in bf16, fp32 accumulate" },
+	{ NULL, 0, 0, NULL, NULL },
+};
+
 static int cmd_init(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		{ "preset", required_argument, NULL, 'p' },
-		{ "config", required_argument, NULL, 'c' },
-		{ "model-path", required_argument, NULL, 'm' },
-		{ "model-type", required_argument, NULL, 't' },
-		{ "device", required_argument, NULL, 'd' },
-		{ "seed", required_argument, NULL, 's' },
-		{ "lr", required_argument, NULL, 'l' },
-		{ "bf16-matmul", no_argument, NULL, 'b' },
-		{ NULL, 0, NULL, 0 },
-	};
 	Engined__V1__InitializeRequest req = ENGINED__V1__INITIALIZE_REQUEST__INIT;
 	Engined__V1__OptimizerConfig opt = ENGINED__V1__OPTIMIZER_CONFIG__INIT;
 	Engined__V1__InitializeResponse *resp = NULL;
@@ -182,8 +136,7 @@ static int cmd_init(int argc, char **argv)
 	char *config = NULL;
 	int o;
 
-	optind = 1;
-	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+	while ((o = ctl_getopt(argc, argv)) != -1) {
 		switch (o) {
 		case 'p': req.preset = optarg; break;
 		case 'c':
@@ -198,18 +151,21 @@ static int cmd_init(int argc, char **argv)
 		case 'm': req.model_path = optarg; break;
 		case 't': req.model_type = optarg; break;
 		case 'd': req.device = optarg; break;
-		case 's': req.seed = strtoull(optarg, NULL, 10); break;
-		case 'l': opt.lr = atof(optarg); req.optimizer = &opt; break;
+		case 's': req.seed = ctl_uint64_arg("seed", optarg); break;
+		case 'l':
+			opt.lr = ctl_double_arg("lr", optarg, -DBL_MAX, DBL_MAX);
+			req.optimizer = &opt;
+			break;
 		case 'b': req.bf16_matmul = true; break;
-		default: usage(stderr); return 2;
 		}
 	}
+	ctl_positionals(argc, argv, 0, 0, NULL);
 	if (!req.preset[0] && !req.hf_config_json[0] && !req.model_path[0])
 		req.preset = "tiny";
-	c = connect_or_die();
+	c = ctl_connect();
 	if (ec_initialize(c, &req, &resp, &st)) {
 		free(config);
-		return fail("Initialize", &st);
+		return ctl_fail("Initialize", &st);
 	}
 	printf("initialized %s: %lld parameters in %lld tensors\n", resp->engine_key,
 	       (long long)resp->num_parameters, (long long)resp->num_tensors);
@@ -219,37 +175,52 @@ static int cmd_init(int argc, char **argv)
 	return 0;
 }
 
+static const struct ctl_opt set_mode_opts[] = {
+	{ "no-auto-offload", no_argument, 'n', NULL,
+	  "keep what the old mode loaded (no auto-offload)" },
+	{ NULL, 0, 0, NULL, NULL },
+};
+
 static int cmd_set_mode(int argc, char **argv)
 {
 	Engined__V1__SetModeRequest req = ENGINED__V1__SET_MODE_REQUEST__INIT;
 	Engined__V1__SetModeResponse *resp = NULL;
 	struct ec_client *c;
 	struct ec_status st;
+	const char *mode;
+	int o;
 
-	if (argc < 2) {
-		usage(stderr);
-		return 2;
+	while ((o = ctl_getopt(argc, argv)) != -1) {
+		switch (o) {
+		case 'n': req.disable_auto_offload = true; break;
+		}
 	}
-	if (!strcmp(argv[1], "idle"))
+	ctl_positionals(argc, argv, 1, 1, "the mode (idle, train or eval)");
+	mode = argv[optind];
+	if (!strcmp(mode, "idle"))
 		req.mode = ENGINED__V1__MODE__MODE_IDLE;
-	else if (!strcmp(argv[1], "train"))
+	else if (!strcmp(mode, "train"))
 		req.mode = ENGINED__V1__MODE__MODE_TRAIN;
-	else if (!strcmp(argv[1], "eval"))
+	else if (!strcmp(mode, "eval"))
 		req.mode = ENGINED__V1__MODE__MODE_EVAL;
-	else {
-		usage(stderr);
-		return 2;
-	}
-	req.disable_auto_offload = argc > 2 && !strcmp(argv[2], "--no-auto-offload");
-	c = connect_or_die();
+	else
+		ctl_usage_error("'%s' is not a mode (idle, train or eval)", mode);
+	c = ctl_connect();
 	if (ec_set_mode(c, &req, &resp, &st))
-		return fail("SetMode", &st);
+		return ctl_fail("SetMode", &st);
 	printf("mode %s\n", mode_name(resp->mode));
 	print_placement("placement", resp->placement);
 	ec_free(resp);
 	ec_close(c);
 	return 0;
 }
+
+static const struct ctl_opt to_device_opts[] = {
+	{ "model", no_argument, 'm', NULL, "move the model's weights" },
+	{ "optimizer", no_argument, 'o', NULL, "move the optimizer's state" },
+	{ "grad", no_argument, 'g', NULL, "move the gradients" },
+	{ NULL, 0, 0, NULL, NULL },
+};
 
 static int cmd_to_device(int argc, char **argv)
 {
@@ -258,34 +229,34 @@ static int cmd_to_device(int argc, char **argv)
 	struct ec_client *c;
 	struct ec_status st;
 	bool any = false;
+	int o;
 
-	if (argc < 2) {
-		usage(stderr);
-		return 2;
-	}
-	req.device = argv[1];
-	for (int i = 2; i < argc; i++) {
-		if (!strcmp(argv[i], "--model"))
-			req.model = any = true;
-		else if (!strcmp(argv[i], "--optimizer"))
-			req.optimizer = any = true;
-		else if (!strcmp(argv[i], "--grad"))
-			req.grad = any = true;
-		else {
-			usage(stderr);
-			return 2;
+	while ((o = ctl_getopt(argc, argv)) != -1) {
+		switch (o) {
+		case 'm': req.model = any = true; break;
+		case 'o': req.optimizer = any = true; break;
+		case 'g': req.grad = any = true; break;
 		}
 	}
+	ctl_positionals(argc, argv, 1, 1, "the device (cpu or cuda)");
+	req.device = argv[optind];
 	if (!any)
 		req.model = req.optimizer = req.grad = true;
-	c = connect_or_die();
+	c = ctl_connect();
 	if (ec_to_device(c, &req, &resp, &st))
-		return fail("ToDevice", &st);
+		return ctl_fail("ToDevice", &st);
 	print_placement("placement", resp->placement);
 	ec_free(resp);
 	ec_close(c);
 	return 0;
 }
+
+static const struct ctl_opt save_opts[] = {
+	{ "step", required_argument, 's', "N", "the global step to record (default 0)" },
+	{ "keep", required_argument, 'k', "K",
+	  "keep the K newest checkpoints (default 0: all)" },
+	{ NULL, 0, 0, NULL, NULL },
+};
 
 static int cmd_save(int argc, char **argv)
 {
@@ -293,25 +264,20 @@ static int cmd_save(int argc, char **argv)
 	Engined__V1__SaveCheckpointResponse *resp = NULL;
 	struct ec_client *c;
 	struct ec_status st;
+	int o;
 
-	if (argc < 2) {
-		usage(stderr);
-		return 2;
-	}
-	req.path = argv[1];
-	for (int i = 2; i + 1 < argc; i += 2) {
-		if (!strcmp(argv[i], "--step"))
-			req.global_step = atoll(argv[i + 1]);
-		else if (!strcmp(argv[i], "--keep"))
-			req.max_to_keep = atoi(argv[i + 1]);
-		else {
-			usage(stderr);
-			return 2;
+	while ((o = ctl_getopt(argc, argv)) != -1) {
+		switch (o) {
+		case 's': req.global_step = ctl_int_arg("step", optarg, INT64_MIN, INT64_MAX); break;
+		case 'k': req.max_to_keep = (int32_t)ctl_int_arg("keep", optarg, INT32_MIN, INT32_MAX);
+			break;
 		}
 	}
-	c = connect_or_die();
+	ctl_positionals(argc, argv, 1, 1, "PATH");
+	req.path = argv[optind];
+	c = ctl_connect();
 	if (ec_save_checkpoint(c, &req, &resp, &st))
-		return fail("SaveCheckpoint", &st);
+		return ctl_fail("SaveCheckpoint", &st);
 	printf("saved %s (%.1f MiB)\n", resp->path, (double)resp->bytes / 1048576.0);
 	ec_free(resp);
 	ec_close(c);
@@ -325,15 +291,14 @@ static int cmd_load(int argc, char **argv)
 	struct ec_client *c;
 	struct ec_status st;
 
-	if (argc < 2) {
-		usage(stderr);
-		return 2;
-	}
-	req.path = argv[1];
-	c = connect_or_die();
+	while (ctl_getopt(argc, argv) != -1)
+		;
+	ctl_positionals(argc, argv, 1, 1, "PATH");
+	req.path = argv[optind];
+	c = ctl_connect();
 	if (ec_load_checkpoint(c, &req, &resp, &st))
-		return fail("LoadCheckpoint", &st);
-	printf("loaded %s at global step %lld\n", argv[1], (long long)resp->global_step);
+		return ctl_fail("LoadCheckpoint", &st);
+	printf("loaded %s at global step %lld\n", req.path, (long long)resp->global_step);
 	ec_free(resp);
 	ec_close(c);
 	return 0;
@@ -349,7 +314,7 @@ static const char *st_dtype(Engined__V1__DType d)
 
 static void progress(int64_t done, int64_t total, double t0, bool final)
 {
-	double el = now_s() - t0, rate = el > 0 ? (double)done / el : 0;
+	double el = ctl_now() - t0, rate = el > 0 ? (double)done / el : 0;
 	double frac = total > 0 ? (double)done / (double)total : 0;
 	char bar[31];
 	int fill = (int)(frac * 30);
@@ -365,19 +330,88 @@ static void progress(int64_t done, int64_t total, double t0, bool final)
 		final ? "\n" : "");
 }
 
+#define MAX_NAMES 4096
+
+static const struct ctl_opt pull_opts[] = {
+	{ "out", required_argument, 'o', "FILE", "the safetensors file to write (required)" },
+	{ "dtype", required_argument, 'd', "TYPE", "f32 (default), bf16 or f16" },
+	{ "names", required_argument, 'n', "A,B,...", "only these tensors (at most 4096 names)" },
+	{ "bucket-bytes", required_argument, 'b', "N",
+	  "data bytes per message (default 0: 4 MiB)" },
+	{ NULL, 0, 0, NULL, NULL },
+};
+
+static void pull_parse(int argc, char **argv, Engined__V1__GetPerTensorParamRequest *req,
+		       const char **out, char **names, char **names_buf)
+{
+	int o;
+
+	req->dtype = ENGINED__V1__DTYPE__FLOAT32;
+	while ((o = ctl_getopt(argc, argv)) != -1) {
+		switch (o) {
+		case 'o': *out = optarg; break;
+		case 'd':
+			if (!strcmp(optarg, "f32"))
+				req->dtype = ENGINED__V1__DTYPE__FLOAT32;
+			else if (!strcmp(optarg, "bf16"))
+				req->dtype = ENGINED__V1__DTYPE__BFLOAT16;
+			else if (!strcmp(optarg, "f16"))
+				req->dtype = ENGINED__V1__DTYPE__FLOAT16;
+			else
+				ctl_usage_error("--dtype: '%s' is not f32, bf16 or f16", optarg);
+			break;
+		case 'n':
+			*names_buf = strdup(optarg);
+			for (char *p = strtok(*names_buf, ","); p && req->n_names < MAX_NAMES;
+			     p = strtok(NULL, ","))
+				names[req->n_names++] = p;
+			req->names = names;
+			break;
+		case 'b':
+			req->bucket_bytes = ctl_int_arg("bucket-bytes", optarg, INT64_MIN, INT64_MAX);
+			break;
+		}
+	}
+	ctl_positionals(argc, argv, 0, 0, NULL);
+	if (!*out)
+		ctl_usage_error("--out FILE is required");
+}
+
+/* Append a copy of t to ts[0..*nt) (capacity *cap); -1 when out of memory. */
+static int keep_tensor(struct stm_tensor **ts, size_t *nt, size_t *cap,
+		       const struct ec_tensor *t)
+{
+	struct stm_tensor *p;
+
+	if (*nt == *cap) {
+		size_t c2 = *cap ? *cap * 2 : 64;
+
+		p = realloc(*ts, c2 * sizeof(**ts));
+		if (!p)
+			return -1;
+		*ts = p;
+		*cap = c2;
+	}
+	p = &(*ts)[*nt];
+	p->name = strdup(t->name);
+	p->dtype = st_dtype(t->dtype);
+	p->ndim = t->ndim;
+	memcpy(p->shape, t->shape, sizeof(t->shape));
+	p->data = malloc(t->nbytes ? t->nbytes : 1);
+	if (!p->name || !p->data)
+		return -1;
+	memcpy(p->data, t->data, t->nbytes);
+	p->nbytes = t->nbytes;
+	(*nt)++;
+	return 0;
+}
+
 static int cmd_pull(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		{ "out", required_argument, NULL, 'o' },
-		{ "dtype", required_argument, NULL, 'd' },
-		{ "names", required_argument, NULL, 'n' },
-		{ "bucket-bytes", required_argument, NULL, 'b' },
-		{ NULL, 0, NULL, 0 },
-	};
 	Engined__V1__GetPerTensorParamRequest req = ENGINED__V1__GET_PER_TENSOR_PARAM_REQUEST__INIT;
 	Engined__V1__GetStatusResponse *s = NULL;
 	const char *out = NULL;
-	char *names_buf = NULL, *names[4096];
+	char *names_buf = NULL, *names[MAX_NAMES];
 	struct stm_tensor *ts = NULL;
 	size_t nt = 0, cap = 0;
 	struct ec_weights *w = NULL;
@@ -387,77 +421,27 @@ static int cmd_pull(int argc, char **argv)
 	bool tty = isatty(2);
 	int64_t total = 0;
 	double t0, last = 0;
-	int o, done = 0, r;
+	int done = 0, r;
 
-	optind = 1;
-	req.dtype = ENGINED__V1__DTYPE__FLOAT32;
-	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		switch (o) {
-		case 'o': out = optarg; break;
-		case 'd':
-			if (!strcmp(optarg, "f32"))
-				req.dtype = ENGINED__V1__DTYPE__FLOAT32;
-			else if (!strcmp(optarg, "bf16"))
-				req.dtype = ENGINED__V1__DTYPE__BFLOAT16;
-			else if (!strcmp(optarg, "f16"))
-				req.dtype = ENGINED__V1__DTYPE__FLOAT16;
-			else {
-				usage(stderr);
-				return 2;
-			}
-			break;
-		case 'n':
-			names_buf = strdup(optarg);
-			for (char *p = strtok(names_buf, ","); p && req.n_names < 4096;
-			     p = strtok(NULL, ","))
-				names[req.n_names++] = p;
-			req.names = names;
-			break;
-		case 'b': req.bucket_bytes = atoll(optarg); break;
-		default: usage(stderr); return 2;
-		}
-	}
-	if (!out) {
-		usage(stderr);
-		return 2;
-	}
-	c = connect_or_die();
+	pull_parse(argc, argv, &req, &out, names, &names_buf);
+	c = ctl_connect();
 	if (!req.n_names && ec_get_status(c, &s, &st) == 0) {
 		total = s->num_parameters * (req.dtype == ENGINED__V1__DTYPE__FLOAT32 ? 4 : 2);
 		ec_free(s);
 	}
-	t0 = now_s();
+	t0 = ctl_now();
 	if (ec_weights_open(c, &req, &w, &st))
-		return fail("GetPerTensorParam", &st);
+		return ctl_fail("GetPerTensorParam", &st);
 	for (;;) {
 		r = ec_weights_next(w, &t, &done, &st);
 		if (r || done)
 			break;
-		if (nt == cap) {
-			struct stm_tensor *n2;
-
-			cap = cap ? cap * 2 : 64;
-			n2 = realloc(ts, cap * sizeof(*ts));
-			if (!n2) {
-				fprintf(stderr, "enginectl: out of memory\n");
-				return 1;
-			}
-			ts = n2;
-		}
-		ts[nt].name = strdup(t.name);
-		ts[nt].dtype = st_dtype(t.dtype);
-		ts[nt].ndim = t.ndim;
-		memcpy(ts[nt].shape, t.shape, sizeof(t.shape));
-		ts[nt].data = malloc(t.nbytes ? t.nbytes : 1);
-		if (!ts[nt].name || !ts[nt].data) {
+		if (keep_tensor(&ts, &nt, &cap, &t)) {
 			fprintf(stderr, "enginectl: out of memory\n");
 			return 1;
 		}
-		memcpy(ts[nt].data, t.data, t.nbytes);
-		ts[nt].nbytes = t.nbytes;
-		nt++;
-		if (tty && now_s() - last > 0.1) {
-			last = now_s();
+		if (tty && ctl_now() - last > 0.1) {
+			last = ctl_now();
 			progress(ec_weights_bytes(w), total, t0, false);
 		}
 	}
@@ -465,11 +449,11 @@ static int cmd_pull(int argc, char **argv)
 		progress(ec_weights_bytes(w), total ? total : ec_weights_bytes(w), t0, true);
 	if (r) {
 		ec_weights_close(w);
-		return fail("GetPerTensorParam", &st);
+		return ctl_fail("GetPerTensorParam", &st);
 	}
 	printf("received %zu tensors, %.1f MiB in %lld messages, %.2f s\n", nt,
 	       (double)ec_weights_bytes(w) / 1048576.0, (long long)ec_weights_messages(w),
-	       now_s() - t0);
+	       ctl_now() - t0);
 	ec_weights_close(w);
 	ec_close(c);
 	r = stm_write(out, ts, nt);
@@ -487,370 +471,123 @@ static int cmd_pull(int argc, char **argv)
 	return 0;
 }
 
-/* --- demo ---------------------------------------------------------------- */
+/* --- the command table, help, main --------------------------------------- */
 
-/* A synthetic next-token task: each sequence counts up by a fixed stride
- * from a random start, modulo 64. `corrupt` replaces the second half with
- * random tokens (a "bad" sample for the PPO part). */
-static void make_batch(int32_t *ids, int32_t *seq_lens, int nseq, int len,
-		       unsigned *seed, const bool *corrupt)
-{
-	for (int s = 0; s < nseq; s++) {
-		int32_t start = (int32_t)(rand_r(seed) % 64);
+static int cmd_help(int argc, char **argv);
 
-		seq_lens[s] = len;
-		for (int t = 0; t < len; t++) {
-			int32_t v = (start + 3 * t) % 64;
-
-			if (corrupt && corrupt[s] && t >= len / 2)
-				v = (int32_t)(rand_r(seed) % 64);
-			ids[s * len + t] = v;
-		}
-	}
-}
-
-static Engined__V1__LossSpec__OptionsEntry opt_entry(const char *k, const char *v)
-{
-	Engined__V1__LossSpec__OptionsEntry e = ENGINED__V1__LOSS_SPEC__OPTIONS_ENTRY__INIT;
-
-	e.key = (char *)k;
-	e.value = (char *)v;
-	return e;
-}
-
-static double metric(const Engined__V1__ForwardBackwardResponse *r, const char *k)
-{
-	for (size_t i = 0; i < r->n_metrics; i++)
-		if (!strcmp(r->metrics[i]->key, k))
-			return r->metrics[i]->value;
-	return NAN;
-}
-
-struct weights_copy {
-	size_t n;
-	char **names;
-	uint8_t **data;
-	size_t *len;
+static const struct ctl_command commands[] = {
+	{ "status", "", "show the daemon's and the engine's state", NULL, cmd_status, NULL },
+	{ "init", "", "initialize the engine (a preset, config.json or model)",
+	  init_opts, cmd_init,
+	  "Without --preset, --config or --model-path: --preset tiny.\n" },
+	{ "set-mode", "idle|train|eval", "switch the engine to a mode", set_mode_opts,
+	  cmd_set_mode, NULL },
+	{ "to-device", "cpu|cuda", "move model, optimizer state or gradients to a device",
+	  to_device_opts, cmd_to_device,
+	  "Without --model, --optimizer or --grad all three move.\n" },
+	{ "save", "PATH", "save a checkpoint", save_opts, cmd_save,
+	  "PATH is relative to the daemon's checkpoint root.\n" },
+	{ "load", "PATH", "load a checkpoint", NULL, cmd_load,
+	  "PATH is relative to the daemon's checkpoint root.\n" },
+	{ "pull-weights", "", "stream the weights into a safetensors file", pull_opts, cmd_pull,
+	  NULL },
+	{ "demo", "", "a short SFT + PPO run that checks weights and checkpoints",
+	  ctl_demo_opts, ctl_demo, NULL },
+	{ "help", "[COMMAND]", "list the commands, or show one's usage and options", NULL,
+	  cmd_help, NULL },
 };
 
-static int pull_all(struct ec_client *c, struct weights_copy *wc, struct ec_status *st)
-{
-	Engined__V1__GetPerTensorParamRequest req = ENGINED__V1__GET_PER_TENSOR_PARAM_REQUEST__INIT;
-	struct ec_weights *w = NULL;
-	struct ec_tensor t;
-	size_t cap = 0;
-	int done = 0, r;
+static const struct ctl_opt global_opts[] = {
+	{ "addr", required_argument, 'a', "ADDR",
+	  "daemon address (default 127.0.0.1:50051; unix:PATH)" },
+	{ "timeout", required_argument, 't', "SEC", "deadline of each call (default: none)" },
+	{ "tls-ca", required_argument, 'C', "PEM", "TLS: check the server's certificate with this CA" },
+	{ "tls-cert", required_argument, 'c', "PEM", "mutual TLS: the client's certificate chain" },
+	{ "tls-key", required_argument, 'k', "PEM", "mutual TLS: its private key" },
+	{ "tls-server-name", required_argument, 'n', "NAME",
+	  "the name to check the server's certificate against" },
+	{ "token-file", required_argument, 'T', "FILE",
+	  "bearer token: its first line (else $ENGINED_TOKEN)" },
+	{ "version", no_argument, 'V', NULL, "print the version" },
+	{ NULL, 0, 0, NULL, NULL },
+};
 
-	memset(wc, 0, sizeof(*wc));
-	req.dtype = ENGINED__V1__DTYPE__FLOAT32;
-	r = ec_weights_open(c, &req, &w, st);
-	if (r)
-		return r;
-	while (!(r = ec_weights_next(w, &t, &done, st)) && !done) {
-		if (wc->n == cap) {
-			cap = cap ? cap * 2 : 64;
-			wc->names = realloc(wc->names, cap * sizeof(char *));
-			wc->data = realloc(wc->data, cap * sizeof(uint8_t *));
-			wc->len = realloc(wc->len, cap * sizeof(size_t));
-			if (!wc->names || !wc->data || !wc->len) {
-				ec_weights_close(w);
-				return EC_RESOURCE_EXHAUSTED;
-			}
-		}
-		wc->names[wc->n] = strdup(t.name);
-		wc->data[wc->n] = malloc(t.nbytes ? t.nbytes : 1);
-		memcpy(wc->data[wc->n], t.data, t.nbytes);
-		wc->len[wc->n] = t.nbytes;
-		wc->n++;
-	}
-	ec_weights_close(w);
-	return r;
+#define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+static const struct ctl_command *find_command(const char *name)
+{
+	for (size_t i = 0; i < NCOMMANDS; i++)
+		if (!strcmp(commands[i].name, name))
+			return &commands[i];
+	return NULL;
 }
 
-static void weights_free(struct weights_copy *wc)
+static void usage(FILE *f)
 {
-	for (size_t i = 0; i < wc->n; i++) {
-		free(wc->names[i]);
-		free(wc->data[i]);
-	}
-	free(wc->names);
-	free(wc->data);
-	free(wc->len);
+	fprintf(f, "usage: enginectl [global options] COMMAND [options]\ncommands:\n");
+	for (size_t i = 0; i < NCOMMANDS; i++)
+		fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].summary);
+	fprintf(f, "global options:\n");
+	ctl_print_opts(f, global_opts);
+	fprintf(f, "'enginectl help COMMAND' or 'enginectl COMMAND --help' shows a command's\n"
+		"usage and options. Exit status: 0 success, 1 an error from the daemon,\n"
+		"2 bad usage.\n");
 }
 
-static double mean_f32(const float *v, int n)
+static int cmd_help(int argc, char **argv)
 {
-	double m = 0;
+	const struct ctl_command *cmd;
 
-	for (int i = 0; i < n; i++)
-		m += v[i];
-	return n ? m / n : 0;
-}
-
-static int cmd_demo(int argc, char **argv)
-{
-	static const struct option opts[] = {
-		{ "preset", required_argument, NULL, 'p' },
-		{ "sft-steps", required_argument, NULL, 's' },
-		{ "ppo-steps", required_argument, NULL, 'P' },
-		{ "checkpoint-root", required_argument, NULL, 'c' },
-		{ NULL, 0, NULL, 0 },
-	};
-	enum { NSEQ = 8, LEN = 32, N = NSEQ * LEN };
-	const char *preset = "tiny", *ckpt_root = "./var/checkpoints";
-	int sft_steps = 40, ppo_steps = 4, o, serving = 0;
-	Engined__V1__InitializeRequest ireq = ENGINED__V1__INITIALIZE_REQUEST__INIT;
-	Engined__V1__OptimizerConfig opt = ENGINED__V1__OPTIMIZER_CONFIG__INIT;
-	Engined__V1__InitializeResponse *iresp = NULL;
-	Engined__V1__ForwardBackwardRequest fb = ENGINED__V1__FORWARD_BACKWARD_REQUEST__INIT;
-	Engined__V1__ForwardBackwardResponse *fr = NULL, *old = NULL;
-	Engined__V1__OptimizerStepResponse *sr = NULL;
-	Engined__V1__LrSchedulerStepResponse *lr = NULL;
-	Engined__V1__SaveCheckpointRequest sreq = ENGINED__V1__SAVE_CHECKPOINT_REQUEST__INIT;
-	Engined__V1__SaveCheckpointResponse *sresp = NULL;
-	Engined__V1__LoadCheckpointRequest lreq = ENGINED__V1__LOAD_CHECKPOINT_REQUEST__INIT;
-	Engined__V1__LoadCheckpointResponse *lresp = NULL;
-	Engined__V1__LossSpec loss = ENGINED__V1__LOSS_SPEC__INIT;
-	Engined__V1__LossSpec__OptionsEntry oe[3], *oep[3];
-	Engined__V1__Tensor t_ids, t_adv, t_old;
-	struct weights_copy w1, w2;
-	struct ec_client *c;
-	struct ec_status st;
-	int32_t ids[N], seq_lens[NSEQ];
-	float adv[N];
-	int64_t n = N;
-	unsigned seed = 1234;
-	bool corrupt[NSEQ];
-	double first = 0, lastl = 0, t0;
-	char ckpt_rel[64], file[4200];
-	int mismatches = 0, checked = 0;
-
-	optind = 1;
-	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		switch (o) {
-		case 'p': preset = optarg; break;
-		case 's': sft_steps = atoi(optarg); break;
-		case 'P': ppo_steps = atoi(optarg); break;
-		case 'c': ckpt_root = optarg; break;
-		default: usage(stderr); return 2;
-		}
+	while (ctl_getopt(argc, argv) != -1)
+		;
+	if (!ctl_positionals(argc, argv, 0, 1, NULL)) {
+		usage(stdout);
+		return 0;
 	}
-	c = connect_or_die();
-	if (ec_health_check(c, "", &serving, &st))
-		return fail("Health", &st);
-	printf("== engined at %s: %s\n", addr, serving == 1 ? "SERVING" : "NOT_SERVING");
-
-	ireq.preset = (char *)preset;
-	ireq.seed = 42;
-	opt.lr = 3e-3;
-	opt.weight_decay = 1e-4;
-	ireq.optimizer = &opt;
-	t0 = now_s();
-	if (ec_initialize(c, &ireq, &iresp, &st))
-		return fail("Initialize", &st);
-	printf("== Initialize preset %s: %s, %lld parameters (%.2f s)\n", preset,
-	       iresp->engine_key, (long long)iresp->num_parameters, now_s() - t0);
-	ec_free(iresp);
-
-	/* SFT on the counting task. */
-	printf("== SFT: %d steps of %d sequences x %d tokens (next token = +3 mod 64)\n",
-	       sft_steps, NSEQ, LEN);
-	loss.name = "sft";
-	fb.loss = &loss;
-	fb.n_seq_lens = NSEQ;
-	fb.seq_lens = seq_lens;
-	for (int step = 1; step <= sft_steps; step++) {
-		make_batch(ids, seq_lens, NSEQ, LEN, &seed, NULL);
-		ec_tensor_1d(&t_ids, ENGINED__V1__DTYPE__INT32, &n, ids, sizeof(ids));
-		fb.input_ids = &t_ids;
-		t0 = now_s();
-		if (ec_forward_backward(c, &fb, &fr, &st))
-			return fail("ForwardBackward", &st);
-		if (ec_optimizer_step(c, &sr, &st))
-			return fail("OptimizerStep", &st);
-		if (ec_lr_scheduler_step(c, &lr, &st))
-			return fail("LrSchedulerStep", &st);
-		if (step == 1)
-			first = fr->loss;
-		lastl = fr->loss;
-		if (step == 1 || step % 5 == 0 || step == sft_steps)
-			printf("  step %3d  loss %7.4f  grad_norm %7.4f  lr %.2e  %5.0f ms\n", step,
-			       fr->loss, sr->grad_norm, sr->lr, (now_s() - t0) * 1e3);
-		ec_free(fr);
-		ec_free(sr);
-		ec_free(lr);
+	cmd = find_command(argv[optind]);
+	if (!cmd) {
+		ctl_cur = NULL;         /* the hint: `enginectl help` */
+		ctl_usage_error("unknown command '%s'", argv[optind]);
 	}
-	printf("  loss %.4f -> %.4f %s\n", first, lastl,
-	       lastl < 0.5 * first ? "(learned)" : "(did not fall by half)");
-
-	/* RL: old log-probs at temperature 0.7, then PPO on made-up advantages:
-	 * +1 for clean sequences, -1 for corrupted ones. */
-	for (int s = 0; s < NSEQ; s++)
-		corrupt[s] = s % 2;
-	make_batch(ids, seq_lens, NSEQ, LEN, &seed, corrupt);
-	for (int s = 0; s < NSEQ; s++)
-		for (int t = 0; t < LEN; t++)
-			adv[s * LEN + t] = corrupt[s] ? -1.0f : 1.0f;
-	ec_tensor_1d(&t_ids, ENGINED__V1__DTYPE__INT32, &n, ids, sizeof(ids));
-	fb.input_ids = &t_ids;
-	fb.forward_only = true;
-	fb.loss = NULL;
-	fb.return_log_probs = true;
-	fb.temperature = 0.7f;
-	if (ec_forward_backward(c, &fb, &old, &st))
-		return fail("ForwardBackward(forward_only)", &st);
-	printf("== forward-only log-probs at temperature 0.7: mean %.4f over %d tokens\n",
-	       mean_f32((const float *)old->log_probs->data.data, N), N);
-	ec_tensor_1d(&t_old, ENGINED__V1__DTYPE__FLOAT32, &n, old->log_probs->data.data,
-		     old->log_probs->data.len);
-	ec_tensor_1d(&t_adv, ENGINED__V1__DTYPE__FLOAT32, &n, adv, sizeof(adv));
-	oe[0] = opt_entry("policy_loss", "vanilla");
-	oe[1] = opt_entry("clip_ratio", "0.2");
-	oe[2] = opt_entry("loss_agg_mode", "token-mean");
-	for (int i = 0; i < 3; i++)
-		oep[i] = &oe[i];
-	loss.name = "ppo";
-	loss.n_options = 3;
-	loss.options = oep;
-	fb.loss = &loss;
-	fb.forward_only = false;
-	fb.return_log_probs = false;
-	fb.old_log_probs = &t_old;
-	fb.advantages = &t_adv;
-	printf("== PPO: %d steps (+1 advantage for clean sequences, -1 for corrupted)\n",
-	       ppo_steps);
-	for (int step = 1; step <= ppo_steps; step++) {
-		if (ec_forward_backward(c, &fb, &fr, &st))
-			return fail("ForwardBackward(ppo)", &st);
-		if (ec_optimizer_step(c, &sr, &st))
-			return fail("OptimizerStep", &st);
-		printf("  step %d  loss %8.4f  pg_clipfrac %.3f  ppo_kl %8.5f  grad_norm %.4f\n",
-		       step, fr->loss, metric(fr, "pg_clipfrac"), metric(fr, "ppo_kl"),
-		       sr->grad_norm);
-		ec_free(fr);
-		ec_free(sr);
-	}
-	ec_free(old);
-
-	/* Weights: stream, save a checkpoint, compare with its model.safetensors. */
-	t0 = now_s();
-	if (pull_all(c, &w1, &st))
-		return fail("GetPerTensorParam", &st);
-	printf("== streamed %zu tensors (FLOAT32) in %.3f s\n", w1.n, now_s() - t0);
-	snprintf(ckpt_rel, sizeof(ckpt_rel), "demo/step_%d", sft_steps + ppo_steps);
-	sreq.path = ckpt_rel;
-	sreq.global_step = sft_steps + ppo_steps;
-	sreq.max_to_keep = 2;
-	if (ec_save_checkpoint(c, &sreq, &sresp, &st))
-		return fail("SaveCheckpoint", &st);
-	printf("== saved checkpoint %s (%.1f MiB)\n", sresp->path, (double)sresp->bytes / 1048576.0);
-	ec_free(sresp);
-	snprintf(file, sizeof(file), "%s/%s/model.safetensors", ckpt_root, ckpt_rel);
-	{
-		struct stm_file *sf = NULL;
-		int r = stm_open(file, &sf);
-
-		if (r < 0) {
-			printf("   (cannot read %s: %s; weight check skipped)\n", file, strerror(-r));
-		} else {
-			for (size_t i = 0; i < w1.n; i++) {
-				char dt[16];
-				uint8_t *data = NULL;
-				size_t len = 0;
-
-				if (stm_read(sf, w1.names[i], dt, sizeof(dt), &data, &len) < 0 ||
-				    strcmp(dt, "F32") || len != w1.len[i] ||
-				    memcmp(data, w1.data[i], len))
-					mismatches++;
-				checked++;
-				free(data);
-			}
-			stm_close(sf);
-			printf("   streamed weights vs %s: %d/%d tensors identical\n", file,
-			       checked - mismatches, checked);
-		}
-	}
-	lreq.path = ckpt_rel;
-	if (ec_load_checkpoint(c, &lreq, &lresp, &st))
-		return fail("LoadCheckpoint", &st);
-	printf("== reloaded %s at global step %lld\n", ckpt_rel, (long long)lresp->global_step);
-	ec_free(lresp);
-	if (pull_all(c, &w2, &st))
-		return fail("GetPerTensorParam", &st);
-	for (size_t i = 0; i < w1.n && i < w2.n; i++)
-		if (w1.len[i] != w2.len[i] || memcmp(w1.data[i], w2.data[i], w1.len[i]))
-			mismatches++;
-	if (w1.n != w2.n)
-		mismatches++;
-	printf("   weights after reload %s\n", mismatches ? "DIFFER" : "are bit-identical");
-	weights_free(&w1);
-	weights_free(&w2);
-	ec_close(c);
-	if (mismatches || !(lastl < first)) {
-		printf("== demo FAILED\n");
-		return 1;
-	}
-	printf("== demo OK\n");
+	ctl_command_help(stdout, cmd);
 	return 0;
+}
+
+static void parse_global(int argc, char **argv)
+{
+	int o;
+
+	while ((o = ctl_getopt_opts(argc, argv, global_opts, true)) != -1) {
+		switch (o) {
+		case 'a': ctl_addr = optarg; break;
+		case 't': ctl_timeout_s = ctl_double_arg("timeout", optarg, 0, 1e9); break;
+		case 'C': ctl_sec.tls_ca_file = optarg; break;
+		case 'c': ctl_sec.tls_cert_file = optarg; break;
+		case 'k': ctl_sec.tls_key_file = optarg; break;
+		case 'n': ctl_sec.tls_server_name = optarg; break;
+		case 'T': ctl_sec.token_file = optarg; break;
+		case 'V':
+			printf("enginectl %s\n", ENGINED_VERSION);
+			exit(0);
+		case 'h':
+			usage(stdout);
+			exit(0);
+		}
+	}
 }
 
 int main(int argc, char **argv)
 {
-	int i = 1;
+	const struct ctl_command *cmd;
 
-	while (i < argc && argv[i][0] == '-') {
-		if (!strcmp(argv[i], "--addr") && i + 1 < argc) {
-			addr = argv[i + 1];
-			i += 2;
-		} else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) {
-			timeout_s = atof(argv[i + 1]);
-			i += 2;
-		} else if (!strcmp(argv[i], "--tls-ca") && i + 1 < argc) {
-			sec.tls_ca_file = argv[i + 1];
-			i += 2;
-		} else if (!strcmp(argv[i], "--tls-cert") && i + 1 < argc) {
-			sec.tls_cert_file = argv[i + 1];
-			i += 2;
-		} else if (!strcmp(argv[i], "--tls-key") && i + 1 < argc) {
-			sec.tls_key_file = argv[i + 1];
-			i += 2;
-		} else if (!strcmp(argv[i], "--tls-server-name") && i + 1 < argc) {
-			sec.tls_server_name = argv[i + 1];
-			i += 2;
-		} else if (!strcmp(argv[i], "--token-file") && i + 1 < argc) {
-			sec.token_file = argv[i + 1];
-			i += 2;
-		} else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-			usage(stdout);
-			return 0;
-		} else {
-			usage(stderr);
-			return 2;
-		}
-	}
-	if (i >= argc) {
+	parse_global(argc, argv);
+	if (optind >= argc) {
 		usage(stderr);
 		return 2;
 	}
-	argc -= i;
-	argv += i;
-	if (!strcmp(argv[0], "status"))
-		return cmd_status(argc, argv);
-	if (!strcmp(argv[0], "init"))
-		return cmd_init(argc, argv);
-	if (!strcmp(argv[0], "set-mode"))
-		return cmd_set_mode(argc, argv);
-	if (!strcmp(argv[0], "to-device"))
-		return cmd_to_device(argc, argv);
-	if (!strcmp(argv[0], "save"))
-		return cmd_save(argc, argv);
-	if (!strcmp(argv[0], "load"))
-		return cmd_load(argc, argv);
-	if (!strcmp(argv[0], "pull-weights"))
-		return cmd_pull(argc, argv);
-	if (!strcmp(argv[0], "demo"))
-		return cmd_demo(argc, argv);
-	fprintf(stderr, "enginectl: unknown command '%s'\n", argv[0]);
-	usage(stderr);
-	return 2;
+	cmd = find_command(argv[optind]);
+	if (!cmd)
+		ctl_usage_error("unknown command '%s'", argv[optind]);
+	ctl_cur = cmd;
+	return cmd->run(argc - optind, argv + optind);
 }

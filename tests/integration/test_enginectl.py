@@ -1,0 +1,211 @@
+"""enginectl's command line: --version, help (the command list and each
+command's usage and options), usage errors (a bad number names its option,
+unknown options and stray arguments: exit 2 with a hint), and the
+commands against a real engined (init, set-mode, save, load, status,
+pull-weights).
+
+Run: ENGINED_BIN=... ENGINECTL_BIN=... ENGINED_PROJECT_VERSION=0.1.0
+/usr/bin/python3 tests/integration/test_enginectl.py [filter]
+"""
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from daemon_fixture import Daemon, run_tests  # noqa: E402
+
+CTL = os.environ.get("ENGINECTL_BIN", "build/client/enginectl")
+
+# Every command and the options it has today (README.md and the tests use them).
+COMMANDS = {
+    "status": [],
+    "init": ["--preset NAME", "--config FILE", "--model-path DIR", "--model-type TYPE",
+             "--device DEV", "--seed N", "--lr X", "--bf16-matmul"],
+    "set-mode": ["--no-auto-offload"],
+    "to-device": ["--model", "--optimizer", "--grad"],
+    "save": ["--step N", "--keep K"],
+    "load": [],
+    "pull-weights": ["--out FILE", "--dtype TYPE", "--names A,B,...", "--bucket-bytes N"],
+    "demo": ["--preset NAME", "--sft-steps N", "--ppo-steps N", "--checkpoint-root DIR"],
+    "help": [],
+}
+GLOBAL = ["--addr ADDR", "--timeout SEC", "--tls-ca PEM", "--tls-cert PEM", "--tls-key PEM",
+          "--tls-server-name NAME", "--token-file FILE", "--version", "-h, --help"]
+
+
+def ctl(*args, env=None):
+    return subprocess.run([CTL] + list(args), capture_output=True, text=True, timeout=120,
+                          env=env)
+
+
+def option_lines(text):
+    """The options a help text lists: '--name ARG' of each '  --name ARG  help' line."""
+    return [re.split(r"\s{2,}", line.strip())[0] for line in text.splitlines()
+            if line.startswith("  -")]
+
+
+def test_version():
+    want = os.environ["ENGINED_PROJECT_VERSION"]
+    p = ctl("--version")
+    assert p.returncode == 0 and p.stderr == "", (p.returncode, p.stderr)
+    assert p.stdout == "enginectl %s\n" % want, (p.stdout, want)
+
+
+def test_help_lists_commands():
+    p = ctl("help")
+    assert p.returncode == 0 and p.stderr == "", (p.returncode, p.stderr)
+    lines = p.stdout.splitlines()
+    assert lines[0] == "usage: enginectl [global options] COMMAND [options]", lines[0]
+    start, end = lines.index("commands:"), lines.index("global options:")
+    listed = [line.split()[0] for line in lines[start + 1:end]]
+    assert listed == list(COMMANDS), listed
+    for line in lines[start + 1:end]:       # one line each, with a summary
+        assert len(line.split(None, 1)) == 2, line
+    assert option_lines("\n".join(lines[end:])) == GLOBAL, option_lines("\n".join(lines[end:]))
+    for alias in (["--help"], ["-h"]):
+        q = ctl(*alias)
+        assert q.returncode == 0 and q.stdout == p.stdout, alias
+    # No command: the same list, on stderr, exit 2.
+    q = ctl()
+    assert q.returncode == 2 and q.stdout == "" and q.stderr == p.stdout, q
+
+
+def test_help_each_command():
+    for name, opts in COMMANDS.items():
+        p = ctl("help", name)
+        assert p.returncode == 0 and p.stderr == "", (name, p.returncode, p.stderr)
+        assert p.stdout.startswith("usage: enginectl [global options] %s" % name), p.stdout
+        assert option_lines(p.stdout) == opts + ["-h, --help"], (name, option_lines(p.stdout))
+        for flag in ("--help", "-h"):
+            q = ctl(name, flag)
+            assert q.returncode == 0 and q.stdout == p.stdout, (name, flag, q.stdout)
+    p = ctl("help", "frobnicate")
+    assert p.returncode == 2 and "unknown command 'frobnicate'" in p.stderr, p.stderr
+    assert "Try 'enginectl help'" in p.stderr, p.stderr
+
+
+def usage_error(args, message, cmd):
+    """args exit 2 before any connection with message and the hint on stderr."""
+    p = ctl("--addr", "127.0.0.1:1", *args)
+    assert p.returncode == 2, (args, p.returncode, p.stderr)
+    assert p.stdout == "", (args, p.stdout)
+    first, hint = p.stderr.splitlines()
+    assert first == message, (args, first, message)
+    want = "Try 'enginectl help %s' for its usage." % cmd if cmd else \
+        "Try 'enginectl help' for the commands and global options."
+    assert hint == want, (args, hint)
+
+
+def test_bad_numbers():
+    usage_error(["init", "--seed", "x"], "enginectl: init: --seed: 'x' is not an integer", "init")
+    usage_error(["init", "--seed", "12abc"],
+                "enginectl: init: --seed: '12abc' is not an integer", "init")
+    usage_error(["init", "--seed", "-1"],
+                "enginectl: init: --seed: '-1' is out of range (0 to 18446744073709551615)",
+                "init")
+    usage_error(["init", "--lr", "0.1x"], "enginectl: init: --lr: '0.1x' is not a number", "init")
+    usage_error(["init", "--lr", "nan"],
+                "enginectl: init: --lr: 'nan' is not a finite number", "init")
+    usage_error(["save", "p", "--keep", "1e3"],
+                "enginectl: save: --keep: '1e3' is not an integer", "save")
+    usage_error(["save", "p", "--keep", "2147483648"],
+                "enginectl: save: --keep: '2147483648' is out of range "
+                "(-2147483648 to 2147483647)", "save")
+    usage_error(["save", "p", "--step", "99999999999999999999"],
+                "enginectl: save: --step: '99999999999999999999' is out of range "
+                "(-9223372036854775808 to 9223372036854775807)", "save")
+    usage_error(["pull-weights", "--out", "w", "--bucket-bytes", ""],
+                "enginectl: pull-weights: --bucket-bytes: '' is not an integer", "pull-weights")
+    usage_error(["demo", "--sft-steps", "-1"],
+                "enginectl: demo: --sft-steps: '-1' is out of range (0 to 1000000)", "demo")
+    usage_error(["demo", "--ppo-steps", "four"],
+                "enginectl: demo: --ppo-steps: 'four' is not an integer", "demo")
+    usage_error(["--timeout", "soon", "status"],
+                "enginectl: --timeout: 'soon' is not a number", None)
+
+
+def test_bad_usage():
+    usage_error(["init", "--frobnicate"], "enginectl: init: unknown option '--frobnicate'", "init")
+    usage_error(["init", "--model", "x"],
+                "enginectl: init: ambiguous option '--model' (--model-path, --model-type)",
+                "init")
+    usage_error(["init", "--seed"], "enginectl: init: --seed needs an argument (N)", "init")
+    usage_error(["init", "--bf16-matmul=yes"],
+                "enginectl: init: --bf16-matmul takes no argument", "init")
+    usage_error(["status", "now"], "enginectl: status: unexpected argument 'now'", "status")
+    usage_error(["load", "-x", "p"], "enginectl: load: unknown option '-x'", "load")
+    usage_error(["load"], "enginectl: load: missing PATH", "load")
+    usage_error(["save", "a", "b"], "enginectl: save: unexpected argument 'b'", "save")
+    usage_error(["set-mode", "fast"],
+                "enginectl: set-mode: 'fast' is not a mode (idle, train or eval)", "set-mode")
+    usage_error(["to-device", "cpu", "--weights"],
+                "enginectl: to-device: unknown option '--weights'", "to-device")
+    usage_error(["pull-weights", "--dtype", "bf16"],
+                "enginectl: pull-weights: --out FILE is required", "pull-weights")
+    usage_error(["pull-weights", "--out", "w", "--dtype", "f64"],
+                "enginectl: pull-weights: --dtype: 'f64' is not f32, bf16 or f16",
+                "pull-weights")
+    usage_error(["--frobnicate", "status"], "enginectl: unknown option '--frobnicate'", None)
+    usage_error(["frobnicate"], "enginectl: unknown command 'frobnicate'", None)
+
+
+def safetensors_names(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    return sorted(k for k in header if k != "__metadata__")
+
+
+def test_commands_against_daemon():
+    d = Daemon()
+    out = os.path.join(tempfile.mkdtemp(prefix="enginectl-it-"), "w.safetensors")
+    base = ["--addr", d.addr, "--timeout", "60"]
+    try:
+        p = ctl(*base, "status")
+        assert p.returncode == 0 and "engine      not initialized" in p.stdout, p
+        p = ctl(*base, "init", "--preset", "tiny", "--seed", "7", "--lr", "1e-4")
+        assert p.returncode == 0, p.stderr
+        m = re.fullmatch(r"initialized language_model/native/cpu: (\d+) parameters "
+                         r"in (\d+) tensors\n", p.stdout)
+        assert m, p.stdout
+        nparams, ntensors = int(m.group(1)), int(m.group(2))
+        p = ctl(*base, "set-mode", "train")
+        assert p.returncode == 0 and p.stdout.startswith("mode train\n"), p
+        p = ctl(*base, "save", "run/s1", "--step", "5", "--keep", "2")
+        assert p.returncode == 0 and p.stdout.startswith("saved run/s1 ("), p
+        assert os.path.isfile(os.path.join(d.ckpt_root, "run/s1/model.safetensors"))
+        p = ctl(*base, "load", "run/s1")
+        assert p.returncode == 0 and p.stdout == "loaded run/s1 at global step 5\n", p
+        p = ctl(*base, "status")
+        assert p.returncode == 0, p.stderr
+        assert "engine      language_model/native/cpu, %d parameters\n" % nparams in p.stdout
+        assert "lr 0.0001\n" in p.stdout, p.stdout
+        p = ctl(*base, "pull-weights", "--out", out, "--dtype", "bf16")
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.startswith("received %d tensors, " % ntensors), p.stdout
+        assert p.stdout.endswith("wrote %s\n" % out), p.stdout
+        assert len(safetensors_names(out)) == ntensors
+        # The daemon's own error: exit 1, CODE: message.
+        p = ctl(*base, "load", "missing")
+        assert p.returncode == 1 and "enginectl: LoadCheckpoint: NOT_FOUND: " in p.stderr, p
+    finally:
+        assert d.stop() == 0
+
+
+TESTS = [
+    test_version, test_help_lists_commands, test_help_each_command, test_bad_numbers,
+    test_bad_usage, test_commands_against_daemon,
+]
+
+
+def main():
+    flt = sys.argv[1] if len(sys.argv) > 1 else ""
+    return run_tests([t for t in TESTS if flt in t.__name__])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
