@@ -5,18 +5,16 @@ commands against a real engined (init, set-mode, save, load, status,
 pull-weights).
 
 Run: ENGINED_BIN=... ENGINECTL_BIN=... ENGINED_PROJECT_VERSION=0.1.0
-/usr/bin/python3 tests/integration/test_enginectl.py [filter]
+/usr/bin/python3 -m pytest tests/integration/test_enginectl.py [-k name]
 """
 import json
 import os
 import re
 import struct
 import subprocess
-import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_fixture import Daemon, run_tests  # noqa: E402
+from daemon_fixture import Daemon
 
 CTL = os.environ.get("ENGINECTL_BIN", "build/client/enginectl")
 
@@ -194,18 +192,3 @@ def test_commands_against_daemon():
         assert p.returncode == 1 and "enginectl: LoadCheckpoint: NOT_FOUND: " in p.stderr, p
     finally:
         assert d.stop() == 0
-
-
-TESTS = [
-    test_version, test_help_lists_commands, test_help_each_command, test_bad_numbers,
-    test_bad_usage, test_commands_against_daemon,
-]
-
-
-def main():
-    flt = sys.argv[1] if len(sys.argv) > 1 else ""
-    return run_tests([t for t in TESTS if flt in t.__name__])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
