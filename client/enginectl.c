@@ -28,7 +28,8 @@
 #include <unistd.h>
 
 #include "engined_client.h"
-#include "st_mini.h"
+#include "io/fileio.h"
+#include "io/safetensors.h"
 
 static const char *addr = "127.0.0.1:50051";
 static double timeout_s = 0;
@@ -341,10 +342,39 @@ static int cmd_load(int argc, char **argv)
 
 /* --- pull-weights -------------------------------------------------------- */
 
-static const char *st_dtype(Engined__V1__DType d)
+/* One tensor as received (owned copies: the stream's buffers do not last). */
+struct pulled_tensor {
+	char *name;
+	enum st_dtype dtype;
+	int ndim;
+	int64_t shape[8];
+	uint8_t *data;
+	size_t nbytes;
+};
+
+static enum st_dtype pulled_dtype(Engined__V1__DType d)
 {
-	return d == ENGINED__V1__DTYPE__BFLOAT16 ? "BF16" :
-	       d == ENGINED__V1__DTYPE__FLOAT16 ? "F16" : "F32";
+	return d == ENGINED__V1__DTYPE__BFLOAT16 ? ST_BF16 :
+	       d == ENGINED__V1__DTYPE__FLOAT16 ? ST_F16 : ST_F32;
+}
+
+/* Write the tensors with engines/io's safetensors writer, their bytes as
+ * received (no conversion). 0 or -errno, with err saying what failed; no
+ * file is left behind on failure. */
+static int write_safetensors(const char *path, const struct pulled_tensor *t, size_t n,
+			     struct eng_error *err)
+{
+	struct st_writer *w = NULL;
+	int r = st_writer_new(path, &w, err);
+
+	for (size_t i = 0; !r && i < n; i++)
+		r = st_writer_add_raw(w, t[i].name, t[i].dtype, t[i].ndim, t[i].shape,
+				      t[i].data, t[i].nbytes, err);
+	if (r) {
+		st_writer_abort(w);
+		return r;
+	}
+	return st_writer_finish(w, NULL, NULL, err);
 }
 
 static void progress(int64_t done, int64_t total, double t0, bool final)
@@ -378,12 +408,13 @@ static int cmd_pull(int argc, char **argv)
 	Engined__V1__GetStatusResponse *s = NULL;
 	const char *out = NULL;
 	char *names_buf = NULL, *names[4096];
-	struct stm_tensor *ts = NULL;
+	struct pulled_tensor *ts = NULL;
 	size_t nt = 0, cap = 0;
 	struct ec_weights *w = NULL;
 	struct ec_client *c;
 	struct ec_status st;
 	struct ec_tensor t;
+	struct eng_error werr = { 0 };
 	bool tty = isatty(2);
 	int64_t total = 0;
 	double t0, last = 0;
@@ -434,7 +465,7 @@ static int cmd_pull(int argc, char **argv)
 		if (r || done)
 			break;
 		if (nt == cap) {
-			struct stm_tensor *n2;
+			struct pulled_tensor *n2;
 
 			cap = cap ? cap * 2 : 64;
 			n2 = realloc(ts, cap * sizeof(*ts));
@@ -445,7 +476,7 @@ static int cmd_pull(int argc, char **argv)
 			ts = n2;
 		}
 		ts[nt].name = strdup(t.name);
-		ts[nt].dtype = st_dtype(t.dtype);
+		ts[nt].dtype = pulled_dtype(t.dtype);
 		ts[nt].ndim = t.ndim;
 		memcpy(ts[nt].shape, t.shape, sizeof(t.shape));
 		ts[nt].data = malloc(t.nbytes ? t.nbytes : 1);
@@ -472,9 +503,9 @@ static int cmd_pull(int argc, char **argv)
 	       now_s() - t0);
 	ec_weights_close(w);
 	ec_close(c);
-	r = stm_write(out, ts, nt);
+	r = write_safetensors(out, ts, nt, &werr);
 	if (r < 0) {
-		fprintf(stderr, "enginectl: cannot write %s: %s\n", out, strerror(-r));
+		fprintf(stderr, "enginectl: %s\n", werr.msg);   /* names the file */
 		return 1;
 	}
 	printf("wrote %s\n", out);
@@ -747,25 +778,26 @@ static int cmd_demo(int argc, char **argv)
 	ec_free(sresp);
 	snprintf(file, sizeof(file), "%s/%s/model.safetensors", ckpt_root, ckpt_rel);
 	{
-		struct stm_file *sf = NULL;
-		int r = stm_open(file, &sf);
+		struct st_reader *sf = NULL;
+		int r = st_reader_open(file, &sf, NULL);
 
 		if (r < 0) {
 			printf("   (cannot read %s: %s; weight check skipped)\n", file, strerror(-r));
 		} else {
 			for (size_t i = 0; i < w1.n; i++) {
-				char dt[16];
-				uint8_t *data = NULL;
-				size_t len = 0;
+				const struct st_tensor_info *ti = st_reader_find(sf, w1.names[i]);
+				float *data = malloc(w1.len[i] ? w1.len[i] : 1);
 
-				if (stm_read(sf, w1.names[i], dt, sizeof(dt), &data, &len) < 0 ||
-				    strcmp(dt, "F32") || len != w1.len[i] ||
-				    memcmp(data, w1.data[i], len))
+				/* An F32 tensor is read as its bytes (no conversion). */
+				if (!ti || ti->dtype != ST_F32 || ti->nbytes != w1.len[i] || !data ||
+				    st_reader_read_f32(sf, w1.names[i], data,
+						       (int64_t)(w1.len[i] / 4), NULL) < 0 ||
+				    memcmp(data, w1.data[i], w1.len[i]))
 					mismatches++;
 				checked++;
 				free(data);
 			}
-			stm_close(sf);
+			st_reader_close(sf);
 			printf("   streamed weights vs %s: %d/%d tensors identical\n", file,
 			       checked - mismatches, checked);
 		}
