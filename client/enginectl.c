@@ -142,23 +142,15 @@ static int cmd_status(int argc, char **argv)
 
 static char *read_file(const char *path)
 {
-	FILE *f = fopen(path, "rb");
-	char *buf;
-	long n;
+	/* An HF config.json: under 64 MiB, as the engine's own reader takes.
+	 * NULL with errno set on failure (EFBIG when larger). */
+	char *buf = NULL;
+	int r = io_read_file(path, (64u << 20) - 1, &buf, NULL);
 
-	if (!f)
+	if (r < 0) {
+		errno = -r;
 		return NULL;
-	fseek(f, 0, SEEK_END);
-	n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	buf = malloc((size_t)n + 1);
-	if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-		free(buf);
-		buf = NULL;
 	}
-	if (buf)
-		buf[n] = '\0';
-	fclose(f);
 	return buf;
 }
 
