@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 
 #include "grpc/health/v1/health.pb-c.h"
+#include "io/fileio.h"
 #include "param_bucket.h"
 #include "service_method.h"
 #include "transport.h"
@@ -60,32 +61,12 @@ int ec_connect(const char *target, struct ec_client **ret, struct ec_status *st)
 	return set_st(st, 0, "");
 }
 
+/* A PEM or token file (at most 16 MiB), or NULL. */
 static char *slurp(const char *path)
 {
-	FILE *f = fopen(path, "r");
 	char *buf = NULL;
-	size_t len = 0, cap = 0, n;
 
-	if (!f)
-		return NULL;
-	do {
-		if (cap - len < 4096) {
-			char *nb = realloc(buf, cap + 65536);
-
-			if (!nb) {
-				free(buf);
-				fclose(f);
-				return NULL;
-			}
-			buf = nb;
-			cap += 65536;
-		}
-		n = fread(buf + len, 1, cap - len - 1, f);
-		len += n;
-	} while (n > 0 && len < (16u << 20));
-	fclose(f);
-	buf[len] = '\0';
-	return buf;
+	return io_read_file(path, 16u << 20, &buf, NULL) < 0 ? NULL : buf;
 }
 
 int ec_connect_opts(const char *target, const struct ec_options *o,

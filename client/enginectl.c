@@ -24,7 +24,8 @@
 #include "enginectl.h"
 #include "enginectl_demo.h"
 #include "engined_client.h"
-#include "st_mini.h"
+#include "io/fileio.h"
+#include "io/safetensors.h"
 
 #ifndef ENGINED_VERSION
 #define ENGINED_VERSION "unknown"
@@ -91,23 +92,15 @@ static int cmd_status(int argc, char **argv)
 
 static char *read_file(const char *path)
 {
-	FILE *f = fopen(path, "rb");
-	char *buf;
-	long n;
+	/* An HF config.json: under 64 MiB, as the engine's own reader takes.
+	 * NULL with errno set on failure (EFBIG when larger). */
+	char *buf = NULL;
+	int r = io_read_file(path, (64u << 20) - 1, &buf, NULL);
 
-	if (!f)
+	if (r < 0) {
+		errno = -r;
 		return NULL;
-	fseek(f, 0, SEEK_END);
-	n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	buf = malloc((size_t)n + 1);
-	if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-		free(buf);
-		buf = NULL;
 	}
-	if (buf)
-		buf[n] = '\0';
-	fclose(f);
 	return buf;
 }
 
@@ -306,10 +299,39 @@ static int cmd_load(int argc, char **argv)
 
 /* --- pull-weights -------------------------------------------------------- */
 
-static const char *st_dtype(Engined__V1__DType d)
+/* One tensor as received (owned copies: the stream's buffers do not last). */
+struct pulled_tensor {
+	char *name;
+	enum st_dtype dtype;
+	int ndim;
+	int64_t shape[8];
+	uint8_t *data;
+	size_t nbytes;
+};
+
+static enum st_dtype pulled_dtype(Engined__V1__DType d)
 {
-	return d == ENGINED__V1__DTYPE__BFLOAT16 ? "BF16" :
-	       d == ENGINED__V1__DTYPE__FLOAT16 ? "F16" : "F32";
+	return d == ENGINED__V1__DTYPE__BFLOAT16 ? ST_BF16 :
+	       d == ENGINED__V1__DTYPE__FLOAT16 ? ST_F16 : ST_F32;
+}
+
+/* Write the tensors with engines/io's safetensors writer, their bytes as
+ * received (no conversion). 0 or -errno, with err saying what failed; no
+ * file is left behind on failure. */
+static int write_safetensors(const char *path, const struct pulled_tensor *t, size_t n,
+			     struct eng_error *err)
+{
+	struct st_writer *w = NULL;
+	int r = st_writer_new(path, &w, err);
+
+	for (size_t i = 0; !r && i < n; i++)
+		r = st_writer_add_raw(w, t[i].name, t[i].dtype, t[i].ndim, t[i].shape,
+				      t[i].data, t[i].nbytes, err);
+	if (r) {
+		st_writer_abort(w);
+		return r;
+	}
+	return st_writer_finish(w, NULL, NULL, err);
 }
 
 static void progress(int64_t done, int64_t total, double t0, bool final)
@@ -378,10 +400,10 @@ static void pull_parse(int argc, char **argv, Engined__V1__GetPerTensorParamRequ
 }
 
 /* Append a copy of t to ts[0..*nt) (capacity *cap); -1 when out of memory. */
-static int keep_tensor(struct stm_tensor **ts, size_t *nt, size_t *cap,
+static int keep_tensor(struct pulled_tensor **ts, size_t *nt, size_t *cap,
 		       const struct ec_tensor *t)
 {
-	struct stm_tensor *p;
+	struct pulled_tensor *p;
 
 	if (*nt == *cap) {
 		size_t c2 = *cap ? *cap * 2 : 64;
@@ -394,7 +416,7 @@ static int keep_tensor(struct stm_tensor **ts, size_t *nt, size_t *cap,
 	}
 	p = &(*ts)[*nt];
 	p->name = strdup(t->name);
-	p->dtype = st_dtype(t->dtype);
+	p->dtype = pulled_dtype(t->dtype);
 	p->ndim = t->ndim;
 	memcpy(p->shape, t->shape, sizeof(t->shape));
 	p->data = malloc(t->nbytes ? t->nbytes : 1);
@@ -412,12 +434,13 @@ static int cmd_pull(int argc, char **argv)
 	Engined__V1__GetStatusResponse *s = NULL;
 	const char *out = NULL;
 	char *names_buf = NULL, *names[MAX_NAMES];
-	struct stm_tensor *ts = NULL;
+	struct pulled_tensor *ts = NULL;
 	size_t nt = 0, cap = 0;
 	struct ec_weights *w = NULL;
 	struct ec_client *c;
 	struct ec_status st;
 	struct ec_tensor t;
+	struct eng_error werr = { 0 };
 	bool tty = isatty(2);
 	int64_t total = 0;
 	double t0, last = 0;
@@ -456,9 +479,9 @@ static int cmd_pull(int argc, char **argv)
 	       ctl_now() - t0);
 	ec_weights_close(w);
 	ec_close(c);
-	r = stm_write(out, ts, nt);
+	r = write_safetensors(out, ts, nt, &werr);
 	if (r < 0) {
-		fprintf(stderr, "enginectl: cannot write %s: %s\n", out, strerror(-r));
+		fprintf(stderr, "enginectl: %s\n", werr.msg);   /* names the file */
 		return 1;
 	}
 	printf("wrote %s\n", out);

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "st_mini.h"
+#include "io/safetensors.h"
 
 enum { NSEQ = 8, LEN = 32, N = NSEQ * LEN };
 
@@ -330,29 +330,30 @@ static int demo_rl(struct demo *d)
  * model.safetensors, read from the checkpoint root directly. */
 static void demo_check_file(struct demo *d)
 {
-	struct stm_file *sf = NULL;
+	struct st_reader *sf = NULL;
 	char file[4200];
 	int checked = 0, mismatches = 0, r;
 
 	snprintf(file, sizeof(file), "%s/%s/model.safetensors", d->ckpt_root, d->ckpt_rel);
-	r = stm_open(file, &sf);
+	r = st_reader_open(file, &sf, NULL);
 	if (r < 0) {
 		printf("   (cannot read %s: %s; weight check skipped)\n", file, strerror(-r));
 		return;
 	}
 	for (size_t i = 0; i < d->w1.n; i++) {
-		char dt[16];
-		uint8_t *data = NULL;
-		size_t len = 0;
+		const struct st_tensor_info *ti = st_reader_find(sf, d->w1.names[i]);
+		float *data = malloc(d->w1.len[i] ? d->w1.len[i] : 1);
 
-		if (stm_read(sf, d->w1.names[i], dt, sizeof(dt), &data, &len) < 0 ||
-		    strcmp(dt, "F32") || len != d->w1.len[i] ||
-		    memcmp(data, d->w1.data[i], len))
+		/* An F32 tensor is read as its bytes (no conversion). */
+		if (!ti || ti->dtype != ST_F32 || ti->nbytes != d->w1.len[i] || !data ||
+		    st_reader_read_f32(sf, d->w1.names[i], data, (int64_t)(d->w1.len[i] / 4),
+				       NULL) < 0 ||
+		    memcmp(data, d->w1.data[i], d->w1.len[i]))
 			mismatches++;
 		checked++;
 		free(data);
 	}
-	stm_close(sf);
+	st_reader_close(sf);
 	printf("   streamed weights vs %s: %d/%d tensors identical\n", file,
 	       checked - mismatches, checked);
 	d->mismatches += mismatches;

@@ -1,5 +1,6 @@
 /* tls.c — read and check PEM files with OpenSSL (see tls.h). */
 #include "tls.h"
+#include "io/fileio.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -16,26 +17,20 @@
 
 static int read_file(const char *key, const char *path, char **ret, struct eng_error *err)
 {
-	FILE *f = fopen(path, "r");
 	struct stat st;
-	char *buf;
-	size_t n;
+	int r;
 
-	if (!f)
-		return eng_fail(err, -errno, "%s: cannot open %s: %s", key, path, strerror(errno));
-	if (fstat(fileno(f), &st) < 0 || !S_ISREG(st.st_mode) || st.st_size > PEM_MAX) {
-		fclose(f);
+	/* Regular files only (a FIFO or device is refused before it is
+	 * opened); io_read_file's cap bounds the rest. */
+	if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
 		return eng_fail(err, -EINVAL, "%s: %s is not a regular file under 1 MiB", key, path);
-	}
-	buf = malloc((size_t)st.st_size + 1);
-	if (!buf) {
-		fclose(f);
+	r = io_read_file(path, PEM_MAX, ret, NULL);
+	if (r == -EFBIG || r == -EISDIR)
+		return eng_fail(err, -EINVAL, "%s: %s is not a regular file under 1 MiB", key, path);
+	if (r == -ENOMEM)
 		return -ENOMEM;
-	}
-	n = fread(buf, 1, (size_t)st.st_size, f);
-	fclose(f);
-	buf[n] = '\0';
-	*ret = buf;
+	if (r < 0)
+		return eng_fail(err, r, "%s: cannot open %s: %s", key, path, strerror(-r));
 	return 0;
 }
 

@@ -14,8 +14,9 @@
  * "__metadata__" first (its keys sorted), the header padded with spaces to a
  * multiple of 8 bytes, data contiguous. Data goes out in large writes; bf16
  * and f16 are converted through one bounded buffer, never a copy of the
- * whole model. The XXH64 of the file is computed over the bytes as they are
- * written.
+ * whole model; data added with st_writer_add_raw (already in the stored
+ * dtype) is written as it is. The XXH64 of the file is computed over the
+ * bytes as they are written.
  */
 #include "safetensors.h"
 #include "fileio.h"
@@ -737,7 +738,8 @@ struct st_wentry {
 	int ndim;
 	int64_t shape[ST_MAX_DIMS];
 	uint64_t numel;
-	const float *data;    /* borrowed */
+	const void *data;     /* borrowed: fp32, or the stored dtype when raw */
+	bool raw;             /* data already in the stored dtype (st_writer_add_raw) */
 };
 
 struct st_writer {
@@ -880,9 +882,9 @@ static int out_write16(struct st_out *o, const struct st_wentry *e)
 		 * every tensor a multiple of 2 bytes. */
 		d = (uint16_t *)(void *)(o->buf + o->len);
 		if (e->dtype == ST_BF16)
-			f32_to_bf16_n(e->data + i, d, n);
+			f32_to_bf16_n((const float *)e->data + i, d, n);
 		else
-			f32_to_f16_n(e->data + i, d, n);
+			f32_to_f16_n((const float *)e->data + i, d, n);
 		o->len += 2 * n;
 		i += n;
 	}
@@ -926,9 +928,11 @@ static bool valid_utf8(const char *s)
 	return true;
 }
 
-int st_writer_add(struct st_writer *w, const char *name, enum st_dtype stored,
-		  int ndim, const int64_t *shape, const float *data_f32,
-		  struct eng_error *err)
+/* st_writer_add and st_writer_add_raw: raw_bytes is the size of raw data
+ * (checked against dtype x shape), or UINT64_MAX for fp32 data. */
+static int writer_add(struct st_writer *w, const char *name, enum st_dtype stored,
+		      int ndim, const int64_t *shape, const void *data,
+		      uint64_t raw_bytes, struct eng_error *err)
 {
 	struct st_wentry *e;
 	uint64_t numel = 1;
@@ -952,8 +956,13 @@ int st_writer_add(struct st_writer *w, const char *name, enum st_dtype stored,
 					w->path, name);
 		numel *= (uint64_t)shape[i];
 	}
-	if (numel && !data_f32)
+	if (numel && !data)
 		return eng_fail(err, -EINVAL, "%s: tensor '%s': no data", w->path, name);
+	if (raw_bytes != UINT64_MAX && raw_bytes != numel * st_dtype_size(stored))
+		return eng_fail(err, -EINVAL, "%s: tensor '%s': %llu bytes of data, %s x shape "
+				"is %llu", w->path, name, (unsigned long long)raw_bytes,
+				st_dtype_name(stored),
+				(unsigned long long)(numel * st_dtype_size(stored)));
 	for (i = 0; i < w->n; i++)
 		if (!strcmp(w->e[i].name, name))
 			return eng_fail(err, -EINVAL, "%s: tensor '%s' added twice", w->path, name);
@@ -969,9 +978,27 @@ int st_writer_add(struct st_writer *w, const char *name, enum st_dtype stored,
 	if (ndim)
 		memcpy(e->shape, shape, (size_t)ndim * sizeof(*shape));
 	e->numel = numel;
-	e->data = data_f32;
+	e->data = data;
+	e->raw = raw_bytes != UINT64_MAX;
 	w->n++;
 	return 0;
+}
+
+int st_writer_add(struct st_writer *w, const char *name, enum st_dtype stored,
+		  int ndim, const int64_t *shape, const float *data_f32,
+		  struct eng_error *err)
+{
+	return writer_add(w, name, stored, ndim, shape, data_f32, UINT64_MAX, err);
+}
+
+int st_writer_add_raw(struct st_writer *w, const char *name, enum st_dtype stored,
+		      int ndim, const int64_t *shape, const void *data, uint64_t nbytes,
+		      struct eng_error *err)
+{
+	if (nbytes == UINT64_MAX)
+		return eng_fail(err, -EINVAL, "%s: tensor '%s': bad size", w->path,
+				name ? name : "(null)");
+	return writer_add(w, name, stored, ndim, shape, data, nbytes, err);
 }
 
 int st_writer_meta(struct st_writer *w, const char *key, const char *value,
@@ -1110,8 +1137,8 @@ int st_writer_finish(struct st_writer *w, uint64_t *ret_bytes,
 	for (i = 0; !rc && i < w->n; i++) {
 		const struct st_wentry *e = &w->e[i];
 
-		if (e->dtype == ST_F32)
-			rc = out_write(&o, e->data, e->numel * 4);
+		if (e->dtype == ST_F32 || e->raw)
+			rc = out_write(&o, e->data, e->numel * st_dtype_size(e->dtype));
 		else
 			rc = out_write16(&o, e);
 	}

@@ -71,6 +71,12 @@ int st_writer_new(const char *path, struct st_writer **ret, struct eng_error *er
 int st_writer_add(struct st_writer *w, const char *name, enum st_dtype stored,
 		  int ndim, const int64_t *shape, const float *data_f32,
 		  struct eng_error *err);
+/* The same for data already in the stored dtype (little-endian bits, e.g.
+ * bf16 as received from the daemon), written as it is: nbytes must be
+ * st_dtype_size(stored) x the element count. */
+int st_writer_add_raw(struct st_writer *w, const char *name, enum st_dtype stored,
+		      int ndim, const int64_t *shape, const void *data, uint64_t nbytes,
+		      struct eng_error *err);
 int st_writer_meta(struct st_writer *w, const char *key, const char *value,
 		   struct eng_error *err);
 int st_writer_finish(struct st_writer *w, uint64_t *ret_bytes,

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "../batch/planner.h"
+#include "../io/fileio.h"
 #include "../io/safetensors.h"
 #include "../optim/schedule.h"
 
@@ -108,29 +109,19 @@ static void native_destroy(struct engine *e)
 
 /* --- initialization ---------------------------------------------------- */
 
+/* A config.json: under 64 MiB. */
 static char *read_text_file(const char *path, struct eng_error *err, int *rc)
 {
-	FILE *f = fopen(path, "rb");
 	char *buf = NULL;
-	long len;
+	int r = io_read_file(path, (64u << 20) - 1, &buf, NULL);
 
 	*rc = 0;
-	if (!f) {
-		*rc = eng_fail(err, errno == ENOENT ? -ENOENT : -EIO, "model_path: cannot open %s: %s",
-			       path, strerror(errno));
-		return NULL;
-	}
-	if (fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) >= 0 && len < (64 << 20) &&
-	    fseek(f, 0, SEEK_SET) == 0 && (buf = malloc(len + 1)) &&
-	    fread(buf, 1, len, f) == (size_t)len) {
-		buf[len] = '\0';
-	} else {
-		free(buf);
-		buf = NULL;
+	if (r == -EFBIG || r == -EISDIR || r == -EIO || r == -ENOMEM)
 		*rc = eng_fail(err, -EIO, "model_path: cannot read %s", path);
-	}
-	fclose(f);
-	return buf;
+	else if (r < 0)
+		*rc = eng_fail(err, r == -ENOENT ? -ENOENT : -EIO, "model_path: cannot open %s: %s",
+			       path, strerror(-r));
+	return r < 0 ? NULL : buf;
 }
 
 /* Random init in fixed chunks of RANDOM_INIT_CHUNK elements. Chunk j of

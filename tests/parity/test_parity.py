@@ -1,8 +1,12 @@
 """test_parity.py — the native engine against the torch reference.
 
-Usage: /usr/bin/python3 test_parity.py PATH/TO/parity_driver [--keep DIR] [--only NAME]
-       /usr/bin/python3 test_parity.py --floor     (torch fp32 vs fp64 only, no engine)
+Usage: build/venv-pypi/bin/python test_parity.py PATH/TO/parity_driver [--keep DIR] [--only NAME]
+       build/venv-pypi/bin/python test_parity.py --floor     (torch fp32 vs fp64 only, no engine)
        /usr/bin/python3 test_parity.py --selftest  (the comparison flags injected defects)
+The runs that write and read safetensors files need the PyPI `safetensors`
+package (build/venv-pypi, made by tests/integration/setup_venv.sh with
+--system-site-packages, so Debian's torch and numpy are the ones used);
+--selftest needs only torch and numpy.
 
 For each case below it writes a model directory (HF config.json + fp32
 model.safetensors, seeded weights from ref_model.init_params), a packed batch
@@ -54,7 +58,49 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ref_model  # noqa: E402
-import st  # noqa: E402
+
+
+# --- safetensors files, through the PyPI `safetensors` package -------------
+# The reference implementation, independent of the engine's reader and
+# writer (engines/io). Imported in the functions, so that --selftest and the
+# modules importing this one run without it.
+
+def save_st(path, tensors, metadata=None):
+    """Write {name: ndarray} to path with safetensors.numpy.save_file (the
+    reference order: by dtype, then name). Arrays are made C-contiguous
+    first: save_file writes a non-contiguous array (a transpose) in its
+    memory order, not its logical one (safetensors 0.8.0)."""
+    from safetensors.numpy import save_file
+    meta = {str(k): str(v) for k, v in (metadata or {}).items()}
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, path,
+              metadata=meta or None)
+
+
+def load_st(path):
+    """({name: ndarray}, __metadata__ dict) of a safetensors file.
+
+    bf16: numpy has no bfloat16 dtype, so safetensors.numpy's load_file and
+    safe_open(framework="numpy").get_tensor raise TypeError on a BF16
+    tensor. Those tensors (found by their dtype in the header, get_slice)
+    are read with framework="pt" instead, which works with Debian's torch
+    1.13 and PyPI safetensors 0.8.0 (checked), and come back as their raw
+    bits (uint16 ndarray), as the Python client returns bf16 without
+    ml_dtypes. Everything else is read with framework="numpy". The engine's
+    results files hold only F32 today."""
+    from safetensors import safe_open
+    out, bf16 = {}, []
+    with safe_open(path, framework="numpy") as f:
+        meta = dict(f.metadata() or {})
+        for k in f.keys():
+            if f.get_slice(k).get_dtype() == "BF16":
+                bf16.append(k)
+            else:
+                out[k] = np.array(f.get_tensor(k))
+    if bf16:
+        with safe_open(path, framework="pt") as f:
+            for k in bf16:
+                out[k] = f.get_tensor(k).view(torch.int16).numpy().view(np.uint16).copy()
+    return out, meta
 
 SEQ_LENS = [130, 1, 37, 64]
 TEMPERATURE = 0.7
@@ -163,17 +209,22 @@ def reference_run(cfg, params, vm, batch, clip, dtype):
     return r
 
 
-def write_case(d, name, model_type, hf, seed):
+def make_case(model_type, hf, seed):
     cfg = ref_model.Config(hf)
     vm = model_type == "value_model"
     params = ref_model.init_params(cfg, vm, seed)
     batch = make_batch(cfg, seed + 1000)
+    return cfg, params, vm, batch
+
+
+def write_case(d, name, model_type, hf, seed):
+    cfg, params, vm, batch = make_case(model_type, hf, seed)
     os.makedirs(os.path.join(d, "model"), exist_ok=True)
     with open(os.path.join(d, "model", "config.json"), "w") as f:
         json.dump(hf, f, indent=2)
-    st.save(os.path.join(d, "model", "model.safetensors"), params,
+    save_st(os.path.join(d, "model", "model.safetensors"), params,
             metadata={"format": "pt"})
-    st.save(os.path.join(d, "batch.safetensors"), {
+    save_st(os.path.join(d, "batch.safetensors"), {
         "input_ids": np.asarray(batch["input_ids"], dtype=np.float32),
         "seq_lens": np.asarray(batch["seq_lens"], dtype=np.float32),
         "g_logp": batch["g_logp"], "g_ent": batch["g_ent"], "g_val": batch["g_val"]})
@@ -338,7 +389,7 @@ def selftest(root):
     """The comparison must pass torch-fp32 results and fail each of a few
     small, realistic defects injected into them."""
     name, model_type, hf = CASES[0]
-    cfg, params, vm, batch = write_case(os.path.join(root, name), name, model_type, hf, 100)
+    cfg, params, vm, batch = make_case(model_type, hf, 100)   # no files needed
     ref = reference_run(cfg, params, vm, batch, "auto", torch.float64)
     f32 = reference_run(cfg, params, vm, batch, ref["clip"], torch.float32)
     noclip = reference_run(cfg, params, vm, batch, None, torch.float32)
@@ -429,7 +480,7 @@ def main():
                         float("inf"), "-", 0, ok=False)
                 print(p.stdout.decode(errors="replace"))
                 continue
-            res, meta = st.load(os.path.join(d, "results.safetensors"))
+            res, meta = load_st(os.path.join(d, "results.safetensors"))
             res["meta"] = meta
             compare(tab, name, vm, batch, ref, res, floor)
     finally:

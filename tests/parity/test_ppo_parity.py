@@ -1,6 +1,8 @@
 """test_ppo_parity.py — a PPO step through the engine against torch.
 
-Usage: /usr/bin/python3 test_ppo_parity.py PATH/TO/parity_driver [--keep DIR]
+Usage: build/venv-pypi/bin/python test_ppo_parity.py PATH/TO/parity_driver [--keep DIR]
+(safetensors files through the PyPI `safetensors` package: test_parity.py's
+save_st / load_st)
 
 End to end (issue 3): parity_driver runs the native CPU engine (fp32) with
 the loss library as its loss, driven as the daemon drives it (loss spec ->
@@ -77,7 +79,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "loss"))
 import ref_model  # noqa: E402
-import st  # noqa: E402
 import test_parity as tp  # noqa: E402
 import loss_ref  # noqa: E402
 
@@ -217,11 +218,11 @@ def write_case(d, hf, params, batch, options, clip):
     os.makedirs(os.path.join(d, "model"), exist_ok=True)
     with open(os.path.join(d, "model", "config.json"), "w") as f:
         json.dump(hf, f, indent=2)
-    st.save(os.path.join(d, "model", "model.safetensors"), params, metadata={"format": "pt"})
+    tp.save_st(os.path.join(d, "model", "model.safetensors"), params, metadata={"format": "pt"})
     arrays = {"input_ids": np.asarray(batch["input_ids"], dtype=np.float32),
               "seq_lens": np.asarray(batch["seq_lens"], dtype=np.float32)}
     arrays.update({k: batch[k] for k in REQ_ARRAYS})
-    st.save(os.path.join(d, "batch.safetensors"), arrays)
+    tp.save_st(os.path.join(d, "batch.safetensors"), arrays)
     case = dict(model_type="language_model", temperature=tp.TEMPERATURE, clip_grad=clip,
                 max_tokens_per_micro_batch=tp.MICRO_BATCH_TOKENS, steps=STEPS, threads=2,
                 loss=dict(name="ppo", options=[[k, v] for k, v in options]), **OPTIM)
@@ -325,7 +326,7 @@ def main():
                         float("inf"), "-", 0, ok=False)
                 print(p.stdout.decode(errors="replace"))
                 continue
-            res, meta = st.load(os.path.join(d, "results.safetensors"))
+            res, meta = tp.load_st(os.path.join(d, "results.safetensors"))
             res["meta"] = meta
             compare_ppo(tab, name, batch, ref, res, floor)
             if a.no_mutants:

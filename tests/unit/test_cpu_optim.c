@@ -1,11 +1,13 @@
 /* test_cpu_optim.c — CPU AdamW, sum of squares, finiteness check and the
- * bf16 / IEEE half converters. */
+ * bf16 / IEEE half converters (and that they round exactly as engines/io's
+ * safetensors conversions do). */
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "device/device.h"
+#include "io/safetensors.h"
 #include "cpu_test_util.h"
 
 /* Two AdamW steps (lr 0.1, betas 0.9/0.99, eps 1e-8, weight decay 0.01,
@@ -292,6 +294,99 @@ START_TEST(convert_f16)
 }
 END_TEST
 
+/* The CPU device's converters and engines/io's (safetensors, weight
+ * streaming) share one definition of the rounding (engines/io/round.h);
+ * their results must be the same bits. The sweep: every upper half
+ * (sign, exponent, top 7 mantissa bits: all NaNs with a high payload, both
+ * infinities, fp32 subnormals, every exponent of the f16 subnormal and
+ * overflow ranges) with low halves at the rounding boundaries of both
+ * formats (bf16 ties 0x8000, f16 ties 0x1000 of either parity, the bits
+ * next to them, single bits for the f16 subnormal ties, all ones). The
+ * counts check that the sweep holds each kind of input. */
+START_TEST(convert_same_bits_as_io)
+{
+	struct device *dev = tu_open(2, MATMUL_FP32);
+	uint16_t lows[80];
+	int nlow = 0, k, j;
+	int64_t n, i, nan = 0, inf = 0, sub32 = 0, sub16 = 0, tie_bf16 = 0, tie_f16 = 0;
+	float *x;
+	uint16_t *dev_bf, *dev_h, *io_bf, *io_h;
+
+	lows[nlow++] = 0;
+	lows[nlow++] = 0xffff;
+	for (k = 0; k < 16; k++) {
+		lows[nlow++] = (uint16_t)(1u << k);
+		lows[nlow++] = (uint16_t)((1u << k) - 1 + (1u << k));   /* k+1 low ones */
+		lows[nlow++] = (uint16_t)((1u << k) | 1u);
+		lows[nlow++] = (uint16_t)(3u << k);
+	}
+	lows[nlow++] = 0x3000;   /* f16 tie with bit 13 set (odd) */
+	lows[nlow++] = 0x7001;
+	ck_assert_int_le(nlow, (int)(sizeof(lows) / sizeof(lows[0])));
+	n = (int64_t)65536 * nlow;
+	x = tu_falloc(dev, n);
+	dev_bf = dev->ops->alloc(dev, (size_t)n * sizeof(uint16_t));
+	dev_h = dev->ops->alloc(dev, (size_t)n * sizeof(uint16_t));
+	io_bf = malloc((size_t)n * sizeof(uint16_t));
+	io_h = malloc((size_t)n * sizeof(uint16_t));
+	ck_assert(dev_bf && dev_h && io_bf && io_h);
+	for (i = 0, k = 0; k < 65536; k++)
+		for (j = 0; j < nlow; j++, i++) {
+			uint32_t u = ((uint32_t)k << 16) | lows[j], a = u & 0x7fffffffu;
+			double d = fabs((double)from_bits(u)) * 0x1p24;
+
+			x[i] = from_bits(u);
+			nan += a > 0x7f800000u;
+			inf += a == 0x7f800000u;
+			sub32 += a != 0 && a < 0x00800000u;
+			sub16 += a >= 0x33000000u && a < 0x38800000u;
+			tie_bf16 += a < 0x7f800000u && (u & 0xffffu) == 0x8000u;
+			tie_f16 += (a >= 0x38800000u && a < 0x47800000u && (u & 0x1fffu) == 0x1000u) ||
+				   (a < 0x38800000u && d - floor(d) == 0.5);
+		}
+	ck_assert_int_eq(i, n);
+	ck_assert_int_gt(nan, 1000);
+	ck_assert_int_eq(inf, 2);
+	ck_assert_int_gt(sub32, 1000);
+	ck_assert_int_gt(sub16, 1000);
+	ck_assert_int_gt(tie_bf16, 1000);
+	ck_assert_int_gt(tie_f16, 1000);
+
+	ck_assert_int_eq(dev->k->to_bf16(dev, dev_bf, x, n), 0);
+	ck_assert_int_eq(dev->k->to_f16(dev, dev_h, x, n), 0);
+	f32_to_bf16_n(x, io_bf, (size_t)n);
+	f32_to_f16_n(x, io_h, (size_t)n);
+	/* Plain ifs: a Check assertion per element costs a system call. */
+	for (i = 0; i < n; i++) {
+		if (dev_bf[i] != io_bf[i] || dev_bf[i] != f32_to_bf16(x[i]))
+			ck_abort_msg("bf16(0x%08x): device 0x%04x, io 0x%04x / 0x%04x",
+				     to_bits(x[i]), dev_bf[i], io_bf[i], f32_to_bf16(x[i]));
+		if (dev_h[i] != io_h[i] || dev_h[i] != f32_to_f16(x[i]))
+			ck_abort_msg("f16(0x%08x): device 0x%04x, io 0x%04x / 0x%04x",
+				     to_bits(x[i]), dev_h[i], io_h[i], f32_to_f16(x[i]));
+	}
+	/* Spot values of the sweep, so that agreeing on garbage fails too. */
+	x[0] = from_bits(0x7f800001u);      /* signalling NaN: quiet, not inf */
+	x[1] = from_bits(0x00008000u);      /* bf16 tie with 0 */
+	x[2] = 0x1.8p-24f;                  /* f16 subnormal tie, odd: up */
+	x[3] = 65520.0f;                    /* f16 overflow tie: inf */
+	ck_assert_int_eq(dev->k->to_bf16(dev, dev_bf, x, 4), 0);
+	ck_assert_int_eq(dev->k->to_f16(dev, dev_h, x, 4), 0);
+	ck_assert_uint_eq(dev_bf[0], 0x7fc0);
+	ck_assert_uint_eq(dev_bf[1], 0x0000);
+	ck_assert_uint_eq(dev_h[2], 0x0002);
+	ck_assert_uint_eq(dev_h[3], 0x7c00);
+	ck_assert_uint_eq(f32_to_f16(x[0]), dev_h[0]);
+	ck_assert_uint_eq(dev_h[0] & 0x7e00, 0x7e00);
+	free(io_bf);
+	free(io_h);
+	dev->ops->free(dev, dev_bf);
+	dev->ops->free(dev, dev_h);
+	dev->ops->free(dev, x);
+	tu_close(dev);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("cpu_optim");
@@ -303,6 +398,7 @@ int main(void)
 	tcase_add_test(tc, sumsq_all_finite);
 	tcase_add_test(tc, convert_bf16);
 	tcase_add_test(tc, convert_f16);
+	tcase_add_test(tc, convert_same_bits_as_io);
 	suite_add_tcase(s, tc);
 	tu_run(s, &failed);
 	return failed ? 1 : 0;

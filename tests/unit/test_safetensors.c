@@ -496,6 +496,65 @@ START_TEST(reference_bytes)
 }
 END_TEST
 
+/* st_writer_add_raw (enginectl's pull-weights): bytes already in the stored
+ * dtype go out as they are. The same tensors as reference_bytes give the
+ * same file; a signaling NaN and a payload that a conversion from fp32
+ * would change (quiet bit set) keep their bits; a size that does not match
+ * dtype x shape is refused. */
+START_TEST(raw_writer)
+{
+	static const uint16_t bits[4] = { 0x7f81, 0xffff, 0x0001, 0x8000 };
+	int64_t sw[1] = { 2 }, sbias[2] = { 1, 2 }, s4[1] = { 4 };
+	unsigned char expect[8 + 152 + 12] = { 0x98 };
+	struct eng_error err = { 0 };
+	struct st_writer *w;
+	struct st_reader *r;
+	const struct st_tensor_info *ti;
+	unsigned char *raw;
+	uint64_t bytes;
+	size_t n;
+
+	memcpy(expect + 8, ref_header, 152);
+	memcpy(expect + 160, ref_data, 12);
+	ck_assert_int_eq(st_writer_new(tpath("raw_ref.safetensors"), &w, &err), 0);
+	ck_assert_int_eq(st_writer_add_raw(w, "bias", ST_BF16, 2, sbias, ref_data + 8, 4, &err), 0);
+	ck_assert_int_eq(st_writer_add_raw(w, "weight", ST_F32, 1, sw, ref_data, 8, &err), 0);
+	ck_assert_int_eq(st_writer_meta(w, "format", "pt", &err), 0);
+	ck_assert_int_eq(st_writer_finish(w, &bytes, NULL, &err), 0);
+	ck_assert_uint_eq(bytes, sizeof(expect));
+	raw = read_bytes(tpath("raw_ref.safetensors"), &n);
+	ck_assert_uint_eq(n, sizeof(expect));
+	ck_assert_int_eq(memcmp(raw, expect, n), 0);
+	free(raw);
+
+	ck_assert_int_eq(st_writer_new(tpath("raw_bits.safetensors"), &w, &err), 0);
+	ck_assert_int_eq(st_writer_add_raw(w, "b", ST_BF16, 1, s4, bits, 8, &err), 0);
+	ck_assert_int_eq(st_writer_add_raw(w, "h", ST_F16, 1, s4, bits, 8, &err), 0);
+	ck_assert_int_eq(st_writer_finish(w, NULL, NULL, &err), 0);
+	ck_assert_int_eq(st_reader_open(tpath("raw_bits.safetensors"), &r, &err), 0);
+	raw = read_bytes(tpath("raw_bits.safetensors"), &n);
+	ti = st_reader_find(r, "b");
+	ck_assert_ptr_nonnull(ti);
+	ck_assert_int_eq(ti->dtype, ST_BF16);
+	ck_assert_uint_eq(ti->nbytes, 8);
+	ck_assert_int_eq(memcmp(raw + ti->offset, bits, 8), 0);
+	ti = st_reader_find(r, "h");
+	ck_assert_ptr_nonnull(ti);
+	ck_assert_int_eq(ti->dtype, ST_F16);
+	ck_assert_int_eq(memcmp(raw + ti->offset, bits, 8), 0);
+	free(raw);
+	st_reader_close(r);
+
+	ck_assert_int_eq(st_writer_new(tpath("raw_bad.safetensors"), &w, &err), 0);
+	ck_assert_int_eq(st_writer_add_raw(w, "b", ST_BF16, 1, s4, bits, 6, &err), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(err.msg, "6 bytes"));
+	eng_error_clear(&err);
+	ck_assert_int_eq(st_writer_add_raw(w, "f", ST_F32, 1, s4, bits, 8, &err), -EINVAL);
+	st_writer_abort(w);
+	ck_assert_int_ne(access(tpath("raw_bad.safetensors"), F_OK), 0);
+}
+END_TEST
+
 /* Each corrupt header must be refused with -EBADMSG naming the file. */
 START_TEST(corrupt_files)
 {
@@ -744,6 +803,7 @@ int main(void)
 	tcase_add_test(tc, bulk_conversions);
 	tcase_add_test(tc, round_trip);
 	tcase_add_test(tc, reference_bytes);
+	tcase_add_test(tc, raw_writer);
 	tcase_add_test(tc, corrupt_files);
 	tcase_add_test(tc, other_dtypes);
 	tcase_add_test(tc, sharded);

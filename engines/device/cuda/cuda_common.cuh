@@ -1,6 +1,7 @@
 /* cuda_common.cuh — helpers shared by the CUDA device's kernel files:
  * grid sizing, warp reductions in a fixed order, and the rounding functions
- * of the CPU device (bit arithmetic, so both devices round identically).
+ * of engines/io/round.h (the CPU device's and the safetensors code's) as
+ * device functions (bit arithmetic, so both devices round identically).
  *
  * Determinism: every reduction here is a fixed tree (xor-shuffle within a
  * warp, then a fixed combination of the warps); no atomics decide an order,
@@ -74,7 +75,7 @@ __device__ __forceinline__ float bf16_round(float f)
 	return r;
 }
 
-/* IEEE half bits of f, round to nearest even (see cpu_convert.c). */
+/* IEEE half bits of f, round to nearest even (see engines/io/round.h). */
 __device__ __forceinline__ uint16_t f16_bits(float f)
 {
 	uint32_t u, a, sign, norm, sub, tb, nan, o;
