@@ -26,7 +26,7 @@
  *
  * Threads: the engine thread plans nothing itself when there are workers;
  * it takes ready buckets in order, waits for the previous send (one in
- * flight, the flow control of GRPC_NOTES) and starts the next. Workers claim
+ * flight, the flow control of docs/GRPC_NOTES.md) and starts the next. Workers claim
  * bucket numbers in order under the ring lock, plan the bucket (which
  * tensor pieces go where), then convert and encode the header unlocked.
  * Lock order: gRPC releases slices (slot_release) under a call's lock, so

@@ -1,4 +1,4 @@
-/* checkpoint.h — checkpoint directories under a root (DESIGN.md §6).
+/* checkpoint.h — checkpoint directories under a root (docs/DESIGN.md §6).
  *
  * Layout of one checkpoint `<root>/<name>/`:
  *   config.json            HF config (model)

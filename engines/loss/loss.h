@@ -1,4 +1,4 @@
-/* loss.h — the loss library (DESIGN.md §5): policy, value, SFT and Tinker
+/* loss.h — the loss library (docs/DESIGN.md §5): policy, value, SFT and Tinker
  * losses on per-token arrays, with verl's aggregation modes.
  *
  * A loss is a pure function of per-token arrays: the model outputs

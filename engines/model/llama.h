@@ -5,7 +5,7 @@
  * the micro-batch ("row-aligned"): row_logp[r] = log p(ids[r+1] | ids[..r])
  * when r+1 is in the same sequence (targets[r] = ids[r+1]), else the row has
  * no target (targets[r] = -1, row_logp[r] = 0). The engine turns these into
- * the target-aligned outputs of DESIGN.md §3 (entry t <- row t-1).
+ * the target-aligned outputs of docs/DESIGN.md §3 (entry t <- row t-1).
  * Values are row-aligned too: row_val[r] = score · h_final[r] + bias.
  *
  * Gradient convention: llama_backward ACCUMULATES (+=) into the gradient

@@ -1,5 +1,5 @@
 /* native_ckpt.c — SaveCheckpoint / LoadCheckpoint of the native engine
- * (DESIGN.md §6): HF config.json + model.safetensors, optimizer moments in
+ * (docs/DESIGN.md §6): HF config.json + model.safetensors, optimizer moments in
  * optimizer.safetensors, engine_state.json with steps, scheduler, RNG and
  * hyper-parameters. The directory protocol (temp dir, fsync, rename,
  * latest, rotation, checksums) is engines/checkpoint's. */

@@ -15,7 +15,7 @@
  *  4. GetStatus round trips (p50 / p99) next to the bare C-core floor: a
  *     call to an unknown method, which the daemon answers UNIMPLEMENTED
  *     without decoding a request or reaching the engine.
- * PERF.md asks for 2 >= 90% of 1 and GetStatus p50 <= 1.3x the floor.
+ * docs/PERF.md asks for 2 >= 90% of 1 and GetStatus p50 <= 1.3x the floor.
  *
  *   bench_stream ENGINED_BIN [--preset NAME] [--reps N] [--dtype f32|bf16]
  *                [--bucket BYTES] [--latency CALLS] [--iter 0|1] [--raw 0|1]

@@ -1,5 +1,5 @@
 /* bench_train.c — training-step and forward-only benchmark of the native
- * CPU engine on the Qwen2.5-0.5B shape (PERF.md).
+ * CPU engine on the Qwen2.5-0.5B shape (docs/PERF.md).
  *
  * Usage: bench_train [--steps N] [--tokens T] [--bf16] [--threads K]
  *                    [--layers L] [--vocab V]

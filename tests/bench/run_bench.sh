@@ -1,6 +1,6 @@
 #!/bin/sh
 # run_bench.sh — the engine against torch 1.13 on the Qwen2.5-0.5B shape,
-# in one run (the machines are shared and noisy: PERF.md compares ratios
+# in one run (the machines are shared and noisy: docs/PERF.md compares ratios
 # measured together, never stored times).
 #
 # Usage: tests/bench/run_bench.sh [BUILD_DIR] [STEPS]      (defaults: build 3)
@@ -11,10 +11,10 @@
 # and prints tokens/s, GFLOP/s, peak RSS and the ratios:
 #   engine fp32 / torch (training), engine forward-only / engine training,
 #   engine bf16 / engine fp32 (training), engine / torch (forward-only).
-# The environment is passed through unchanged (PERF.md: do not change
+# The environment is passed through unchanged (docs/PERF.md: do not change
 # OPENBLAS_* here); torch's BLAS and OpenBLAS kernel are reported, because
 # a torch on netlib BLAS or on OpenBLAS's "Prescott" fallback is a much
-# slower peer than PERF.md's.
+# slower peer than docs/PERF.md's.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-build}
@@ -67,9 +67,9 @@ for name, r, goal in ratios:
 core = t.get("openblas_core")
 if not core:
     print("\nWARNING: torch does not use OpenBLAS here (%s): the peer is far slower than "
-          "PERF.md's" % t.get("blas_libs"))
+          "docs/PERF.md's" % t.get("blas_libs"))
 elif core == "Prescott":
     print("\nWARNING: OpenBLAS picked its generic 'Prescott' kernels for this CPU "
-          "(PERF.md's peer runs with OPENBLAS_CORETYPE=Haswell set in the environment)")
+          "(docs/PERF.md's peer runs with OPENBLAS_CORETYPE=Haswell set in the environment)")
 print(json.dumps({"engine_fp32": e, "engine_bf16": b, "torch": t, "fma_peak_gflops": peak}))
 PY

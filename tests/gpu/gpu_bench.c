@@ -21,7 +21,7 @@
  *          LM head); attn_fwd = 4 L H D sum_seq T(T+1)/2;
  *   step = 6 N_mm tokens + 3 attn_fwd;  forward = 2 N_mm tokens + attn_fwd.
  * MFU = step FLOPs / time / 989e12 (the H200's dense bf16 peak, the H100
- * SXM's: PERF.md's goals are >= 50% for 0.5B and >= 57% for 1.5B).
+ * SXM's: docs/PERF.md's goals are >= 50% for 0.5B and >= 57% for 1.5B).
  * Prints one human line per model and one JSON line per model (last).
  */
 #include <getopt.h>

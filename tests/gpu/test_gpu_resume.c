@@ -1,6 +1,6 @@
 /* test_gpu_resume.c — determinism and checkpoint resume on the GPU: the
  * same steps give the same bits twice, and a run resumed from a checkpoint
- * continues bit-identically to the uninterrupted one (DESIGN.md §6), in
+ * continues bit-identically to the uninterrupted one (docs/DESIGN.md §6), in
  * bf16 and fp32 matmul precision. Exits 77 without a GPU.
  *
  * Run A: 3 steps, save, 3 more steps (losses L4..L6, final digest).

@@ -16,7 +16,7 @@ Input: a packed batch, input_ids [N] and seq_lens [S] (sum = N). Each
 sequence is processed on its own, so positions restart at 0 in every
 sequence and attention (causal) never crosses sequences.
 
-Outputs, per token, in packed order (DESIGN.md section 3, target-aligned);
+Outputs, per token, in packed order (docs/DESIGN.md section 3, target-aligned);
 for token t of a sequence (t = 0 is its first token), with logits[t] the
 LM-head output at position t and T the temperature:
 
