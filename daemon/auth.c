@@ -74,11 +74,11 @@ static bool ct_equal(const char *a, size_t la, const char *b, size_t lb)
 static int parse_line(char *line, int lineno, const char *path, struct token *t,
 		      struct eng_error *err)
 {
-	char *f[4], *save = NULL, *p, *colon;
+	char *f[2], *save = NULL, *p, *colon;
 	int n = 0;
 
 	for (p = strtok_r(line, " \t\r\n", &save); p; p = strtok_r(NULL, " \t\r\n", &save)) {
-		if (n == 3)
+		if (n == 2)  /* a third field must never be skipped: it could hide a scope */
 			return eng_fail(err, -EINVAL, "%s:%d: too many fields (expected [NAME:]TOKEN [full|read-only])",
 					path, lineno);
 		f[n++] = p;

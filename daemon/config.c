@@ -501,14 +501,16 @@ int config_load_file(struct daemon_config *c, const char *path, char err[CONFIG_
 	}
 	r = ini_parse_stream(reader, &x, handler, &x);
 	fclose(x.f);
-	if (x.err_line)
-		return -EINVAL;
-	if (r != 0) {
-		/* inih's own syntax errors (the handler was never called). */
+	/* The first error of the file is reported: inih's syntax error (r,
+	 * its line) or the handler's (x.err_line, its message already in
+	 * err), whichever comes first. */
+	if (r != 0 && (!x.err_line || (r > 0 && r < x.err_line))) {
 		errf(err, "%s:%d: syntax error (expected '[section]' or 'key = value')",
 		     path, r > 0 ? r : x.line);
 		return -EINVAL;
 	}
+	if (x.err_line)
+		return -EINVAL;
 	return 0;
 }
 
@@ -610,10 +612,22 @@ static void dump_value(const struct daemon_config *c, const struct key *k, FILE 
 		fprintf(f, "%s = %lld\n", k->name,
 			(long long)*(const int64_t *)((const char *)c + k->off));
 		return;
-	case K_MS:
-		fprintf(f, "%s = %g\n", k->name,
-			(double)*(const int64_t *)((const char *)c + k->off) / 1e3);
+	case K_MS: {
+		/* Exact: whole seconds, then the milliseconds without trailing
+		 * zeros (1234567 ms -> 1234.567), so the dump reloads as is. */
+		int64_t ms = *(const int64_t *)((const char *)c + k->off);
+		int frac = (int)(ms % 1000), digits = 3;
+
+		while (frac && frac % 10 == 0) {
+			frac /= 10;
+			digits--;
+		}
+		if (frac)
+			fprintf(f, "%s = %lld.%0*d\n", k->name, (long long)(ms / 1000), digits, frac);
+		else
+			fprintf(f, "%s = %lld\n", k->name, (long long)(ms / 1000));
 		return;
+	}
 	case K_BOOL:
 		fprintf(f, "%s = %s\n", k->name,
 			*(const bool *)((const char *)c + k->off) ? "true" : "false");

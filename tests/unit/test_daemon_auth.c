@@ -169,6 +169,12 @@ START_TEST(load_refusals_name_file_and_line)
 			  ":1: scope 'FULL' is not full or read-only");
 	expect_load_error("x:" TOK_A " read-only # note\n", 0600, -EINVAL,
 			  ":1: too many fields (expected [NAME:]TOKEN [full|read-only])");
+	/* A third field once made the scope be skipped: a read-only token
+	 * with anything after its scope loaded as a full one. */
+	expect_load_error("ro:" TOK_A " read-only extra\n", 0600, -EINVAL,
+			  ":1: too many fields (expected [NAME:]TOKEN [full|read-only])");
+	expect_load_error("x:" TOK_A " bogus-scope x\n", 0600, -EINVAL,
+			  ":1: too many fields (expected [NAME:]TOKEN [full|read-only])");
 	expect_load_error("x:y:" TOK_A "\n", 0600, -EINVAL,
 			  ":1: token has a space, ':' or a control character");
 	expect_load_error("x:" TOK_A "\x01\n", 0600, -EINVAL,

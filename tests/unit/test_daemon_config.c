@@ -615,8 +615,14 @@ START_TEST(file_errors_name_file_line_and_key)
 			  "1: syntax error (expected '[section]' or 'key = value')");
 	expect_file_error("[server]\nnot a key\npollers = 2\n",
 			  "2: syntax error (expected '[section]' or 'key = value')");
-	/* Only the first error is reported. */
+	/* Only the first error is reported, whichever kind comes first. */
 	expect_file_error("[server]\npollers = 0\nthreads = 1\n[log]\nlevel = x\n",
+			  "2: [server] pollers: '0' is not an integer in [1, 8]");
+	expect_file_error("[server]\nbogus line\npollers = 0\n",
+			  "2: syntax error (expected '[section]' or 'key = value')");
+	expect_file_error("[server\npollers = 2\n",
+			  "1: syntax error (expected '[section]' or 'key = value')");
+	expect_file_error("[server]\npollers = 0\nbogus line\n",
 			  "2: [server] pollers: '0' is not an integer in [1, 8]");
 
 	/* A file that is not there. */
@@ -910,6 +916,21 @@ START_TEST(dump_reloads)
 	ck_assert_int_eq(b.log_level, LOG_LVL_DEBUG);
 	free(out);
 	free(out2);
+	config_free(&a);
+	config_free(&b);
+
+	/* Milliseconds survive the dump exactly (%g once kept 6 digits). */
+	ck_assert_int_eq(config_init(&a), 0);
+	ck_assert_int_eq(config_set(&a, "watchdog", "stuck_job_s", "1234.567", false, err), 0);
+	ck_assert_int_eq(config_set(&a, "shutdown", "grace_s", "0.05", false, err), 0);
+	out = dump_to_string(&a);
+	ck_assert_ptr_nonnull(strstr(out, "stuck_job_s = 1234.567\n"));
+	ck_assert_ptr_nonnull(strstr(out, "grace_s = 0.05\n"));
+	ck_assert_int_eq(config_init(&b), 0);
+	ck_assert_msg(config_load_file(&b, write_conf("dump2.conf", out), err) == 0, "%s", err);
+	ck_assert_int_eq(b.stuck_job_ms, 1234567);
+	ck_assert_int_eq(b.grace_ms, 50);
+	free(out);
 	config_free(&a);
 	config_free(&b);
 }
