@@ -95,3 +95,19 @@ def test_optimizer_ranges_named_once(client):
                      optimizer={field: value})
         assert msg.startswith(text), msg
     still_usable(client)
+
+
+def test_optimizer_step_without_gradients_is_a_step(client):
+    """Documented (README, proto): with all-zero gradients AdamW's update
+    is 0 but the decoupled weight decay applies, p *= 1 - lr * wd, and the
+    step counts, as torch.optim.AdamW does."""
+    lr, wd = 1e-2, 0.1
+    client.initialize(preset="tiny", seed=3, optimizer={"lr": lr, "weight_decay": wd})
+    w0 = {k: v.copy() for k, v in client.stream_weights()}
+    r = client.optimizer_step()
+    assert r.step == 1 and not r.skipped and r.grad_norm == 0.0, r
+    w1 = dict(client.stream_weights())
+    for k, a in w0.items():
+        want = (a * np.float32(1 - lr * wd)).astype(np.float32)
+        assert np.allclose(w1[k], want, rtol=2e-7, atol=0), k
+        assert not np.array_equal(w1[k], a) or not a.any(), k
