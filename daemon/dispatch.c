@@ -26,6 +26,7 @@
 #include "reflection.h"
 #include "test_hold.h"
 #include "tls.h"
+#include "wire_check.h"
 
 static const char *const mode_names[] = { "IDLE", "TRAIN", "EVAL" };
 
@@ -343,6 +344,11 @@ static void on_call(void *ctx, struct rpc_call *call, int method,
 	}
 	if (!has_message) {
 		job_finish(j, eng_fail(&err, -EINVAL, "request: no message"), &err);
+		return;
+	}
+	r = wire_check_strings(m->req_desc, req, len, &err);
+	if (r < 0) {
+		job_finish(j, r, &err);
 		return;
 	}
 	j->req = protobuf_c_message_unpack(m->req_desc, NULL, len, req);

@@ -23,6 +23,7 @@
 
 #include "log.h"
 #include "reflection.pb-c.h"
+#include "wire_check.h"
 
 extern const unsigned char engined_descriptor_set[];
 extern const size_t engined_descriptor_set_len;
@@ -549,6 +550,7 @@ static void on_request(void *user, struct rpc_call *c, const uint8_t *msg, size_
 {
 	struct refl_call *rc = user;
 	Grpc__Reflection__V1__ServerReflectionRequest *q;
+	struct eng_error werr = { 0 };
 	struct rpc_piece piece;
 	uint8_t *out = NULL;
 	size_t out_len = 0;
@@ -558,6 +560,11 @@ static void on_request(void *user, struct rpc_call *c, const uint8_t *msg, size_
 		bool gone = rpc_call_cancelled(c);
 
 		end_call(rc, c, gone ? RPC_CANCELLED : RPC_OK, gone ? "client went away" : NULL);
+		return;
+	}
+	if (wire_check_strings(&grpc__reflection__v1__server_reflection_request__descriptor, msg,
+			       len, &werr) < 0) {
+		end_call(rc, c, RPC_INVALID_ARGUMENT, werr.msg);
 		return;
 	}
 	q = grpc__reflection__v1__server_reflection_request__unpack(NULL, len, msg);

@@ -111,3 +111,46 @@ def test_optimizer_step_without_gradients_is_a_step(client):
         want = (a * np.float32(1 - lr * wd)).astype(np.float32)
         assert np.allclose(w1[k], want, rtol=2e-7, atol=0), k
         assert not np.array_equal(w1[k], a) or not a.any(), k
+
+
+def raw_call(client, method, payload):
+    """A unary call with hand-made request bytes (grpcio's protobuf refuses
+    to build such strings)."""
+    f = client.channel.unary_unary("/engined.v1.TrainingEngine/" + method)
+    return f(payload, timeout=30)
+
+
+def test_strings_must_be_utf8_without_nul(client, daemon):
+    """A NUL once cut a path ('nul\\0/../../evil' saved as 'nul'); a
+    non-UTF-8 path was echoed back and broke the client's parse. Both are
+    INVALID_ARGUMENT naming the field; nothing is saved."""
+    client.initialize(preset="tiny")
+    for path, why in [(b"nul\x00/../../evil", "path: contains a NUL byte"),
+                      (b"run/\xff\xfe", "path: is not valid UTF-8")]:
+        payload = bytes([0x0A, len(path)]) + path  # SaveCheckpointRequest.path = 1
+        try:
+            raw_call(client, "SaveCheckpoint", payload)
+        except grpc.RpcError as e:
+            assert e.code() == SC.INVALID_ARGUMENT and e.details() == why, (e.code(), e.details())
+        else:
+            raise AssertionError("saved %r" % path)
+    import os
+    assert not os.path.exists(os.path.join(daemon.ckpt_root, "nul")), os.listdir(daemon.ckpt_root)
+    # Nested: LossSpec.name inside ForwardBackwardRequest.loss (field 11).
+    from engined_client import pb
+    ok = pb.ForwardBackwardRequest(loss=pb.LossSpec(name="sft")).SerializeToString()
+    field = [f for f in pb.ForwardBackwardRequest.DESCRIPTOR.fields if f.name == "loss"][0]
+    inner = bytes([0x0A, 3]) + b"s\x00t"
+    bad = bytes([field.number << 3 | 2, len(inner)]) + inner
+    assert ok  # the valid form serializes
+    try:
+        raw_call(client, "ForwardBackward", bad)
+    except grpc.RpcError as e:
+        assert e.code() == SC.INVALID_ARGUMENT and e.details() == "loss.name: contains a NUL byte", \
+            e.details()
+    else:
+        raise AssertionError("accepted a NUL in loss.name")
+    # Valid UTF-8 beyond ASCII is a path like any other.
+    r = client.save_checkpoint("run/\u00e9t\u00e9")
+    assert r.path == "run/\u00e9t\u00e9"
+    still_usable(client)
