@@ -191,6 +191,11 @@ int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err
 	return engine_registry_lookup(c->model_type, c->backend, c->device, &ops, err);
 }
 
+static bool call_gone(void *call)
+{
+	return rpc_call_cancelled(call);
+}
+
 int h_run_initialize(struct daemon *d, struct job *j, struct eng_error *err)
 {
 	struct init_prep *ip = j->prep;
@@ -202,6 +207,9 @@ int h_run_initialize(struct daemon *d, struct job *j, struct eng_error *err)
 	/* A failed Initialize leaves the previous engine as it was; on
 	 * success the old one is replaced. Zero-copy slices of a finished
 	 * stream may still point at the old parameters. */
+	/* A long build stops when its client goes away or its deadline passes. */
+	ip->cfg.cancelled = call_gone;
+	ip->cfg.cancel_ctx = j->call;
 	r = engine_create(&ip->cfg, &e, err);
 	if (r < 0)
 		return r;

@@ -85,6 +85,12 @@ struct engine_init_config {
 	/* Floats of one LM-head logits tile (rows x vocabulary chunk); bounds
 	 * the head's working memory. 0 = 16M (64 MiB). */
 	int64_t lm_tile_floats;
+	/* Polled between tensors while the model is built (random init or
+	 * loading): true stops engine_create with -ECANCELED, nothing kept.
+	 * The daemon passes "the client went away or its deadline passed".
+	 * NULL: never. */
+	bool (*cancelled)(void *ctx);
+	void *cancel_ctx;
 };
 
 /* Defaults used when a field is left 0: lr 1e-5, betas (0.9, 0.999),

@@ -203,6 +203,11 @@ struct device_ops {
 	int (*sync)(struct device *dev);
 	/* Bytes of device memory in use by this device's allocations. */
 	size_t (*mem_in_use)(struct device *dev);
+	/* Bytes the device could still hand out now (free memory as the
+	 * system reports it: MemAvailable and the cgroup limit on the CPU,
+	 * cudaMemGetInfo on CUDA), for refusing a model that cannot fit
+	 * before allocating it; SIZE_MAX when unknown. */
+	size_t (*mem_free)(struct device *dev);
 	/* Host memory for offloaded state and staging: page-locked where that
 	 * makes copies faster (cudaHostAlloc), plain aligned memory on the CPU.
 	 * NULL when out of memory; host_free accepts NULL. */

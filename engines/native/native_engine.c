@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "../batch/planner.h"
+#include "../checked.h"
 #include "../io/fileio.h"
 #include "../io/safetensors.h"
 #include "../optim/schedule.h"
@@ -158,12 +159,46 @@ static void random_init_tensor(struct native *n, float *host, int64_t i)
 	}
 }
 
+/* -ECANCELED when the caller's cancel hook says so (before tensor i). */
+static int init_cancelled(const struct native *n, const struct engine_init_config *cfg,
+			  int64_t i, struct eng_error *err)
+{
+	if (!cfg->cancelled || !cfg->cancelled(cfg->cancel_ctx))
+		return 0;
+	return eng_fail(err, -ECANCELED,
+			"Initialize: cancelled (the client went away or its deadline passed) "
+			"after %lld of %lld tensors", (long long)i, (long long)n->table.count);
+}
+
+/* Refuse at once a model whose state cannot fit in the device's free
+ * memory: fp32 weights, gradients and the two AdamW moments (16 bytes a
+ * parameter; 18 with the bf16 copy of bf16 matmuls). Activations come on
+ * top and are reserved per call. */
+static int check_fits(const struct native *n, const struct engine_init_config *cfg,
+		      struct eng_error *err)
+{
+	size_t per = cfg->bf16_matmul ? 18 : 16, need, avail;
+
+	if (!ck_mul_size((size_t)n->table.total, per, &need))
+		need = SIZE_MAX;
+	avail = n->dev->ops->mem_free ? n->dev->ops->mem_free(n->dev) : SIZE_MAX;
+	if (need <= avail)
+		return 0;
+	return eng_fail(err, -ENOMEM,
+			"model: %lld parameters need about %.1f GiB (fp32 weights, gradients and "
+			"AdamW moments%s); the %s device has %.1f GiB free",
+			(long long)n->table.total, (double)need / (1 << 30),
+			cfg->bf16_matmul ? ", bf16 copy" : "", cfg->device,
+			(double)avail / (1 << 30));
+}
+
 /* Load every tensor of the table from a HF directory into host[total].
  * Tied models have no lm_head.weight; a value model may lack score.* (a
  * critic initialized from an actor): those keep their random init. */
-static int load_hf_weights(struct native *n, const char *dir, float *host,
+static int load_hf_weights(struct native *n, const struct engine_init_config *cfg, float *host,
 			   struct eng_error *err)
 {
+	const char *dir = cfg->model_path;
 	struct st_reader *r;
 	int rc;
 
@@ -173,6 +208,10 @@ static int load_hf_weights(struct native *n, const char *dir, float *host,
 	for (int64_t i = 0; i < n->table.count && !rc; i++) {
 		const struct param_entry *p = &n->table.entries[i];
 		const struct st_tensor_info *t = st_reader_find(r, p->name);
+
+		rc = init_cancelled(n, cfg, i, err);
+		if (rc)
+			break;
 
 		if (!t) {
 			if (n->value_model && !strncmp(p->name, "score.", 6)) {
@@ -255,6 +294,9 @@ static int native_initialize(struct engine *e, const struct engine_init_config *
 				: rc == -ELIBACC ? ": a device library is missing" : "");
 	}
 	bytes = n->table.total * sizeof(float);
+	rc = check_fits(n, cfg, err);
+	if (rc)
+		return rc;
 	n->wl = calloc(n->cfg.num_layers, sizeof(*n->wl));
 	n->gl = calloc(n->cfg.num_layers, sizeof(*n->gl));
 	if (!n->wl || !n->gl)
@@ -269,10 +311,13 @@ static int native_initialize(struct engine *e, const struct engine_init_config *
 	if (!host)
 		return eng_fail(err, -ENOMEM, "parameters: out of host memory");
 	if (cfg->model_path) {
-		rc = load_hf_weights(n, cfg->model_path, host, err);
+		rc = load_hf_weights(n, cfg, host, err);
 	} else {
-		for (int64_t i = 0; i < n->table.count; i++)
-			random_init_tensor(n, host, i);
+		for (int64_t i = 0; i < n->table.count && !rc; i++) {
+			rc = init_cancelled(n, cfg, i, err);
+			if (!rc)
+				random_init_tensor(n, host, i);
+		}
 	}
 	if (rc == 0 && host != native_family_host_ptr(n, FAM_PARAMS))
 		rc = native_family_write(n, FAM_PARAMS, host, err);

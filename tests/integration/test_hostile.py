@@ -61,7 +61,9 @@ def test_config_too_large_for_memory(client):
     """Within the bounds but 2^38 parameters (1 TiB of fp32): refused for
     memory, not by a crash."""
     cfg = dict(TINY_LLAMA, vocab_size=1 << 22, hidden_size=1 << 16)
-    expect(SC.RESOURCE_EXHAUSTED, client.initialize, hf_config_json=json.dumps(cfg))
+    msg = expect(SC.RESOURCE_EXHAUSTED, client.initialize, hf_config_json=json.dumps(cfg))
+    # Refused from the estimate, before anything is allocated.
+    assert "parameters need about" in msg and "GiB free" in msg, msg
     still_usable(client)
 
 

@@ -89,6 +89,50 @@ START_TEST(create_errors)
 }
 END_TEST
 
+static int polls;
+
+/* Says "cancelled" at its third poll. */
+static bool cancel_at_third(void *ctx)
+{
+	(void)ctx;
+	return ++polls >= 3;
+}
+
+/* A cancelled build stops between tensors with -ECANCELED naming how far
+ * it got, and leaves nothing behind; a model whose state cannot fit in the
+ * device's free memory is refused before anything is allocated. */
+START_TEST(create_cancelled_and_too_large)
+{
+	struct engine_init_config cfg;
+	struct eng_error err = {0};
+	struct engine *e = (struct engine *)0x1;
+
+	engine_init_config_defaults(&cfg);
+	cfg.hf_config_json = TINY_QWEN2;
+	cfg.cancelled = cancel_at_third;
+	polls = 0;
+	ck_assert_int_eq(engine_create(&cfg, &e, &err), -ECANCELED);
+	ck_assert_ptr_eq(e, (struct engine *)0x1);
+	ck_assert_int_eq(polls, 3);
+	ck_assert_msg(strstr(err.msg, "cancelled") && strstr(err.msg, "after 2 of "), "%s",
+		      err.msg);
+
+	/* 2^34 + 2^30 + ... parameters: 272 GiB of state, more than any test
+	 * machine has (V*C embedding + 4*C*C attention + 3*C*F MLP + norms). */
+	eng_error_clear(&err);
+	engine_init_config_defaults(&cfg);
+	cfg.hf_config_json = "{\"model_type\": \"llama\", \"vocab_size\": 1048576, "
+			     "\"hidden_size\": 16384, \"intermediate_size\": 16, "
+			     "\"num_hidden_layers\": 1, \"num_attention_heads\": 1, "
+			     "\"tie_word_embeddings\": true}";
+	ck_assert_int_eq(engine_create(&cfg, &e, &err), -ENOMEM);
+	ck_assert_ptr_eq(e, (struct engine *)0x1);
+	ck_assert_msg(strstr(err.msg, "18254446592 parameters need about 272.0 GiB") &&
+		      strstr(err.msg, "GiB free"), "%s",
+		      err.msg);
+}
+END_TEST
+
 /* Outputs are target-aligned (0 at each sequence start) and each
  * sequence's outputs do not depend on its neighbours or its place in the
  * packed batch. */
@@ -483,6 +527,7 @@ int main(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, registry);
 	tcase_add_test(tc, create_errors);
+	tcase_add_test(tc, create_cancelled_and_too_large);
 	tcase_add_test(tc, outputs_aligned_and_isolated);
 	tcase_add_test(tc, micro_batch_invariance);
 	tcase_add_test(tc, bad_inputs_leave_state);

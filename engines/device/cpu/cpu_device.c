@@ -8,6 +8,8 @@
  * not counted.
  */
 #include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -158,6 +160,45 @@ static size_t cpu_mem_in_use(struct device *dev)
 	return atomic_load(&cpu_dev(dev)->in_use);
 }
 
+/* A number from a one-line file ("max" or missing: SIZE_MAX). */
+static size_t read_size_file(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	unsigned long long v;
+	size_t r = SIZE_MAX;
+
+	if (!f)
+		return SIZE_MAX;
+	if (fscanf(f, "%llu", &v) == 1)
+		r = (size_t)v;
+	fclose(f);
+	return r;
+}
+
+/* MemAvailable, and no more than the cgroup (v2) allows beyond what it
+ * already charges. */
+static size_t cpu_mem_free(struct device *dev)
+{
+	FILE *f = fopen("/proc/meminfo", "r");
+	char line[128];
+	unsigned long long kib;
+	size_t avail = SIZE_MAX, max, cur;
+
+	(void)dev;
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
+			avail = (size_t)kib * 1024;
+			break;
+		}
+	if (f)
+		fclose(f);
+	max = read_size_file("/sys/fs/cgroup/memory.max");
+	cur = read_size_file("/sys/fs/cgroup/memory.current");
+	if (max != SIZE_MAX && cur != SIZE_MAX)
+		avail = avail < (max > cur ? max - cur : 0) ? avail : (max > cur ? max - cur : 0);
+	return avail;
+}
+
 /* Host memory is not counted in mem_in_use: it is what "offloaded" means. */
 static void *cpu_host_alloc(struct device *dev, size_t bytes)
 {
@@ -183,6 +224,7 @@ const struct device_ops cpu_device_ops = {
 	.copy_d2d = cpu_copy,
 	.sync = cpu_sync,
 	.mem_in_use = cpu_mem_in_use,
+	.mem_free = cpu_mem_free,
 	.host_alloc = cpu_host_alloc,
 	.host_free = cpu_host_free,
 };

@@ -21,6 +21,7 @@
  * normally sets CUDA_VISIBLE_DEVICES instead and keeps 0.
  */
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -393,6 +394,14 @@ static size_t cuda_mem_in_use(struct device *dev)
 	return atomic_load(&cuda_dev(dev)->in_use);
 }
 
+static size_t cuda_mem_free(struct device *dev)
+{
+	size_t f, t;
+
+	(void)dev;
+	return cuda_mem_info(&f, &t) == 0 ? f : SIZE_MAX;
+}
+
 /* Host memory is not counted in mem_in_use: it is what "offloaded" means. */
 static void *cuda_host_alloc(struct device *dev, size_t bytes)
 {
@@ -429,6 +438,7 @@ const struct device_ops cuda_device_ops = {
 	.copy_d2d = cuda_copy_d2d,
 	.sync = cuda_sync,
 	.mem_in_use = cuda_mem_in_use,
+	.mem_free = cuda_mem_free,
 	.host_alloc = cuda_host_alloc,
 	.host_free = cuda_host_free,
 };
