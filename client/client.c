@@ -213,6 +213,17 @@ int ec_optimizer_step(struct ec_client *c, Engined__V1__OptimizerStepResponse **
 	return call_msg(c, ENGINE_SVC, "OptimizerStep", &req.base, (void **)ret, st);
 }
 
+int ec_zero_grad(struct ec_client *c, struct ec_status *st)
+{
+	Engined__V1__ZeroGradRequest req = ENGINED__V1__ZERO_GRAD_REQUEST__INIT;
+	Engined__V1__ZeroGradResponse *resp = NULL;
+	int r = call_msg(c, ENGINE_SVC, "ZeroGrad", &req.base, (void **)&resp, st);
+
+	if (!r)
+		ec_free(resp);
+	return r;
+}
+
 int ec_lr_scheduler_step(struct ec_client *c, Engined__V1__LrSchedulerStepResponse **ret,
 			 struct ec_status *st)
 {

@@ -64,6 +64,8 @@ int ec_forward_backward(struct ec_client *c, const Engined__V1__ForwardBackwardR
 			Engined__V1__ForwardBackwardResponse **ret, struct ec_status *st);
 int ec_optimizer_step(struct ec_client *c, Engined__V1__OptimizerStepResponse **ret,
 		      struct ec_status *st);
+/* Drop the accumulated gradients (verl's optimizer_zero_grad). */
+int ec_zero_grad(struct ec_client *c, struct ec_status *st);
 int ec_lr_scheduler_step(struct ec_client *c, Engined__V1__LrSchedulerStepResponse **ret,
 			 struct ec_status *st);
 int ec_to_device(struct ec_client *c, const Engined__V1__ToDeviceRequest *req,

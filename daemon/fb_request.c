@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pb_has.h"
+
 void fb_prep_free(void *p)
 {
 	free(p);
@@ -144,7 +146,11 @@ int fb_request_decode(struct fb_prep *p, const Engined__V1__ForwardBackwardReque
 		if (r < 0)
 			return r;
 	}
-	p->batch.temperature = q->temperature;
+	/* Unset: 1. A temperature that is set must be > 0 (the batch check's
+	 * "0 means 1" is for library callers; on the wire 0 is refused). */
+	if (PB_HAS(q, temperature) && q->temperature == 0.0f)
+		return eng_fail(err, -EINVAL, "temperature: must be > 0 (unset: 1)");
+	p->batch.temperature = PB_HAS(q, temperature) ? q->temperature : 1.0f;
 	p->batch.forward_only = q->forward_only;
 	p->batch.max_tokens_per_micro_batch = q->max_tokens_per_micro_batch;
 	/* The adapter is known now; its context is made when the job runs. */

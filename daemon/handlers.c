@@ -16,6 +16,7 @@
 
 #include "engined/v1/engine.pb-c.h"
 #include "fb_request.h"
+#include "pb_has.h"
 #include "model/config.h"
 #include "paths.h"
 #include "presets.h"
@@ -128,22 +129,22 @@ int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err
 		c->model_path = ip->model.path;
 	}
 	c->seed = q->seed;
-	/* proto3 sends 0 for a field left unset: 0 means the default; any
-	 * other value goes to the one validation (engine_init_config_check). */
+	/* Unset fields keep the defaults; set ones (0 included) go to the one
+	 * validation (engine_init_config_check). */
 	if (q->optimizer) {
 		const Engined__V1__OptimizerConfig *o = q->optimizer;
 
-		if (o->lr != 0)
+		if (PB_HAS(o, lr))
 			c->optim.lr = o->lr;
-		if (o->beta1 != 0)
+		if (PB_HAS(o, beta1))
 			c->optim.beta1 = o->beta1;
-		if (o->beta2 != 0)
+		if (PB_HAS(o, beta2))
 			c->optim.beta2 = o->beta2;
-		if (o->eps != 0)
+		if (PB_HAS(o, eps))
 			c->optim.eps = o->eps;
-		if (o->weight_decay != 0)
+		if (PB_HAS(o, weight_decay))
 			c->optim.weight_decay = o->weight_decay;
-		if (o->clip_grad != 0)
+		if (PB_HAS(o, clip_grad))
 			c->optim.clip_grad = o->clip_grad;
 	}
 	if (q->lr_scheduler) {
@@ -161,8 +162,9 @@ int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err
 					s->type);
 		c->sched.warmup_steps = s->warmup_steps;
 		c->sched.total_steps = s->total_steps;
-		c->sched.min_lr_ratio = s->min_lr_ratio;
-		if (s->num_cycles != 0)
+		if (PB_HAS(s, min_lr_ratio))
+			c->sched.min_lr_ratio = s->min_lr_ratio;
+		if (PB_HAS(s, num_cycles))
 			c->sched.num_cycles = s->num_cycles;
 	}
 	if (q->offload) {
@@ -378,14 +380,43 @@ out:
 
 /* --- OptimizerStep / LrSchedulerStep ------------------------------------- */
 
+/* The step's own hyper-parameters (unset: the configured ones). */
+static void step_params(const Engined__V1__OptimizerStepRequest *q, struct engine_step_params *p)
+{
+	memset(p, 0, sizeof(*p));
+#define STEP_FIELD(f) \
+	do { \
+		p->has_##f = PB_HAS(q, f); \
+		p->f = q->f; \
+	} while (0)
+	STEP_FIELD(lr);
+	STEP_FIELD(beta1);
+	STEP_FIELD(beta2);
+	STEP_FIELD(eps);
+	STEP_FIELD(weight_decay);
+	STEP_FIELD(clip_grad);
+#undef STEP_FIELD
+}
+
+int h_validate_optimizer_step(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	struct engine_step_params p;
+
+	(void)d;
+	step_params((const void *)j->req, &p);
+	return engine_step_params_check(&p, err);
+}
+
 int h_run_optimizer_step(struct daemon *d, struct job *j, struct eng_error *err)
 {
 	Engined__V1__OptimizerStepResponse resp = ENGINED__V1__OPTIMIZER_STEP_RESPONSE__INIT;
 	struct engine_step_result sr;
+	struct engine_step_params p;
 	int r;
 
 	memset(&sr, 0, sizeof(sr));
-	r = engine_optimizer_step(d->engine, &sr, err);
+	step_params((const void *)j->req, &p);
+	r = engine_optimizer_step_with(d->engine, &p, &sr, err);
 	if (r < 0)
 		return r;
 	j->m_step = true;
@@ -395,6 +426,14 @@ int h_run_optimizer_step(struct daemon *d, struct job *j, struct eng_error *err)
 	resp.lr = sr.lr;
 	resp.step = sr.step;
 	return job_set_reply(j, &resp.base);
+}
+
+int h_run_zero_grad(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	Engined__V1__ZeroGradResponse resp = ENGINED__V1__ZERO_GRAD_RESPONSE__INIT;
+	int r = engine_zero_grad(d->engine, err);
+
+	return r < 0 ? r : job_set_reply(j, &resp.base);
 }
 
 int h_run_lr_scheduler_step(struct daemon *d, struct job *j, struct eng_error *err)

@@ -193,15 +193,38 @@ int engine_forward_backward(struct engine *e, const struct engine_batch *b,
 int engine_optimizer_step(struct engine *e, struct engine_step_result *ret,
 			  struct eng_error *err)
 {
+	return engine_optimizer_step_with(e, NULL, ret, err);
+}
+
+int engine_optimizer_step_with(struct engine *e, const struct engine_step_params *p,
+			       struct engine_step_result *ret, struct eng_error *err)
+{
 	struct call_ctx c;
 	int rc;
 
+	rc = engine_step_params_check(p, err);
+	if (rc)
+		return rc;
 	if (e->mode == ENGINE_MODE_EVAL)
 		return eng_fail(err, -EALREADY, "mode: optimizer_step is not allowed in EVAL mode");
 	rc = call_begin(e, ENGINE_MODE_TRAIN, &c, err);
 	if (rc)
 		return rc;
-	rc = e->ops->optimizer_step(e, ret, err);
+	rc = e->ops->optimizer_step(e, p, ret, err);
+	return call_end(e, &c, rc, err);
+}
+
+int engine_zero_grad(struct engine *e, struct eng_error *err)
+{
+	struct call_ctx c;
+	int rc;
+
+	if (e->mode == ENGINE_MODE_EVAL)
+		return eng_fail(err, -EALREADY, "mode: zero_grad is not allowed in EVAL mode");
+	rc = call_begin(e, ENGINE_MODE_TRAIN, &c, err);
+	if (rc)
+		return rc;
+	rc = e->ops->zero_grad(e, err);
 	return call_end(e, &c, rc, err);
 }
 

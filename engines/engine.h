@@ -162,6 +162,17 @@ struct engine_fb_result {
 	int32_t num_micro_batches;  /* out */
 };
 
+/* Hyper-parameters of one optimizer step that replace, for that step only,
+ * the configured ones (lr: the schedule's). Unset fields keep theirs. */
+struct engine_step_params {
+	bool has_lr, has_beta1, has_beta2, has_eps, has_weight_decay, has_clip_grad;
+	double lr, beta1, beta2, eps, weight_decay, clip_grad;
+};
+
+/* The optimizer rules of engine_init_config_check applied to the fields
+ * that are set (NULL: nothing set, 0). */
+int engine_step_params_check(const struct engine_step_params *p, struct eng_error *err);
+
 struct engine_step_result {
 	double grad_norm;           /* before clipping */
 	bool skipped;               /* non-finite norm: no update, grads zeroed */
@@ -216,8 +227,9 @@ struct engine_ops {
 			  struct eng_error *err);
 	int (*forward_backward)(struct engine *e, const struct engine_batch *b,
 				struct engine_fb_result *res, struct eng_error *err);
-	int (*optimizer_step)(struct engine *e, struct engine_step_result *ret,
-			      struct eng_error *err);
+	/* p: this step's overrides (checked), NULL for none. */
+	int (*optimizer_step)(struct engine *e, const struct engine_step_params *p,
+			      struct engine_step_result *ret, struct eng_error *err);
 	int (*lr_scheduler_step)(struct engine *e, double *ret_lr,
 				 struct eng_error *err);
 	/* Move state families to the device (to_device=true) or the host.
@@ -285,6 +297,12 @@ int engine_forward_backward(struct engine *e, const struct engine_batch *b,
 			    struct engine_fb_result *res, struct eng_error *err);
 int engine_optimizer_step(struct engine *e, struct engine_step_result *ret,
 			  struct eng_error *err);
+/* The same with this step's hyper-parameters (NULL: the configured ones). */
+int engine_optimizer_step_with(struct engine *e, const struct engine_step_params *p,
+			       struct engine_step_result *ret, struct eng_error *err);
+/* Drop the accumulated gradients (verl's optimizer_zero_grad); not in EVAL
+ * (-EALREADY). Made while IDLE, it enters TRAIN for the call. */
+int engine_zero_grad(struct engine *e, struct eng_error *err);
 int engine_lr_scheduler_step(struct engine *e, double *ret_lr,
 			     struct eng_error *err);
 /* model=false requires optimizer=false and grad=false (-EINVAL). */

@@ -36,6 +36,29 @@ static int optim_check(const struct engine_optim_config *o, struct eng_error *er
 	return 0;
 }
 
+int engine_step_params_check(const struct engine_step_params *p, struct eng_error *err)
+{
+	struct engine_init_config d;
+	struct engine_optim_config *o = &d.optim;
+
+	if (!p)
+		return 0;
+	engine_init_config_defaults(&d);
+	if (p->has_lr)
+		o->lr = p->lr;
+	if (p->has_beta1)
+		o->beta1 = p->beta1;
+	if (p->has_beta2)
+		o->beta2 = p->beta2;
+	if (p->has_eps)
+		o->eps = p->eps;
+	if (p->has_weight_decay)
+		o->weight_decay = p->weight_decay;
+	if (p->has_clip_grad)
+		o->clip_grad = p->clip_grad;
+	return optim_check(o, err);
+}
+
 int engine_init_config_check(const struct engine_init_config *cfg, struct eng_error *err)
 {
 	struct model_config mc;

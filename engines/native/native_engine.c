@@ -586,14 +586,23 @@ static int native_forward_backward(struct engine *e, const struct engine_batch *
 
 /* --- optimizer --------------------------------------------------------- */
 
-static int native_optimizer_step(struct engine *e, struct engine_step_result *ret,
-				 struct eng_error *err)
+static int native_optimizer_step(struct engine *e, const struct engine_step_params *p,
+				 struct engine_step_result *ret, struct eng_error *err)
 {
 	struct native *n = N(e);
 	const struct kernel_table *k = n->dev->k;
-	double sumsq = 0, norm, lr = native_current_lr(n);
+	struct engine_optim_config o = n->optim;  /* this step's */
+	double sumsq = 0, norm, lr = p && p->has_lr ? p->lr : native_current_lr(n);
 	float coef = 1.0f;
 	int rc;
+
+	if (p) {
+		o.beta1 = p->has_beta1 ? p->beta1 : o.beta1;
+		o.beta2 = p->has_beta2 ? p->beta2 : o.beta2;
+		o.eps = p->has_eps ? p->eps : o.eps;
+		o.weight_decay = p->has_weight_decay ? p->weight_decay : o.weight_decay;
+		o.clip_grad = p->has_clip_grad ? p->clip_grad : o.clip_grad;
+	}
 
 	rc = native_require_placed(n, true, true, err);
 	if (rc)
@@ -613,16 +622,15 @@ static int native_optimizer_step(struct engine *e, struct engine_step_result *re
 	}
 	/* torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6),
 	 * clamped to 1, computed in fp32. */
-	if (n->optim.clip_grad > 0) {
-		float c = (float)n->optim.clip_grad / ((float)norm + 1e-6f);
+	if (o.clip_grad > 0) {
+		float c = (float)o.clip_grad / ((float)norm + 1e-6f);
 
 		coef = c < 1.0f ? c : 1.0f;
 	}
 	n->optim_step++;
 	rc = k->adamw(n->dev, n->fam[FAM_PARAMS].dev, n->fam[FAM_GRADS].dev,
 		      n->fam[FAM_EXP_AVG].dev, n->fam[FAM_EXP_AVG_SQ].dev, n->table.total,
-		      lr, n->optim.beta1, n->optim.beta2, n->optim.eps,
-		      n->optim.weight_decay, n->optim_step, coef);
+		      lr, o.beta1, o.beta2, o.eps, o.weight_decay, n->optim_step, coef);
 	if (rc) {
 		n->optim_step--;
 		return eng_fail(err, rc, "optimizer: AdamW kernel failed");

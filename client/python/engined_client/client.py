@@ -293,10 +293,17 @@ class EngineClient:
             "values": to_numpy(r.values) if r.HasField("values") else None,
         }
 
-    def optimizer_step(self, timeout=None):
-        """Returns OptimizerStepResponse (grad_norm, skipped, lr, step)."""
-        return self._call("OptimizerStep", pb.OptimizerStepRequest(),
+    def optimizer_step(self, timeout=None, **params):
+        """Clip, AdamW, zero the gradients. params: this step's lr, beta1,
+        beta2, eps, weight_decay, clip_grad in place of the configured ones
+        (0 is a value: lr=0.0 applies only the weight decay). Returns
+        OptimizerStepResponse (grad_norm, skipped, lr, step)."""
+        return self._call("OptimizerStep", pb.OptimizerStepRequest(**params),
                           pb.OptimizerStepResponse, timeout)
+
+    def zero_grad(self, timeout=None):
+        """Drop the gradients accumulated since the last step."""
+        self._call("ZeroGrad", pb.ZeroGradRequest(), pb.ZeroGradResponse, timeout)
 
     def lr_scheduler_step(self, timeout=None):
         return self._call("LrSchedulerStep", pb.LrSchedulerStepRequest(),
