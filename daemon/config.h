@@ -28,6 +28,7 @@ struct daemon_config {
 	int n_listen;
 	int pollers;                  /* completion-queue threads */
 	int64_t max_request_bytes;    /* request size limit */
+	int64_t max_inflight_request_bytes;  /* held requests, all calls; 0: derived */
 	int64_t max_send_bytes;       /* reply / stream message limit; 0: derived */
 	int max_concurrent_calls;     /* engine jobs queued + running; 0: no limit */
 	int max_concurrent_streams;   /* HTTP/2 streams per connection */

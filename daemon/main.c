@@ -221,6 +221,8 @@ static int parse_args(int argc, char **argv, struct daemon_config *cfg,
 		fprintf(stderr, "engined: %s\n", err);
 		return 1;
 	}
+	if (cfg->max_inflight_request_bytes == 0)
+		cfg->max_inflight_request_bytes = 2 * cfg->max_request_bytes;
 	*ret_check = check;
 	return 0;
 }

@@ -230,6 +230,10 @@ static void render(struct metrics *m, struct page *p)
 	put(p, "# HELP engined_stream_bytes_total Bytes of stream messages sent (weights).\n"
 	       "# TYPE engined_stream_bytes_total counter\nengined_stream_bytes_total %lld\n",
 	    (long long)smp.bytes_streamed);
+	put(p, "# HELP engined_request_bytes_in_flight Bytes of requests received and not yet answered "
+	       "(bounded by server.max_inflight_request_bytes).\n"
+	       "# TYPE engined_request_bytes_in_flight gauge\nengined_request_bytes_in_flight %lld\n",
+	    (long long)smp.inflight_request_bytes);
 
 	put(p, "# HELP engined_engine_initialized 1 once Initialize succeeded.\n"
 	       "# TYPE engined_engine_initialized gauge\nengined_engine_initialized %d\n",

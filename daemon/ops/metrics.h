@@ -28,6 +28,7 @@ struct metrics_sample {
 	double job_seconds;           /* of the running job, 0 when idle */
 	double uptime_seconds;
 	int64_t bytes_streamed;
+	int64_t inflight_request_bytes;  /* received, not yet released by their calls */
 };
 typedef void (*metrics_sample_fn)(void *ctx, struct metrics_sample *out);
 
