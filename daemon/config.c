@@ -92,6 +92,8 @@ static const struct key keys[] = {
 	  "error, warn, info or debug" },
 	{ "metrics", "listen", K_ADDR, F(metrics_listen), 0, 0,
 	  "Prometheus text endpoint (HTTP GET /metrics), host:port; empty: off" },
+	{ "metrics", "idle_timeout_s", K_INT, F(metrics_idle_timeout_s), 1, 3600,
+	  "close a metrics connection after this many seconds without a byte" },
 	{ "shutdown", "grace_s", K_MS, F(grace_ms), 0, 86400000LL,
 	  "SIGTERM: wait this long for the running job (and save_on_stop) before giving up" },
 	{ "shutdown", "save_on_stop", K_STR, F(save_on_stop), 0, 0,
@@ -156,6 +158,7 @@ int config_init(struct daemon_config *c)
 	c->tls_require_client_cert = true;
 	c->log_level = LOG_LVL_INFO;
 	c->grace_ms = 30000;
+	c->metrics_idle_timeout_s = 5;
 	return 0;
 }
 

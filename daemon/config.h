@@ -62,6 +62,7 @@ struct daemon_config {
 
 	/* [metrics] */
 	char *metrics_listen;         /* "127.0.0.1:9400"; NULL: off */
+	int metrics_idle_timeout_s;   /* close a connection idle this long */
 
 	/* [shutdown] */
 	int64_t grace_ms;             /* SIGTERM: wait this long for the running job */

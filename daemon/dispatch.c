@@ -565,7 +565,8 @@ int daemon_start(struct daemon *d, char *errbuf, size_t errlen)
 		return r;
 	}
 	if (d->cfg.metrics_listen) {
-		r = metrics_start(&d->metrics, d->cfg.metrics_listen, metrics_sample, d,
+		r = metrics_start(&d->metrics, d->cfg.metrics_listen,
+				  d->cfg.metrics_idle_timeout_s, metrics_sample, d,
 				  errbuf, errlen);
 		if (r < 0) {
 			(void)daemon_stop(d);

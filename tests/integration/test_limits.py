@@ -1,9 +1,10 @@
 """The daemon's bounds against callers who only hold a socket: request
 bodies of callers without a valid token are never read (the daemon's peak
-RSS stays far below the bytes sent), request bytes in flight are bounded
+RSS stays far below the bytes sent; the body is asked for only once a call
+is accepted), request bytes in flight are bounded
 (server.max_inflight_request_bytes), a call with two `authorization`
 headers is refused, and idle connections to the metrics port cannot keep
-a scraper out.
+a scraper out (nor stay open past metrics.idle_timeout_s).
 
 Each test starts its own daemon. Memory is compared against bounds computed
 from the sizes sent, and held jobs (the test hook) replace any timing. Run
@@ -68,7 +69,7 @@ def padded(n, field=1000):
 
 
 def metrics_port(d):
-    m = re.search(r"metrics on http://\S+ \(port (\d+)\)", d.log_text())
+    m = re.search(r"metrics on http://\S+ \(port (\d+)[;)]", d.log_text())
     assert m, d.log_text()
     return int(m.group(1))
 
@@ -211,5 +212,94 @@ def test_call_without_a_message(token_file):
                    metadata=[("authorization", "Bearer " + TOKEN)],
                    field="request: no message")
             expect(SC.UNAUTHENTICATED, none, iter([]), field="missing")
+    finally:
+        assert d.stop() == 0
+
+
+# --- (C) idle connections to the metrics port ----------------------------------
+
+def metrics_limits(d):
+    m = re.search(r"metrics on http://\S+ \(port (\d+); (\d+) connections, (\d+) per address",
+                  d.log_text())
+    assert m, d.log_text()
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+def idle_socket(port, src, i):
+    """A connection that sends nothing (even i) or half a request line."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind((src, 0))
+    s.connect(("127.0.0.1", port))
+    if i % 2:
+        s.sendall(b"GET /metr")
+    return s
+
+
+def closed_by_server(s):
+    try:
+        return s.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def n_fds(pid):
+    return len(os.listdir("/proc/%d/fd" % pid))
+
+
+def n_open(socks):
+    return sum(not closed_by_server(s) for s in socks)
+
+
+def test_idle_metrics_connections_do_not_blind_the_scraper():
+    # The idle timeout is far off: every socket the daemon did not close
+    # on purpose stays open for the whole test.
+    d = Daemon("--metrics-listen", "127.0.0.1:0", "-o", "metrics.idle_timeout_s=600")
+    socks_a, socks_b = [], []
+    try:
+        port, total, per_addr = metrics_limits(d)
+        print("limits: %d connections, %d per address" % (total, per_addr), flush=True)
+        assert per_addr >= 8 and total >= 2 * per_addr
+        fds0 = n_fds(d.proc.pid)
+        # Another loopback address holds its full share, idle.
+        socks_b = [idle_socket(port, "127.0.0.2", i) for i in range(per_addr)]
+        # 64 idle connections from the scraper's own address.
+        socks_a = [idle_socket(port, "127.0.0.1", i) for i in range(64)]
+        assert "engined_uptime_seconds" in scrape(port, timeout=30)
+        # The scrape came in while they were open: with 64 + 1 over the
+        # per-address share the oldest idle ones made room, no others.
+        keep = min(64, per_addr - 1)
+        wait_for(lambda: n_open(socks_a) == keep, "%d of the 64 left open" % keep)
+        assert n_open(socks_b) == per_addr
+        # Far more idle connections than any limit: the scraper still gets in.
+        socks_a += [idle_socket(port, "127.0.0.1", i) for i in range(total + 32)]
+        for _ in range(3):
+            assert "engined_uptime_seconds" in scrape(port, timeout=30)
+        wait_for(lambda: n_open(socks_a) == per_addr - 1,
+                 "%d of %d left open" % (per_addr - 1, len(socks_a)))
+        assert n_open(socks_b) == per_addr
+        # The closed ones are gone from the daemon too, not only half-closed.
+        wait_for(lambda: n_fds(d.proc.pid) <= fds0 + 2 * per_addr,
+                 "the daemon's descriptors back to %d + %d" % (fds0, 2 * per_addr))
+        # gRPC is served all along.
+        with EngineClient(d.addr, timeout=20, options=OWN) as c:
+            assert c.get_status().version
+        assert metric(port, "engined_uptime_seconds") > 0
+    finally:
+        for s in socks_a + socks_b:
+            s.close()
+        assert d.stop() == 0
+
+
+def test_idle_metrics_connections_time_out():
+    d = Daemon("--metrics-listen", "127.0.0.1:0", "-o", "metrics.idle_timeout_s=1")
+    try:
+        port = metrics_port(d)
+        socks = [idle_socket(port, "127.0.0.1", i) for i in range(4)]
+        wait_for(lambda: n_open(socks) == 0, "idle connections closed by the timeout")
+        assert "engined_uptime_seconds" in scrape(port)
+        for s in socks:
+            s.close()
     finally:
         assert d.stop() == 0
