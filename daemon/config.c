@@ -47,6 +47,9 @@ static const struct key keys[] = {
 	  "gRPC completion-queue threads" },
 	{ "server", "max_request_bytes", K_SIZE, F(max_request_bytes), 1024, INT32_MAX,
 	  "largest request accepted (RESOURCE_EXHAUSTED above)" },
+	{ "server", "max_inflight_request_bytes", K_SIZE, F(max_inflight_request_bytes), 0,
+	  INT64_MAX / 2, "request bytes received and not yet answered, all calls together "
+	  "(RESOURCE_EXHAUSTED above); 0: 2 x max_request_bytes" },
 	{ "server", "max_send_bytes", K_SIZE, F(max_send_bytes), 0, INT32_MAX,
 	  "largest reply or stream message; 0: max(max_request_bytes, 64M)" },
 	{ "server", "max_concurrent_calls", K_INT, F(max_concurrent_calls), 0, 1000000,
@@ -89,6 +92,8 @@ static const struct key keys[] = {
 	  "error, warn, info or debug" },
 	{ "metrics", "listen", K_ADDR, F(metrics_listen), 0, 0,
 	  "Prometheus text endpoint (HTTP GET /metrics), host:port; empty: off" },
+	{ "metrics", "idle_timeout_s", K_INT, F(metrics_idle_timeout_s), 1, 3600,
+	  "close a metrics connection after this many seconds without a byte" },
 	{ "shutdown", "grace_s", K_MS, F(grace_ms), 0, 86400000LL,
 	  "SIGTERM: wait this long for the running job (and save_on_stop) before giving up" },
 	{ "shutdown", "save_on_stop", K_STR, F(save_on_stop), 0, 0,
@@ -153,6 +158,7 @@ int config_init(struct daemon_config *c)
 	c->tls_require_client_cert = true;
 	c->log_level = LOG_LVL_INFO;
 	c->grace_ms = 30000;
+	c->metrics_idle_timeout_s = 5;
 	return 0;
 }
 
@@ -568,6 +574,12 @@ int config_validate(const struct daemon_config *c, char err[CONFIG_ERR_MAX])
 	}
 	if (c->tls_client_ca && !tls) {
 		errf(err, "[tls] client_ca: mutual TLS needs the server's own cert and key");
+		return -EINVAL;
+	}
+	if (c->max_inflight_request_bytes && c->max_inflight_request_bytes < c->max_request_bytes) {
+		errf(err, "[server] max_inflight_request_bytes: %lld is below max_request_bytes = %lld "
+		     "(a request of the largest size could never be accepted)",
+		     (long long)c->max_inflight_request_bytes, (long long)c->max_request_bytes);
 		return -EINVAL;
 	}
 	if (!c->checkpoint_root || !c->model_root) {

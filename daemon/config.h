@@ -28,6 +28,7 @@ struct daemon_config {
 	int n_listen;
 	int pollers;                  /* completion-queue threads */
 	int64_t max_request_bytes;    /* request size limit */
+	int64_t max_inflight_request_bytes;  /* held requests, all calls; 0: derived */
 	int64_t max_send_bytes;       /* reply / stream message limit; 0: derived */
 	int max_concurrent_calls;     /* engine jobs queued + running; 0: no limit */
 	int max_concurrent_streams;   /* HTTP/2 streams per connection */
@@ -61,6 +62,7 @@ struct daemon_config {
 
 	/* [metrics] */
 	char *metrics_listen;         /* "127.0.0.1:9400"; NULL: off */
+	int metrics_idle_timeout_s;   /* close a connection idle this long */
 
 	/* [shutdown] */
 	int64_t grace_ms;             /* SIGTERM: wait this long for the running job */

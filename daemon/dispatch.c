@@ -1,10 +1,12 @@
 /* dispatch.c — the dispatcher, the gate, the job queue and the engine
  * thread; the daemon's lifecycle.
  *
- * Every RPC goes through on_call(): authentication (bearer token, read-only
- * vs full), decode (protobuf-c), the static gate (shutting down ->
- * UNAVAILABLE), the method's validate (a rejected request never reaches
- * the engine), then either an inline answer (GetStatus, Health: never
+ * Every RPC goes through on_call(), with the call's metadata only:
+ * authentication (bearer token, read-only vs full), the static gate
+ * (shutting down -> UNAVAILABLE, a full queue); only then is the request
+ * received (on_request: a refused caller's body is never read), decoded
+ * (protobuf-c) and passed to the method's validate (a rejected request
+ * never reaches the engine), then either an inline answer (GetStatus, Health: never
  * queued behind a long job), a handler that takes the call over (Health
  * Watch, reflection), or a FIFO job for the engine thread, which checks the
  * call's deadline and the state gate (initialized, mode) when the job comes
@@ -267,24 +269,29 @@ static void set_identity(struct job *j, const char *token_name, const char *cert
 		snprintf(j->identity, sizeof(j->identity), "-");
 }
 
-/* Token check. Returns 0, or the refusal in err (-EACCES: no valid token
- * -> UNAUTHENTICATED is set by the caller; -EPERM: read-only token). */
+/* Token check, from the call's metadata only (its body is not read yet).
+ * Returns 0, or the refusal in err (-EACCES: no valid token ->
+ * UNAUTHENTICATED is set by the caller; -EPERM: read-only token). */
 static int authorize(struct daemon *d, struct job *j, struct rpc_call *call,
 		     struct eng_error *err, enum rpc_code *ret_code)
 {
 	const struct method *m = j->m;
 	const char *hdr = rpc_call_authorization(call);
+	int n_hdr = rpc_call_authorization_count(call);
 	char name[AUTH_NAME_MAX];
 	enum auth_level lvl;
 
-	lvl = auth_check(&d->auth, hdr, name);
+	lvl = n_hdr > 1 ? AUTH_NONE : auth_check(&d->auth, hdr, name);
+	if (n_hdr > 1)
+		name[0] = '\0';
 	set_identity(j, name, rpc_call_cert_identity(call));
 	if (!auth_enabled(&d->auth) || (m && (m->flags & M_HEALTH) && d->cfg.health_exempt))
 		return 0;
 	if (lvl == AUTH_NONE) {
 		__atomic_add_fetch(&d->metrics.auth_failures, 1, __ATOMIC_RELAXED);
 		*ret_code = RPC_UNAUTHENTICATED;
-		return eng_fail(err, -EACCES, hdr ?
+		return eng_fail(err, -EACCES, n_hdr > 1 ?
+				"authorization: more than one header" : n_hdr ?
 				"authorization: bearer token not accepted" :
 				"authorization: missing (send 'authorization: Bearer <token>')");
 	}
@@ -296,54 +303,56 @@ static int authorize(struct daemon *d, struct job *j, struct rpc_call *call,
 	return 0;
 }
 
-/* Poller thread: a new call. Never blocks. */
-static void on_call(void *ctx, struct rpc_call *call, int method,
-		    const uint8_t *req, size_t len, bool has_message)
+/* server.max_concurrent_calls; with d->lock held. */
+static int queue_full_locked(struct daemon *d, struct eng_error *err)
 {
-	struct daemon *d = ctx;
-	const struct method *m = method >= 0 ? &daemon_methods[method] : NULL;
-	enum rpc_code code = RPC_OK;
+	if (d->cfg.max_concurrent_calls > 0 && d->in_flight >= d->cfg.max_concurrent_calls)
+		return eng_fail(err, -E2BIG, "server: %lld calls queued or running (server.max_concurrent_calls = %d); retry later",
+				(long long)d->in_flight, d->cfg.max_concurrent_calls);
+	return 0;
+}
+
+/* Poller thread: the request of an accepted call has arrived (or not).
+ * Decode, validate, then answer inline or queue. Never blocks. */
+static void on_request(void *user, struct rpc_call *call, enum rpc_recv_result res,
+		       const uint8_t *req, size_t len)
+{
+	struct job *j = user;
+	struct daemon *d = j->d;
+	const struct method *m = j->m;
 	struct eng_error err;
-	struct job *j;
 	int r;
 
 	eng_error_clear(&err);
-	j = job_new(call, m, &d->metrics);
-	if (!j) {
-		rpc_reply_status(call, RPC_RESOURCE_EXHAUSTED, "out of memory");
+	switch (res) {
+	case RPC_RECV_MESSAGE:
+		break;
+	case RPC_RECV_END:
+		job_finish(j, eng_fail(&err, -EINVAL, "request: no message"), &err);
+		return;
+	case RPC_RECV_GONE:
+		if (rpc_call_expired(call))
+			r = eng_fail(&err, -ETIMEDOUT, "deadline passed before the request arrived");
+		else
+			r = eng_fail(&err, -ECANCELED, "call cancelled before the request arrived");
+		job_finish(j, r, &err);
+		return;
+	case RPC_RECV_OVER_BOUND:
+		job_finish(j, eng_fail(&err, -E2BIG,
+			   "server: a request of %zu bytes with %lld bytes of requests in flight would pass server.max_inflight_request_bytes = %lld; retry later",
+			   len, (long long)rpc_call_inflight_bytes(call),
+			   (long long)d->cfg.max_inflight_request_bytes), &err);
+		return;
+	case RPC_RECV_NO_MEMORY:
+		job_finish(j, eng_fail(&err, -ENOMEM, "out of memory reading the request (%zu bytes)",
+				       len), &err);
 		return;
 	}
-
-	/* Who may call: before anything else, even for unknown methods. */
-	if (authorize(d, j, call, &err, &code) < 0) {
-		job_refuse(j, code, err.msg);
-		return;
-	}
-	if (!m) {
-		char msg[300];
-
-		snprintf(msg, sizeof(msg), "unknown method %s", rpc_call_method(call));
-		job_refuse(j, RPC_UNIMPLEMENTED, msg);
-		return;
-	}
-
 	pthread_mutex_lock(&d->lock);
 	r = d->stopping ? -ESHUTDOWN : 0;
 	pthread_mutex_unlock(&d->lock);
 	if (r < 0) {
-		eng_fail(&err, r, "daemon is shutting down");
-		job_finish(j, r, &err);
-		return;
-	}
-	if (m->client_streaming) {
-		/* The handler reads the messages itself. */
-		r = m->run(d, j, &err);
-		if (r < 0)
-			job_finish(j, r, &err);
-		return;
-	}
-	if (!has_message) {
-		job_finish(j, eng_fail(&err, -EINVAL, "request: no message"), &err);
+		job_finish(j, eng_fail(&err, r, "daemon is shutting down"), &err);
 		return;
 	}
 	r = wire_check_strings(m->req_desc, req, len, &err);
@@ -378,19 +387,11 @@ static void on_call(void *ctx, struct rpc_call *call, int method,
 	}
 
 	pthread_mutex_lock(&d->lock);
-	if (d->stopping) {
+	r = d->stopping ? eng_fail(&err, -ESHUTDOWN, "daemon is shutting down") :
+	    queue_full_locked(d, &err);
+	if (r < 0) {
 		pthread_mutex_unlock(&d->lock);
-		eng_fail(&err, -ESHUTDOWN, "daemon is shutting down");
-		job_finish(j, -ESHUTDOWN, &err);
-		return;
-	}
-	if (d->cfg.max_concurrent_calls > 0 && d->in_flight >= d->cfg.max_concurrent_calls) {
-		int64_t n = d->in_flight;
-
-		pthread_mutex_unlock(&d->lock);
-		eng_fail(&err, -E2BIG, "server: %lld calls queued or running (server.max_concurrent_calls = %d); retry later",
-			 (long long)n, d->cfg.max_concurrent_calls);
-		job_finish(j, -E2BIG, &err);
+		job_finish(j, r, &err);
 		return;
 	}
 	if (d->tail)
@@ -402,6 +403,61 @@ static void on_call(void *ctx, struct rpc_call *call, int method,
 	d->in_flight++;
 	pthread_cond_signal(&d->cond);
 	pthread_mutex_unlock(&d->lock);
+}
+
+/* Poller thread: a new call, with its metadata only. Who may call is
+ * decided before a byte of the request is read; then the request is asked
+ * for (on_request). Never blocks. */
+static void on_call(void *ctx, struct rpc_call *call, int method)
+{
+	struct daemon *d = ctx;
+	const struct method *m = method >= 0 ? &daemon_methods[method] : NULL;
+	enum rpc_code code = RPC_OK;
+	struct eng_error err;
+	struct job *j;
+	int r;
+
+	eng_error_clear(&err);
+	j = job_new(call, m, &d->metrics);
+	if (!j) {
+		rpc_reply_status(call, RPC_RESOURCE_EXHAUSTED, "out of memory");
+		return;
+	}
+	j->d = d;
+
+	/* Who may call: before anything else, even for unknown methods. */
+	if (authorize(d, j, call, &err, &code) < 0) {
+		job_refuse(j, code, err.msg);
+		return;
+	}
+	if (!m) {
+		char msg[300];
+
+		snprintf(msg, sizeof(msg), "unknown method %s", rpc_call_method(call));
+		job_refuse(j, RPC_UNIMPLEMENTED, msg);
+		return;
+	}
+
+	pthread_mutex_lock(&d->lock);
+	r = d->stopping ? eng_fail(&err, -ESHUTDOWN, "daemon is shutting down") : 0;
+	/* A full queue refuses an engine call before its body is read (and
+	 * again when it would be queued). */
+	if (r == 0 && m->where == RUN_ENGINE)
+		r = queue_full_locked(d, &err);
+	pthread_mutex_unlock(&d->lock);
+	if (r < 0) {
+		job_finish(j, r, &err);
+		return;
+	}
+	if (m->client_streaming) {
+		/* The handler reads the messages itself. */
+		r = m->run(d, j, &err);
+		if (r < 0)
+			job_finish(j, r, &err);
+		return;
+	}
+	if (rpc_recv_next(call, on_request, j) < 0)
+		job_finish(j, eng_fail(&err, -EIO, "rpc: cannot receive the request"), &err);
 }
 
 bool daemon_serving(struct daemon *d)
@@ -436,6 +492,7 @@ static void metrics_sample(void *ctx, struct metrics_sample *out)
 	out->uptime_seconds = (double)(now.tv_sec - d->started.tv_sec) +
 			      (double)(now.tv_nsec - d->started.tv_nsec) * 1e-9;
 	out->bytes_streamed = d->rpc ? rpc_server_bytes_streamed(d->rpc) : 0;
+	out->inflight_request_bytes = d->rpc ? rpc_server_inflight_bytes(d->rpc) : 0;
 }
 
 int daemon_init(struct daemon *d, const struct daemon_config *cfg,
@@ -493,6 +550,7 @@ int daemon_start(struct daemon *d, char *errbuf, size_t errlen)
 	rc.listen = (const char *const *)d->cfg.listen;
 	rc.n_listen = d->cfg.n_listen;
 	rc.max_recv_bytes = d->cfg.max_request_bytes;
+	rc.max_inflight_recv_bytes = d->cfg.max_inflight_request_bytes;
 	rc.max_send_bytes = d->cfg.max_send_bytes;
 	rc.pollers = d->cfg.pollers;
 	rc.max_concurrent_streams = d->cfg.max_concurrent_streams;
@@ -513,7 +571,8 @@ int daemon_start(struct daemon *d, char *errbuf, size_t errlen)
 		return r;
 	}
 	if (d->cfg.metrics_listen) {
-		r = metrics_start(&d->metrics, d->cfg.metrics_listen, metrics_sample, d,
+		r = metrics_start(&d->metrics, d->cfg.metrics_listen,
+				  d->cfg.metrics_idle_timeout_s, metrics_sample, d,
 				  errbuf, errlen);
 		if (r < 0) {
 			(void)daemon_stop(d);

@@ -100,6 +100,7 @@ void job_finish(struct job *j, int r, const struct eng_error *err)
 
 void job_release(struct job *j)
 {
+	rpc_call_release_request(j->call);
 	j->call = NULL;
 	job_free(j);
 }

@@ -74,6 +74,7 @@ struct job {
 	struct job *next;
 	const struct method *m;       /* NULL: an unknown method */
 	struct rpc_call *call;
+	struct daemon *d;             /* the dispatcher's (opaque here) */
 	struct metrics *metrics;      /* where the call is counted */
 	ProtobufCMessage *req;        /* unpacked request, owned */
 	void *prep;                   /* from validate, owned */
@@ -101,7 +102,8 @@ void job_finish(struct job *j, int r, const struct eng_error *err);
 /* Answer with a status that did not come from an engine code (e.g.
  * UNAUTHENTICATED), log it and free the job. */
 void job_refuse(struct job *j, enum rpc_code code, const char *msg);
-/* RUN_OWN handlers: take the call over; the rest of the job is freed. */
+/* RUN_OWN handlers: take the call over; the rest of the job (the request
+ * too: its bytes stop counting as in flight) is freed. */
 void job_release(struct job *j);
 
 /* One log line per RPC (method, peer, identity, status, duration) and its

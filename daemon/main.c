@@ -221,6 +221,8 @@ static int parse_args(int argc, char **argv, struct daemon_config *cfg,
 		fprintf(stderr, "engined: %s\n", err);
 		return 1;
 	}
+	if (cfg->max_inflight_request_bytes == 0)
+		cfg->max_inflight_request_bytes = 2 * cfg->max_request_bytes;
 	*ret_check = check;
 	return 0;
 }
@@ -492,8 +494,11 @@ int main(int argc, char **argv)
 		log_msg(LOG_LVL_INFO, "the CUDA device was not built into this binary (devices: %s)",
 			device_names());
 	if (d.metrics.http_port > 0)
-		log_msg(LOG_LVL_INFO, "metrics on http://%s/metrics (port %d)", cfg.metrics_listen,
-			d.metrics.http_port);
+		log_msg(LOG_LVL_INFO,
+			"metrics on http://%s/metrics (port %d; %d connections, %d per address, "
+			"idle ones closed after %d s)", cfg.metrics_listen, d.metrics.http_port,
+			d.metrics.max_conns, d.metrics.max_conns_per_addr,
+			d.metrics.idle_timeout_s);
 	(void)write_port_file(&cfg, &d);
 
 	/* Every address is bound and the pollers run: calls are answered. */

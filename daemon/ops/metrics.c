@@ -1,4 +1,21 @@
-/* metrics.c — counters and the Prometheus endpoint (see metrics.h). */
+/* metrics.c — counters and the Prometheus endpoint (see metrics.h).
+ *
+ * The endpoint is libmicrohttpd with one internal thread (epoll where
+ * available): every callback below runs on that thread, so the list of
+ * connections needs no lock. Idle connections must not keep a scraper out:
+ * libmicrohttpd refuses a connection beyond its limits and its timeout
+ * frees an idle one only later, and on loopback every client has the same
+ * address, so a per-address limit alone would let a few local sockets that
+ * never send a request blind the scraper. The endpoint therefore tracks its
+ * connections and, when a new one brings its address over
+ * max_conns_per_addr (or the total over max_conns), closes the connection
+ * of that address (of the address holding the most) that has been idle
+ * the longest, i.e. has no request being answered: a scraper's fresh
+ * connection is the newest and sends its request at once, so older idle
+ * ones go first, and one address's excess never closes another's
+ * connections. libmicrohttpd's own limits sit HTTP_SLACK above ours (the
+ * closes take effect on its next turn) and hold under a flood.
+ */
 #include "metrics.h"
 
 #include <arpa/inet.h>
@@ -8,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -15,6 +33,20 @@
 #include <microhttpd.h>
 
 #include "log.h"
+
+#define HTTP_SLACK 32          /* libmicrohttpd's limits above ours */
+#define HTTP_MEMORY (16 * 1024)  /* per connection: a scraper's request fits */
+
+/* One connection of the endpoint (its socket context). */
+struct http_conn {
+	struct http_conn *prev, *next;
+	unsigned char addr[16];     /* IPv4 or IPv6 address bytes */
+	int addr_len;
+	int fd;
+	bool busy;                  /* a request is being answered */
+	bool closing;               /* shut down by the guard; closes soon */
+	uint64_t idle_since;        /* m->conn_seq at connect or last answer */
+};
 
 /* Upper bounds of the latency buckets, seconds (the last is +Inf). */
 static const double bucket_le[METRICS_BUCKETS - 1] = {
@@ -34,6 +66,12 @@ void metrics_fini(struct metrics *m)
 	if (m->http) {
 		MHD_stop_daemon(m->http);
 		m->http = NULL;
+	}
+	while (m->conns) {  /* closed ones were unlinked by on_conn */
+		struct http_conn *c = m->conns;
+
+		m->conns = c->next;
+		free(c);
 	}
 }
 
@@ -230,6 +268,10 @@ static void render(struct metrics *m, struct page *p)
 	put(p, "# HELP engined_stream_bytes_total Bytes of stream messages sent (weights).\n"
 	       "# TYPE engined_stream_bytes_total counter\nengined_stream_bytes_total %lld\n",
 	    (long long)smp.bytes_streamed);
+	put(p, "# HELP engined_request_bytes_in_flight Bytes of requests received and not yet answered "
+	       "(bounded by server.max_inflight_request_bytes).\n"
+	       "# TYPE engined_request_bytes_in_flight gauge\nengined_request_bytes_in_flight %lld\n",
+	    (long long)smp.inflight_request_bytes);
 
 	put(p, "# HELP engined_engine_initialized 1 once Initialize succeeded.\n"
 	       "# TYPE engined_engine_initialized gauge\nengined_engine_initialized %d\n",
@@ -282,6 +324,145 @@ static void render(struct metrics *m, struct page *p)
 	       "engined_last_checkpoint_timestamp_seconds %.3f\n", last_ckpt);
 }
 
+/* --- the endpoint's connections (the server's thread) -------------------- */
+
+static bool same_addr(const struct http_conn *a, const struct http_conn *b)
+{
+	return a->addr_len == b->addr_len && !memcmp(a->addr, b->addr, (size_t)a->addr_len);
+}
+
+static int count_addr(const struct metrics *m, const struct http_conn *x)
+{
+	int n = 0;
+
+	for (const struct http_conn *c = m->conns; c; c = c->next)
+		n += !c->closing && same_addr(c, x);
+	return n;
+}
+
+/* A new connection `nc` arrived: keep the limits by closing the longest
+ * idle connection of its address, or, over the total, of the address that
+ * holds the most. Nothing is closed when no such connection is idle. */
+static void guard_connections(struct metrics *m, const struct http_conn *nc)
+{
+	struct http_conn *victim = NULL;
+	int total = 0, best = 0;
+	bool per_addr;
+
+	for (const struct http_conn *c = m->conns; c; c = c->next)
+		total += !c->closing;
+	per_addr = count_addr(m, nc) > m->max_conns_per_addr;
+	if (!per_addr && total <= m->max_conns)
+		return;
+	for (struct http_conn *c = m->conns; c; c = c->next) {
+		int n;
+
+		if (c == nc || c->busy || c->closing || (per_addr && !same_addr(c, nc)))
+			continue;
+		n = per_addr ? 1 : count_addr(m, c);
+		if (!victim || n > best || (n == best && c->idle_since < victim->idle_since)) {
+			victim = c;
+			best = n;
+		}
+	}
+	if (!victim)
+		return;
+	/* libmicrohttpd sees the end of the stream and closes it (the fd stays
+	 * its own until then). */
+	victim->closing = true;
+	(void)shutdown(victim->fd, SHUT_RDWR);
+}
+
+static struct http_conn *conn_of(struct MHD_Connection *conn)
+{
+	const union MHD_ConnectionInfo *ci =
+		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+
+	return ci ? ci->socket_context : NULL;
+}
+
+static void on_conn(void *cls, struct MHD_Connection *conn, void **socket_context,
+		    enum MHD_ConnectionNotificationCode toe)
+{
+	struct metrics *m = cls;
+	const union MHD_ConnectionInfo *ci;
+	struct http_conn *c = *socket_context;
+
+	if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+		if (!c)
+			return;
+		if (c->prev)
+			c->prev->next = c->next;
+		else
+			m->conns = c->next;
+		if (c->next)
+			c->next->prev = c->prev;
+		free(c);
+		*socket_context = NULL;
+		return;
+	}
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return;  /* untracked: never closed by the guard */
+	ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+	c->fd = ci ? ci->connect_fd : -1;
+	ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+	if (ci && ci->client_addr && ci->client_addr->sa_family == AF_INET) {
+		memcpy(c->addr, &((const struct sockaddr_in *)ci->client_addr)->sin_addr, 4);
+		c->addr_len = 4;
+	} else if (ci && ci->client_addr && ci->client_addr->sa_family == AF_INET6) {
+		memcpy(c->addr, &((const struct sockaddr_in6 *)ci->client_addr)->sin6_addr, 16);
+		c->addr_len = 16;
+	}
+	if (c->fd < 0) {
+		free(c);
+		return;
+	}
+	c->idle_since = ++m->conn_seq;
+	/* Append: the list stays oldest first. */
+	if (m->conns) {
+		struct http_conn *t = m->conns;
+
+		while (t->next)
+			t = t->next;
+		t->next = c;
+		c->prev = t;
+	} else {
+		m->conns = c;
+	}
+	*socket_context = c;
+	guard_connections(m, c);
+}
+
+static void on_done(void *cls, struct MHD_Connection *conn, void **con_cls,
+		    enum MHD_RequestTerminationCode toe)
+{
+	struct metrics *m = cls;
+	struct http_conn *c = conn_of(conn);
+
+	(void)con_cls;
+	(void)toe;
+	if (c) {
+		c->busy = false;
+		c->idle_since = ++m->conn_seq;
+	}
+}
+
+/* At most an eighth of the process's descriptors, 16 to 256; half of
+ * them for one address. */
+static void conn_limits(struct metrics *m)
+{
+	struct rlimit rl;
+	long fds = 1024, n;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+		fds = (long)rl.rlim_cur;
+	n = fds / 8;
+	n = n < 16 ? 16 : n > 256 ? 256 : n;
+	m->max_conns = (int)n;
+	m->max_conns_per_addr = (int)n / 2;
+}
+
 static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const char *url,
 			       const char *method, const char *version,
 			       const char *upload_data, size_t *upload_data_size, void **con_cls)
@@ -293,7 +474,10 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
 	unsigned int status = MHD_HTTP_OK;
 	static const char not_found[] = "not found: try /metrics\n";
 	static const char bad_method[] = "GET only\n";
+	struct http_conn *hc = conn_of(conn);
 
+	if (hc)
+		hc->busy = true;  /* until on_done */
 	if (strcmp(method, "GET") && strcmp(method, "HEAD")) {
 		resp = MHD_create_response_from_buffer(sizeof(bad_method) - 1, (void *)bad_method,
 						       MHD_RESPMEM_PERSISTENT);
@@ -322,8 +506,8 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
 	return ret;
 }
 
-int metrics_start(struct metrics *m, const char *addr, metrics_sample_fn sample, void *ctx,
-		  char *errbuf, size_t errlen)
+int metrics_start(struct metrics *m, const char *addr, int idle_timeout_s,
+		  metrics_sample_fn sample, void *ctx, char *errbuf, size_t errlen)
 {
 	struct sockaddr_storage ss;
 	socklen_t sl = sizeof(ss);
@@ -332,7 +516,8 @@ int metrics_start(struct metrics *m, const char *addr, metrics_sample_fn sample,
 	const union MHD_DaemonInfo *info;
 	size_t n;
 	long port;
-	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD;
+	/* One internal thread (never a pool: the callbacks share m->conns). */
+	unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD;
 
 	memset(&ss, 0, sizeof(ss));
 	if (!colon || (n = (size_t)(colon - addr)) >= sizeof(host)) {
@@ -365,10 +550,17 @@ int metrics_start(struct metrics *m, const char *addr, metrics_sample_fn sample,
 	}
 	m->sample = sample;
 	m->sample_ctx = ctx;
+	conn_limits(m);
+	m->idle_timeout_s = idle_timeout_s > 0 ? idle_timeout_s : 5;
 	m->http = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_http, m,
 				   MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-				   MHD_OPTION_CONNECTION_LIMIT, (unsigned)16,
-				   MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+				   MHD_OPTION_CONNECTION_LIMIT, (unsigned)(m->max_conns + HTTP_SLACK),
+				   MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+				   (unsigned)(m->max_conns_per_addr + HTTP_SLACK),
+				   MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)m->idle_timeout_s,
+				   MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HTTP_MEMORY,
+				   MHD_OPTION_NOTIFY_CONNECTION, on_conn, m,
+				   MHD_OPTION_NOTIFY_COMPLETED, on_done, m,
 				   MHD_OPTION_END);
 	if (!m->http) {
 		snprintf(errbuf, errlen, "metrics.listen: cannot serve on %s", addr);

@@ -28,6 +28,7 @@ struct metrics_sample {
 	double job_seconds;           /* of the running job, 0 when idle */
 	double uptime_seconds;
 	int64_t bytes_streamed;
+	int64_t inflight_request_bytes;  /* received, not yet released by their calls */
 };
 typedef void (*metrics_sample_fn)(void *ctx, struct metrics_sample *out);
 
@@ -54,6 +55,11 @@ struct metrics {
 	void *sample_ctx;
 	struct MHD_Daemon *http;
 	int http_port;
+	/* The endpoint's connections (metrics.c: the server's thread only). */
+	struct http_conn *conns;      /* oldest first */
+	int max_conns, max_conns_per_addr;  /* beyond: an idle one is closed */
+	int idle_timeout_s;
+	uint64_t conn_seq;
 };
 
 /* labels: the method names by row (borrowed; at most METRICS_METHODS - 1);
@@ -71,9 +77,11 @@ void metrics_optimizer_step(struct metrics *m, double seconds, double grad_norm)
 void metrics_checkpoint_saved(struct metrics *m);
 
 /* Serve GET /metrics on `addr` (host:port; port 0 picks one); each page
- * calls sample(ctx) (from the server's thread). Returns 0 and sets
- * m->http_port, or a negative errno with a message. */
-int metrics_start(struct metrics *m, const char *addr, metrics_sample_fn sample, void *ctx,
-		  char *errbuf, size_t errlen);
+ * calls sample(ctx) (from the server's thread). A connection without a
+ * byte for idle_timeout_s is closed; idle connections never keep a scraper
+ * out (metrics.c). Returns 0 and sets m->http_port, m->max_conns and
+ * m->max_conns_per_addr, or a negative errno with a message. */
+int metrics_start(struct metrics *m, const char *addr, int idle_timeout_s,
+		  metrics_sample_fn sample, void *ctx, char *errbuf, size_t errlen);
 
 #endif

@@ -545,8 +545,8 @@ static void end_call(struct refl_call *rc, struct rpc_call *c, enum rpc_code cod
 	free(rc);
 }
 
-static void on_request(void *user, struct rpc_call *c, const uint8_t *msg, size_t len,
-		       bool end)
+static void on_request(void *user, struct rpc_call *c, enum rpc_recv_result res,
+		       const uint8_t *msg, size_t len)
 {
 	struct refl_call *rc = user;
 	Grpc__Reflection__V1__ServerReflectionRequest *q;
@@ -556,8 +556,12 @@ static void on_request(void *user, struct rpc_call *c, const uint8_t *msg, size_
 	size_t out_len = 0;
 	int r;
 
-	if (end) {
-		bool gone = rpc_call_cancelled(c);
+	if (res == RPC_RECV_NO_MEMORY) {
+		end_call(rc, c, RPC_RESOURCE_EXHAUSTED, "out of memory reading the request");
+		return;
+	}
+	if (res != RPC_RECV_MESSAGE) {
+		bool gone = res == RPC_RECV_GONE || rpc_call_cancelled(c);
 
 		end_call(rc, c, gone ? RPC_CANCELLED : RPC_OK, gone ? "client went away" : NULL);
 		return;

@@ -9,6 +9,12 @@
  * from on_call until it calls one of rpc_reply*() — exactly once — which
  * hands the call back (the struct may be freed at any time after).
  *
+ * A call arrives with its metadata only: the owner decides on it first
+ * (rpc_call_authorization, the method) and asks for the request message
+ * with rpc_recv_next only once it accepts the call, so that the body of a
+ * refused call is never read. Request bytes held by calls are bounded
+ * (max_inflight_recv_bytes, see rpc_recv_next).
+ *
  * Streaming (server streaming only): the owner starts at most one send at a
  * time with rpc_stream_send() and waits for it with rpc_stream_wait(); the
  * data of each piece is borrowed until its `release` callback runs (from
@@ -52,6 +58,7 @@ struct rpc_server_config {
 	const char *const *listen;     /* "127.0.0.1:50051", "unix:/path" */
 	int n_listen;
 	int64_t max_recv_bytes;        /* request size limit */
+	int64_t max_inflight_recv_bytes;  /* request bytes held at once; 0: no bound */
 	int64_t max_send_bytes;        /* reply / stream message size limit */
 	int pollers;                   /* completion-queue threads, >= 1 */
 	int max_concurrent_streams;
@@ -66,20 +73,18 @@ struct rpc_server_config {
 
 /* Registered method paths ("/engined.v1.TrainingEngine/GetStatus"), index
  * = method id passed to on_call. A call to any other path reaches on_call
- * with method -1, no message, and must be answered (UNIMPLEMENTED, or
- * UNAUTHENTICATED first). */
+ * with method -1 and must be answered (UNIMPLEMENTED, or UNAUTHENTICATED
+ * first). */
 struct rpc_method_reg {
 	const char *path;
 	bool server_streaming;
-	bool client_streaming;         /* messages come through rpc_recv_next */
+	bool client_streaming;         /* several messages through rpc_recv_next */
 };
 
-/* Delivered on a poller thread: `req` (len bytes) is the request message,
- * borrowed for the duration of the callback; has_message is false when the
- * client sent none (always for client-streaming methods). The callee owns
- * `call` from here on. */
-typedef void (*rpc_on_call_fn)(void *ctx, struct rpc_call *call, int method,
-			       const uint8_t *req, size_t len, bool has_message);
+/* Delivered on a poller thread once the call's metadata has arrived; no
+ * byte of its message has been read. The callee owns `call` from here on:
+ * it answers it, or asks for the message with rpc_recv_next. */
+typedef void (*rpc_on_call_fn)(void *ctx, struct rpc_call *call, int method);
 
 /* Create the server, bind every address, start `cfg->pollers` threads. On
  * failure writes a message into errbuf and returns a negative errno; *ret
@@ -99,6 +104,8 @@ int rpc_server_set_tls(struct rpc_server *s, const char *cert, const char *key,
 		       const char *client_ca);
 /* Bytes of stream messages handed to gRPC since the start. */
 int64_t rpc_server_bytes_streamed(const struct rpc_server *s);
+/* Request bytes held by calls now (see rpc_recv_next). */
+int64_t rpc_server_inflight_bytes(const struct rpc_server *s);
 /* Stop accepting calls (new ones get UNAVAILABLE from gRPC); calls in
  * progress continue. Idempotent. */
 void rpc_server_shutdown(struct rpc_server *s);
@@ -132,22 +139,48 @@ int rpc_stream_wait(struct rpc_call *c);
 
 /* True once the client cancelled, the deadline passed or the peer left. */
 bool rpc_call_cancelled(struct rpc_call *c);
-/* Client streaming: ask for the next message. `fn` runs once on a poller
- * thread with it (borrowed for the callback), or with end = true when the
- * client has half-closed or the call is over. It is delivered only once no
- * stream send is in flight, so `fn` may rpc_stream_send a reply (never
- * wait for it there: it would block the poller). Returns 0, or -EBUSY when
- * a receive is already pending. */
-typedef void (*rpc_recv_fn)(void *user, struct rpc_call *c, const uint8_t *msg,
-			    size_t len, bool end);
+/* What rpc_recv_next delivers. */
+enum rpc_recv_result {
+	RPC_RECV_MESSAGE,      /* msg, len: the next message, borrowed for the callback */
+	RPC_RECV_END,          /* the client half-closed: no (more) message */
+	RPC_RECV_GONE,         /* the call is over: cancelled, deadline, peer gone */
+	RPC_RECV_OVER_BOUND,   /* len: the message's size; it was dropped on arrival,
+				* since the request bytes held would pass
+				* max_inflight_recv_bytes */
+	RPC_RECV_NO_MEMORY,    /* the message could not be copied; dropped */
+};
+
+/* Ask for the next message of the call (the request of a unary or
+ * server-streaming call; one of the messages of a client-streaming one).
+ * `fn` runs once on a poller thread with the result. It is delivered only
+ * once no stream send is in flight, so `fn` may rpc_stream_send a reply
+ * (never wait for it there: it would block the poller). Returns 0, or
+ * -EBUSY when a receive is already pending.
+ *
+ * Accounting: the message of a unary or server-streaming method counts
+ * against max_inflight_recv_bytes from its arrival until the call is
+ * handed back (rpc_reply*) or rpc_call_release_request; it is checked once
+ * the whole message is there (gRPC's max_recv_bytes bounds one message
+ * while it arrives). Messages of client-streaming methods are only
+ * borrowed for the callback and do not count. */
+typedef void (*rpc_recv_fn)(void *user, struct rpc_call *c, enum rpc_recv_result res,
+			    const uint8_t *msg, size_t len);
 int rpc_recv_next(struct rpc_call *c, rpc_recv_fn fn, void *user);
+/* The owner no longer holds the request (e.g. a handler that keeps the
+ * call but freed the message): its bytes stop counting. Idempotent. */
+void rpc_call_release_request(struct rpc_call *c);
+/* Request bytes held by all calls of c's server now. */
+int64_t rpc_call_inflight_bytes(const struct rpc_call *c);
 
 /* "ipv4:127.0.0.1:40000"; valid while the call is owned. */
 const char *rpc_call_peer(const struct rpc_call *c);
 /* Method path, as registered (or as requested for unknown methods). */
 const char *rpc_call_method(const struct rpc_call *c);
-/* Value of the `authorization` header, NULL when absent. */
+/* Value of the `authorization` header: NULL unless the call carries
+ * exactly one, of at most 4096 bytes. */
 const char *rpc_call_authorization(const struct rpc_call *c);
+/* How many `authorization` headers the call carries (any size). */
+int rpc_call_authorization_count(const struct rpc_call *c);
 /* Common name of a verified TLS client certificate, NULL without one. */
 const char *rpc_call_cert_identity(const struct rpc_call *c);
 /* Monotonic seconds since the call arrived. */

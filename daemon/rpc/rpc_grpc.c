@@ -7,6 +7,18 @@
  *   batch posted at accept (completes when the call is over, tells whether
  *   it was cancelled), one per batch in flight. The last reference unrefs
  *   the grpc_call.
+ * Every method is registered with GRPC_SRM_PAYLOAD_NONE: a new call brings
+ * its metadata only, and the request is read by a RECV_MESSAGE batch that
+ * the owner asks for (rpc_recv_next) once it has accepted the call. A
+ * refused call is answered without its body being read: gRPC's flow
+ * control stops the client after the stream's window.
+ * Request bytes in flight: a unary or server-streaming call's message is
+ * charged to srv->inflight_bytes when it has arrived (its size is known
+ * only then) and refused at once, dropped, when the charge would pass
+ * max_inflight_bytes; the charge ends when the owner hands the call back or
+ * releases the request. Reserving max_recv_bytes before each receive would
+ * bound the bytes gRPC buffers while messages arrive too, but would also
+ * refuse every small call while two large ones are queued.
  * Several poller threads may see events of one call at once, and the
  * engine thread sends on streams: every field of a call is under its lock,
  * and start_batch is only called with that lock held.
@@ -40,7 +52,7 @@
 #define GENERIC_SLOTS 2
 #define MAX_POLLERS 8
 #define MAX_LISTEN 8
-#define AUTHZ_MAX 4096
+#define AUTHZ_MAX 4096  /* rpc.h: rpc_call_authorization */
 
 enum tag_kind {
 	TAG_ACCEPT,        /* obj: struct accept_slot (registered method) */
@@ -64,7 +76,6 @@ struct accept_slot {
 	grpc_call *call;
 	gpr_timespec deadline;
 	grpc_metadata_array md;
-	grpc_byte_buffer *payload;
 	grpc_call_details details;  /* generic only */
 };
 
@@ -75,6 +86,7 @@ struct rpc_call {
 	char *method_path;          /* malloc'ed */
 	char *peer;                 /* gpr_malloc'ed */
 	char *authz;                /* `authorization` header, malloc'ed or NULL */
+	int n_authz;                /* `authorization` headers received */
 	char *cert_ident;           /* verified client certificate CN or NULL */
 	struct timespec t0;
 	gpr_timespec deadline;      /* GPR_CLOCK_MONOTONIC; infinite: none */
@@ -98,6 +110,7 @@ struct rpc_call {
 	bool recv_wanted;           /* asked for, posted once no send is in flight */
 	bool recv_pending;          /* RECV_MESSAGE batch in flight */
 	grpc_byte_buffer *recv_bb;
+	int64_t charged;            /* request bytes counted in srv->inflight_bytes */
 	struct tag close_tag, send_tag, finish_tag, recv_tag;
 };
 
@@ -118,6 +131,8 @@ struct rpc_server {
 	int n_listen;
 	int64_t default_deadline_ms;
 	int64_t bytes_streamed;     /* atomic */
+	int64_t inflight_bytes;     /* atomic: request bytes charged to calls */
+	int64_t max_inflight_bytes; /* 0: no bound */
 	int n_pollers;
 	pthread_t pollers[MAX_POLLERS];
 
@@ -161,15 +176,13 @@ static int slot_post(struct accept_slot *s)
 
 	s->tag.obj = s;
 	s->call = NULL;
-	s->payload = NULL;
 	grpc_metadata_array_init(&s->md);
 	if (s->method >= 0) {
+		/* No payload: methods are registered with GRPC_SRM_PAYLOAD_NONE. */
 		s->tag.kind = TAG_ACCEPT;
 		e = grpc_server_request_registered_call(srv->server,
 				srv->method_handles[s->method], &s->call, &s->deadline,
-				&s->md,
-				srv->methods[s->method].client_streaming ? NULL : &s->payload,
-				srv->cq, srv->cq, &s->tag);
+				&s->md, NULL, srv->cq, srv->cq, &s->tag);
 	} else {
 		s->tag.kind = TAG_ACCEPT_GENERIC;
 		grpc_call_details_init(&s->details);
@@ -188,17 +201,38 @@ static void slot_reset(struct accept_slot *s)
 	grpc_metadata_array_destroy(&s->md);
 	if (s->method < 0)
 		grpc_call_details_destroy(&s->details);
-	if (s->payload)
-		grpc_byte_buffer_destroy(s->payload);
-	s->payload = NULL;
 }
 
 static void call_unref_locked_release(struct rpc_call *c);
+
+/* Charge n request bytes to the server; false when that would pass the
+ * bound (nothing charged then). */
+static bool inflight_charge(struct rpc_server *srv, int64_t n)
+{
+	int64_t cur = __atomic_load_n(&srv->inflight_bytes, __ATOMIC_RELAXED);
+
+	do {
+		if (srv->max_inflight_bytes > 0 && cur + n > srv->max_inflight_bytes)
+			return false;
+	} while (!__atomic_compare_exchange_n(&srv->inflight_bytes, &cur, cur + n, true,
+					      __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+	return true;
+}
+
+/* End the call's charge; with c->lock held (or the last reference). */
+static void uncharge_locked(struct rpc_call *c)
+{
+	if (c->charged) {
+		__atomic_sub_fetch(&c->srv->inflight_bytes, c->charged, __ATOMIC_RELAXED);
+		c->charged = 0;
+	}
+}
 
 static void call_free(struct rpc_call *c)
 {
 	struct rpc_server *srv = c->srv;
 
+	uncharge_locked(c);
 	grpc_call_unref(c->call);
 	if (c->has_status_details)
 		grpc_slice_unref(c->status_details);
@@ -232,20 +266,27 @@ static void call_unref_locked_release(struct rpc_call *c)
 		call_free(c);
 }
 
-/* The `authorization` value (bounded copy) and the deadline of a new call. */
+/* The `authorization` value (bounded copy), the number of such headers and
+ * the deadline of a new call. The value is kept only when there is exactly
+ * one header (rpc.h): the owner refuses a call with more than one. */
 static int call_take_request_info(struct rpc_call *c, const grpc_metadata_array *md,
 				  gpr_timespec deadline)
 {
+	const grpc_slice *val = NULL;
+
 	for (size_t i = 0; i < md->count; i++) {
-		const grpc_slice k = md->metadata[i].key, v = md->metadata[i].value;
-		size_t n = GRPC_SLICE_LENGTH(v);
+		const grpc_slice k = md->metadata[i].key;
 
 		if (GRPC_SLICE_LENGTH(k) != 13 ||
 		    memcmp(GRPC_SLICE_START_PTR(k), "authorization", 13) != 0)
 			continue;
-		if (n > AUTHZ_MAX || c->authz)
-			break;  /* oversize or repeated: treated as absent */
-		c->authz = strndup((const char *)GRPC_SLICE_START_PTR(v), n);
+		if (c->n_authz++ == 0)
+			val = &md->metadata[i].value;
+	}
+	if (c->n_authz == 1 && GRPC_SLICE_LENGTH(*val) <= AUTHZ_MAX) {
+		size_t n = GRPC_SLICE_LENGTH(*val);
+
+		c->authz = strndup((const char *)GRPC_SLICE_START_PTR(*val), n);
 		if (!c->authz)
 			return -ENOMEM;
 		if (strlen(c->authz) != n) {
@@ -372,26 +413,18 @@ static void on_accept(struct rpc_server *srv, struct accept_slot *s)
 {
 	const struct rpc_method_reg *m = &srv->methods[s->method];
 	struct rpc_call *c;
-	uint8_t *buf = NULL;
-	size_t len = 0;
-	bool has_msg = s->payload != NULL;
 	int r = 0;
 
 	c = call_new(srv, s->call, s->method, m->path, strlen(m->path));
 	if (c)
 		r = call_take_request_info(c, &s->md, s->deadline);
-	if (c && r == 0 && has_msg)
-		r = read_payload(s->payload, &buf, &len);
 	if (!c || r < 0) {
 		grpc_call_cancel_with_status(s->call, GRPC_STATUS_RESOURCE_EXHAUSTED,
-					     "out of memory reading the request", NULL);
+					     "out of memory accepting the call", NULL);
 		if (c)
 			call_free(c);
 		else
 			grpc_call_unref(s->call);
-		free(buf);
-		slot_reset(s);
-		return;
 	}
 	slot_reset(s);
 
@@ -400,6 +433,8 @@ static void on_accept(struct rpc_server *srv, struct accept_slot *s)
 	if (!srv->shutting_down)
 		(void)slot_post(s);
 	pthread_mutex_unlock(&srv->lock);
+	if (!c || r < 0)
+		return;
 
 	c->refs = 2;  /* owner + close batch */
 	pthread_mutex_lock(&c->lock);
@@ -407,8 +442,7 @@ static void on_accept(struct rpc_server *srv, struct accept_slot *s)
 		c->refs--;
 	pthread_mutex_unlock(&c->lock);
 
-	srv->on_call(srv->ctx, c, c->method, buf, len, has_msg);
-	free(buf);
+	srv->on_call(srv->ctx, c, c->method);
 }
 
 /* A method nobody registered: the owner answers it (UNIMPLEMENTED, or
@@ -448,7 +482,7 @@ static void on_accept_generic(struct rpc_server *srv, struct accept_slot *s)
 	if (call_post_close(c, NULL, 0) < 0)
 		c->refs--;
 	pthread_mutex_unlock(&c->lock);
-	srv->on_call(srv->ctx, c, -1, NULL, 0, false);
+	srv->on_call(srv->ctx, c, -1);
 }
 
 /* Post RECV_MESSAGE; called with c->lock held. Returns false when the
@@ -474,15 +508,16 @@ static bool post_recv_locked(struct rpc_call *c)
 	return true;
 }
 
-/* Deliver the end of the client's messages; takes its own reference. */
-static void deliver_end_locked_release(struct rpc_call *c)
+/* No receive could be posted (the call is over): deliver that; takes its
+ * own reference. */
+static void deliver_gone_locked_release(struct rpc_call *c)
 {
 	rpc_recv_fn fn = c->recv_fn;
 	void *user = c->recv_user;
 
 	c->refs++;
 	pthread_mutex_unlock(&c->lock);
-	fn(user, c, NULL, 0, true);
+	fn(user, c, RPC_RECV_GONE, NULL, 0);
 	pthread_mutex_lock(&c->lock);
 	call_unref_locked_release(c);
 }
@@ -494,7 +529,8 @@ static void on_recv(struct rpc_call *c, bool success)
 	void *user;
 	uint8_t *buf = NULL;
 	size_t len = 0;
-	bool end;
+	enum rpc_recv_result res;
+	bool charge = c->method >= 0 && !c->srv->methods[c->method].client_streaming;
 
 	pthread_mutex_lock(&c->lock);
 	c->recv_pending = false;
@@ -502,12 +538,29 @@ static void on_recv(struct rpc_call *c, bool success)
 	c->recv_bb = NULL;
 	fn = c->recv_fn;
 	user = c->recv_user;
+	res = bb ? RPC_RECV_MESSAGE : success && !c->closed ? RPC_RECV_END : RPC_RECV_GONE;
 	pthread_mutex_unlock(&c->lock);
 	/* The batch's reference keeps c alive through the callback. */
-	end = !success || !bb || read_payload(bb, &buf, &len) < 0;
-	if (bb)
+	if (bb) {
+		len = grpc_byte_buffer_length(bb);
+		if (charge && !inflight_charge(c->srv, (int64_t)len)) {
+			res = RPC_RECV_OVER_BOUND;
+		} else {
+			if (read_payload(bb, &buf, &len) < 0)
+				res = RPC_RECV_NO_MEMORY;
+			if (charge) {
+				pthread_mutex_lock(&c->lock);
+				c->charged += (int64_t)grpc_byte_buffer_length(bb);
+				if (res != RPC_RECV_MESSAGE)
+					uncharge_locked(c);
+				pthread_mutex_unlock(&c->lock);
+			}
+		}
+		/* Dropped at once, also when refused: only the copy lives on. */
 		grpc_byte_buffer_destroy(bb);
-	fn(user, c, end ? NULL : buf, end ? 0 : len, end);
+	}
+	fn(user, c, res, res == RPC_RECV_MESSAGE ? buf : NULL,
+	   res == RPC_RECV_MESSAGE || res == RPC_RECV_OVER_BOUND ? len : 0);
 	free(buf);
 	pthread_mutex_lock(&c->lock);
 	call_unref_locked_release(c);
@@ -528,7 +581,7 @@ int rpc_recv_next(struct rpc_call *c, rpc_recv_fn fn, void *user)
 		return 0;
 	}
 	if (!post_recv_locked(c)) {
-		deliver_end_locked_release(c);
+		deliver_gone_locked_release(c);
 		return 0;
 	}
 	pthread_mutex_unlock(&c->lock);
@@ -578,7 +631,7 @@ static void handle_event(struct rpc_server *srv, grpc_event ev)
 		}
 		pthread_cond_broadcast(&c->cond);
 		if (c->recv_wanted && !post_recv_locked(c)) {
-			deliver_end_locked_release(c);
+			deliver_gone_locked_release(c);
 			pthread_mutex_lock(&c->lock);
 		}
 		call_unref_locked_release(c);
@@ -738,6 +791,7 @@ int rpc_server_start(const struct rpc_server_config *cfg,
 	srv->n_methods = n_methods;
 	srv->n_listen = cfg->n_listen;
 	srv->default_deadline_ms = cfg->default_deadline_ms;
+	srv->max_inflight_bytes = cfg->max_inflight_recv_bytes;
 	pthread_mutex_init(&srv->tls_lock, NULL);
 	if (cfg->tls_cert && cfg->tls_key) {
 		srv->tls_on = true;
@@ -796,9 +850,7 @@ int rpc_server_start(const struct rpc_server_config *cfg,
 	grpc_server_register_completion_queue(srv->server, srv->cq, NULL);
 	for (i = 0; i < n_methods; i++) {
 		srv->method_handles[i] = grpc_server_register_method(srv->server,
-				methods[i].path, NULL,
-				methods[i].client_streaming ? GRPC_SRM_PAYLOAD_NONE :
-				GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+				methods[i].path, NULL, GRPC_SRM_PAYLOAD_NONE, 0);
 		if (!srv->method_handles[i]) {
 			snprintf(errbuf, errlen, "cannot register method %s",
 				 methods[i].path);
@@ -902,6 +954,11 @@ int64_t rpc_server_bytes_streamed(const struct rpc_server *s)
 	return __atomic_load_n(&s->bytes_streamed, __ATOMIC_RELAXED);
 }
 
+int64_t rpc_server_inflight_bytes(const struct rpc_server *s)
+{
+	return __atomic_load_n(&s->inflight_bytes, __ATOMIC_RELAXED);
+}
+
 void rpc_server_shutdown(struct rpc_server *s)
 {
 	pthread_mutex_lock(&s->lock);
@@ -989,6 +1046,7 @@ static void finish_batch_locked(struct rpc_call *c, grpc_byte_buffer *bb,
 		return;
 	}
 	c->finished = true;
+	uncharge_locked(c);
 	if (c->closed || (c->send_pending && c->send_failed) ||
 	    (c->send_pending && c->closed)) {
 		/* The call is over: nothing can be sent; drop the owner ref. */
@@ -1164,6 +1222,23 @@ const char *rpc_call_method(const struct rpc_call *c)
 const char *rpc_call_authorization(const struct rpc_call *c)
 {
 	return c->authz;
+}
+
+int rpc_call_authorization_count(const struct rpc_call *c)
+{
+	return c->n_authz;
+}
+
+void rpc_call_release_request(struct rpc_call *c)
+{
+	pthread_mutex_lock(&c->lock);
+	uncharge_locked(c);
+	pthread_mutex_unlock(&c->lock);
+}
+
+int64_t rpc_call_inflight_bytes(const struct rpc_call *c)
+{
+	return rpc_server_inflight_bytes(c->srv);
 }
 
 const char *rpc_call_cert_identity(const struct rpc_call *c)

@@ -28,7 +28,7 @@ def daemon_args():
 
 
 def metrics_port(d):
-    m = re.search(r"metrics on http://\S+ \(port (\d+)\)", d.log_text())
+    m = re.search(r"metrics on http://\S+ \(port (\d+)[;)]", d.log_text())
     assert m, d.log_text()
     return int(m.group(1))
 
