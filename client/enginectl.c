@@ -24,6 +24,7 @@
 #include "enginectl.h"
 #include "enginectl_demo.h"
 #include "engined_client.h"
+#include "pb_has.h"
 #include "io/fileio.h"
 #include "io/safetensors.h"
 
@@ -146,7 +147,7 @@ static int cmd_init(int argc, char **argv)
 		case 'd': req.device = optarg; break;
 		case 's': req.seed = ctl_uint64_arg("seed", optarg); break;
 		case 'l':
-			opt.lr = ctl_double_arg("lr", optarg, -DBL_MAX, DBL_MAX);
+			PB_SET(&opt, lr, ctl_double_arg("lr", optarg, -DBL_MAX, DBL_MAX));
 			req.optimizer = &opt;
 			break;
 		case 'b': req.bf16_matmul = true; break;

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "io/safetensors.h"
+#include "pb_has.h"
 
 enum { NSEQ = 8, LEN = 32, N = NSEQ * LEN };
 
@@ -176,8 +177,8 @@ static int demo_init(struct demo *d)
 
 	ireq.preset = (char *)d->preset;
 	ireq.seed = 42;
-	opt.lr = 3e-3;
-	opt.weight_decay = 1e-4;
+	PB_SET(&opt, lr, 3e-3);
+	PB_SET(&opt, weight_decay, 1e-4);
 	ireq.optimizer = &opt;
 	t0 = ctl_now();
 	if (ec_initialize(d->c, &ireq, &iresp, &st))
@@ -245,7 +246,7 @@ static int demo_old_log_probs(struct demo *d, Engined__V1__ForwardBackwardRespon
 	fb.seq_lens = d->seq_lens;
 	fb.forward_only = true;
 	fb.return_log_probs = true;
-	fb.temperature = 0.7f;
+	PB_SET(&fb, temperature, 0.7f);
 	if (ec_forward_backward(d->c, &fb, old, &st))
 		return ctl_fail("ForwardBackward(forward_only)", &st);
 	printf("== forward-only log-probs at temperature 0.7: mean %.4f over %d tokens\n",
@@ -282,7 +283,7 @@ static int demo_ppo(struct demo *d, const Engined__V1__ForwardBackwardResponse *
 	fb.n_seq_lens = NSEQ;
 	fb.seq_lens = d->seq_lens;
 	fb.loss = &loss;
-	fb.temperature = 0.7f;
+	PB_SET(&fb, temperature, 0.7f);
 	fb.old_log_probs = &t_old;
 	fb.advantages = &t_adv;
 	printf("== PPO: %d steps (+1 advantage for clean sequences, -1 for corrupted)\n",
