@@ -650,6 +650,8 @@ int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err)
 	resp.placement = &pl;
 	resp.step = st.step;
 	resp.sched_step = st.sched_step;
+	resp.accumulated_calls = st.accumulated_calls;
+	resp.accumulated_tokens = st.accumulated_tokens;
 	resp.lr = st.lr;
 	resp.num_parameters = st.num_parameters;
 	mem.device_bytes = (int64_t)st.device_memory;

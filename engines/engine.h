@@ -196,6 +196,9 @@ struct engine_status {
 	int64_t step;               /* optimizer steps */
 	int64_t sched_step;         /* lr scheduler steps */
 	double lr;                  /* current lr */
+	/* Training forward_backward calls and tokens whose gradients are held
+	 * (since the last optimizer step or zeroing). */
+	int64_t accumulated_calls, accumulated_tokens;
 	int64_t num_parameters;
 	size_t device_memory;       /* bytes in use on the device */
 	size_t host_memory;         /* bytes held in host memory by the engine */

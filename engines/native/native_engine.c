@@ -579,6 +579,10 @@ static int native_forward_backward(struct engine *e, const struct engine_batch *
 		rc = run_micro_batch(n, b, res, &h, 1.0f / temp, err);
 	}
 	res->num_micro_batches = plan.num_micro_batches;
+	if (rc == 0 && !b->forward_only) {
+		n->grad_calls++;
+		n->grad_tokens += b->n;
+	}
 	mb_host_free(&h);
 	mb_plan_free(&plan);
 	return rc;
@@ -775,6 +779,8 @@ static void native_status(struct engine *e, struct engine_status *ret)
 	ret->step = n->optim_step;
 	ret->sched_step = n->sched_step;
 	ret->lr = native_current_lr(n);
+	ret->accumulated_calls = n->grad_calls;
+	ret->accumulated_tokens = n->grad_tokens;
 	ret->num_parameters = n->table.total;
 	ret->device_memory = n->dev->ops->mem_in_use(n->dev);
 	ret->failed = n->dev->failed;

@@ -54,6 +54,9 @@ struct native {
 	struct llama_model model;
 	struct native_io io;
 	float *stage;                  /* host staging for non-host devices */
+	/* Training forward_backward calls and their tokens since the gradients
+	 * were last zeroed (a step, zero_grad, leaving TRAIN, a load). */
+	int64_t grad_calls, grad_tokens;
 
 	struct engine_optim_config optim;
 	struct engine_sched_config sched;

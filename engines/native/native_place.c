@@ -162,10 +162,14 @@ int native_zero_grad(struct engine *e, struct eng_error *err)
 
 	if (G->host) {
 		memset(G->host, 0, family_bytes(n));
-		return 0;
+		rc = 0;
+	} else {
+		rc = n->dev->ops->memset0(n->dev, G->dev, family_bytes(n));
+		if (rc)
+			return eng_fail(err, rc, "device: zeroing gradients failed");
 	}
-	rc = n->dev->ops->memset0(n->dev, G->dev, family_bytes(n));
-	return rc ? eng_fail(err, rc, "device: zeroing gradients failed") : 0;
+	n->grad_calls = n->grad_tokens = 0;
+	return 0;
 }
 
 float *native_family_host_ptr(struct native *n, enum native_fam f)

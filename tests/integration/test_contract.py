@@ -112,6 +112,32 @@ def test_zero_grad(client):
     client.set_mode("idle")
 
 
+def test_status_counts_accumulated_calls(client):
+    """GetStatus says how many training calls (and tokens) the held
+    gradients come from: forward-only calls do not count; a step, ZeroGrad
+    and leaving TRAIN reset the count."""
+    client.initialize(preset="tiny")
+    ids, lens = batch()
+    s = client.get_status()
+    assert (s.accumulated_calls, s.accumulated_tokens) == (0, 0)
+    client.forward_backward(ids, lens, loss="sft")
+    client.forward_backward(ids[:32], [32], loss="sft")
+    client.forward_backward(ids, lens, forward_only=True)
+    s = client.get_status()
+    assert (s.accumulated_calls, s.accumulated_tokens) == (2, 96), s
+    client.optimizer_step()
+    assert client.get_status().accumulated_calls == 0
+    client.forward_backward(ids, lens, loss="sft")
+    client.zero_grad()
+    assert client.get_status().accumulated_tokens == 0
+    client.set_mode("train")
+    client.forward_backward(ids, lens, loss="sft")
+    assert client.get_status().accumulated_calls == 1
+    client.set_mode("idle")  # leaving TRAIN zeroes the gradients
+    s = client.get_status()
+    assert (s.accumulated_calls, s.accumulated_tokens) == (0, 0), s
+
+
 def test_temperature_presence(client):
     """Unset: 1; set to 0: refused (it would divide by zero)."""
     client.initialize(preset="tiny")
