@@ -56,6 +56,10 @@ static const struct key keys[] = {
 	  "engine calls queued or running at once (RESOURCE_EXHAUSTED above); 0: no limit" },
 	{ "server", "max_concurrent_streams", K_INT, F(max_concurrent_streams), 1, 100000,
 	  "HTTP/2 streams per client connection" },
+	{ "server", "replay_entries", K_INT, F(replay_entries), 1, 10000000,
+	  "request ids whose outcome is kept (a retry older than that runs again)" },
+	{ "server", "replay_bytes", K_SIZE, F(replay_bytes), 0, INT64_MAX / 2,
+	  "reply bytes kept for replays; older ones answer ALREADY_EXISTS" },
 	{ "server", "default_deadline_s", K_MS, F(default_deadline_ms), 0, 1000000000LL,
 	  "deadline of calls that carry none: a job still queued then is answered DEADLINE_EXCEEDED; 0: none" },
 	{ "server", "port_file", K_PATH, F(port_file), 0, 0,
@@ -155,6 +159,8 @@ int config_init(struct daemon_config *c)
 	c->pollers = 1;
 	c->max_request_bytes = 512LL << 20;
 	c->max_concurrent_streams = 64;
+	c->replay_entries = 4096;
+	c->replay_bytes = 64LL << 20;
 	c->tls_require_client_cert = true;
 	c->log_level = LOG_LVL_INFO;
 	c->grace_ms = 30000;

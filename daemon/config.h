@@ -31,6 +31,8 @@ struct daemon_config {
 	int64_t max_inflight_request_bytes;  /* held requests, all calls; 0: derived */
 	int64_t max_send_bytes;       /* reply / stream message limit; 0: derived */
 	int max_concurrent_calls;     /* engine jobs queued + running; 0: no limit */
+	int replay_entries;           /* request ids remembered */
+	int64_t replay_bytes;         /* reply bytes kept for replays */
 	int max_concurrent_streams;   /* HTTP/2 streams per connection */
 	int64_t default_deadline_ms;  /* for calls without a deadline; 0: none */
 	char *port_file;              /* bound TCP ports, one a line */

@@ -38,6 +38,8 @@ struct daemon {
 	const char *tls_cert, *tls_key, *tls_client_ca;
 	/* Reflection: the embedded descriptor set, indexed (reflection.c). */
 	struct reflection *refl;
+	/* Outcomes of recent request ids (replay.c). */
+	struct replay *replay;
 
 	/* Engine thread only. */
 	struct engine *engine;

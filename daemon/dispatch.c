@@ -26,6 +26,7 @@
 #include "log.h"
 #include "methods.h"
 #include "reflection.h"
+#include "replay.h"
 #include "test_hold.h"
 #include "tls.h"
 #include "wire_check.h"
@@ -86,6 +87,7 @@ static void run_job(struct daemon *d, struct job *j)
 		r = gate(d, j->m, &err);
 		if (r == 0) {
 			test_hold_wait(j->m->name);
+			j->ran = true;
 			r = j->m->run(d, j, &err);
 		}
 	}
@@ -320,6 +322,7 @@ static void on_request(void *user, struct rpc_call *call, enum rpc_recv_result r
 	struct job *j = user;
 	struct daemon *d = j->d;
 	const struct method *m = j->m;
+	enum replay_verdict verdict;
 	struct eng_error err;
 	int r;
 
@@ -374,6 +377,14 @@ static void on_request(void *user, struct rpc_call *call, enum rpc_recv_result r
 			return;
 		}
 	}
+	/* Exactly once: a duplicate request id gets the original's outcome. */
+	r = replay_begin(d->replay, j, req, len, &verdict, &err);
+	if (r < 0) {
+		job_finish(j, r, &err);
+		return;
+	}
+	if (verdict == REPLAY_ANSWERED)
+		return;
 	if (m->where == RUN_INLINE) {
 		r = m->run(d, j, &err);
 		job_finish(j, r, &err);
@@ -527,6 +538,11 @@ int daemon_init(struct daemon *d, const struct daemon_config *cfg,
 		snprintf(errbuf, errlen, "reflection: %s", err.msg);
 		return r;
 	}
+	r = replay_new(cfg->replay_entries, cfg->replay_bytes, &d->replay);
+	if (r < 0) {
+		snprintf(errbuf, errlen, "replay: out of memory");
+		return r;
+	}
 	return 0;
 }
 
@@ -670,6 +686,8 @@ int daemon_reload(struct daemon *d, struct eng_error *err)
 void daemon_fini(struct daemon *d)
 {
 	reflection_free(d->refl);
+	replay_free(d->replay);
+	d->replay = NULL;
 	d->refl = NULL;
 	health_fini(&d->health);
 	auth_fini(&d->auth);

@@ -20,6 +20,7 @@
 #include "model/config.h"
 #include "paths.h"
 #include "presets.h"
+#include "replay.h"
 
 #ifndef ENGINED_VERSION
 #define ENGINED_VERSION "unknown"
@@ -629,7 +630,7 @@ int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err)
 	Engined__V1__Placement pl;
 	Engined__V1__Memory mem = ENGINED__V1__MEMORY__INIT;
 	struct engine_status st;
-	char current[48] = "";
+	char current[48] = "", last_id[RPC_REQUEST_ID_MAX + 1];
 	struct timespec now;
 	bool busy;
 	int64_t queued;
@@ -652,6 +653,8 @@ int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err)
 	resp.sched_step = st.sched_step;
 	resp.accumulated_calls = st.accumulated_calls;
 	resp.accumulated_tokens = st.accumulated_tokens;
+	replay_last_applied(d->replay, last_id, sizeof(last_id));
+	resp.last_request_id = last_id;
 	resp.lr = st.lr;
 	resp.num_parameters = st.num_parameters;
 	mem.device_bytes = (int64_t)st.device_memory;

@@ -84,6 +84,9 @@ void job_refuse(struct job *j, enum rpc_code code, const char *msg)
 void job_finish(struct job *j, int r, const struct eng_error *err)
 {
 	enum rpc_code code = job_rpc_code(r);
+
+	if (j->finish_hook)
+		j->finish_hook(j, r, err);
 	const char *msg = r < 0 ? (err && err->code && err->msg[0] ? err->msg :
 				   eng_strerror(r)) : "";
 

@@ -34,6 +34,7 @@ enum method_where {
 enum {
 	M_READ_ONLY = 1 << 0,  /* allowed with a read-only token */
 	M_HEALTH = 1 << 1,     /* exempt from tokens with auth.health_exempt */
+	M_REPLAY = 1 << 2,     /* changes state: a request id makes it exactly-once */
 };
 
 /* Bits of the modes a method may run in (the dispatcher's state gate). */
@@ -82,6 +83,11 @@ struct job {
 	uint8_t *reply;               /* packed reply (malloc), owned */
 	size_t reply_len;
 	char identity[AUTH_NAME_MAX + 300];  /* "token:NAME", "cert:CN" or "-" */
+	bool ran;                     /* the method's run was called */
+	/* Called by job_finish before the reply goes out (the replay table
+	 * records the outcome of a call that carries a request id). */
+	void (*finish_hook)(struct job *j, int r, const struct eng_error *err);
+	void *finish_ctx;
 	/* Set by handlers for the metrics (engine thread). */
 	int64_t m_tokens;             /* training ForwardBackward: tokens */
 	bool m_step;                  /* an OptimizerStep ran */

@@ -31,7 +31,7 @@ static int run_reflection(struct daemon *d, struct job *j, struct eng_error *err
 #define REFLECTION_SVC &grpc__reflection__v1__server_reflection__descriptor
 
 #define ENG(n, init, md, v, r) \
-	{ .service = ENGINE_SVC, .name = n, .where = RUN_ENGINE, \
+	{ .service = ENGINE_SVC, .name = n, .flags = M_REPLAY, .where = RUN_ENGINE, \
 	  .needs_init = init, .modes = md, .validate = v, .run = r }
 
 struct method daemon_methods[] = {

@@ -27,6 +27,7 @@
 	X(ENOMEM, RESOURCE_EXHAUSTED, "memory for the call could not be reserved; the engine stays usable") \
 	X(E2BIG, RESOURCE_EXHAUSTED, "over a configured limit (request size, concurrent calls, reply size)") \
 	X(ENOSPC, RESOURCE_EXHAUSTED, "a device resource ran out (e.g. shared memory for a kernel)") \
+	X(EEXIST, ALREADY_EXISTS, "a request id that was already applied, its reply no longer kept") \
 	X(EPERM, PERMISSION_DENIED, "a path escapes its root, or a read-only token asked for a change") \
 	X(EACCES, PERMISSION_DENIED, "no valid credentials (the daemon answers UNAUTHENTICATED for a missing or unknown token)") \
 	X(EBADMSG, DATA_LOSS, "a corrupt or inconsistent file or checkpoint") \

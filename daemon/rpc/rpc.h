@@ -181,6 +181,13 @@ const char *rpc_call_method(const struct rpc_call *c);
 const char *rpc_call_authorization(const struct rpc_call *c);
 /* How many `authorization` headers the call carries (any size). */
 int rpc_call_authorization_count(const struct rpc_call *c);
+/* The client's request id (engine.proto: `engined-request-id` metadata):
+ * NULL unless the call carries exactly one, of at most RPC_REQUEST_ID_MAX
+ * bytes without NUL; and how many such headers it carries. */
+#define RPC_REQUEST_ID_HEADER "engined-request-id"
+#define RPC_REQUEST_ID_MAX 128
+const char *rpc_call_request_id(const struct rpc_call *c);
+int rpc_call_request_id_count(const struct rpc_call *c);
 /* Common name of a verified TLS client certificate, NULL without one. */
 const char *rpc_call_cert_identity(const struct rpc_call *c);
 /* Monotonic seconds since the call arrived. */

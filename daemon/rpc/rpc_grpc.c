@@ -87,6 +87,8 @@ struct rpc_call {
 	char *peer;                 /* gpr_malloc'ed */
 	char *authz;                /* `authorization` header, malloc'ed or NULL */
 	int n_authz;                /* `authorization` headers received */
+	char *req_id;               /* `engined-request-id` header, malloc'ed or NULL */
+	int n_req_id;               /* `engined-request-id` headers received */
 	char *cert_ident;           /* verified client certificate CN or NULL */
 	struct timespec t0;
 	gpr_timespec deadline;      /* GPR_CLOCK_MONOTONIC; infinite: none */
@@ -244,6 +246,7 @@ static void call_free(struct rpc_call *c)
 		grpc_byte_buffer_destroy(c->recv_bb);
 	gpr_free(c->peer);
 	free(c->authz);
+	free(c->req_id);
 	free(c->cert_ident);
 	free(c->method_path);
 	pthread_cond_destroy(&c->cond);
@@ -266,35 +269,46 @@ static void call_unref_locked_release(struct rpc_call *c)
 		call_free(c);
 }
 
-/* The `authorization` value (bounded copy), the number of such headers and
- * the deadline of a new call. The value is kept only when there is exactly
- * one header (rpc.h): the owner refuses a call with more than one. */
-static int call_take_request_info(struct rpc_call *c, const grpc_metadata_array *md,
-				  gpr_timespec deadline)
+/* The value of header `key` (bounded copy, kept only when the call carries
+ * exactly one such header of at most `max` bytes and no NUL) and the number
+ * of such headers (rpc.h: the owner refuses a call with more than one). */
+static int take_header(const grpc_metadata_array *md, const char *key, size_t max,
+		       char **ret, int *ret_count)
 {
 	const grpc_slice *val = NULL;
+	size_t klen = strlen(key), n;
 
 	for (size_t i = 0; i < md->count; i++) {
 		const grpc_slice k = md->metadata[i].key;
 
-		if (GRPC_SLICE_LENGTH(k) != 13 ||
-		    memcmp(GRPC_SLICE_START_PTR(k), "authorization", 13) != 0)
+		if (GRPC_SLICE_LENGTH(k) != klen ||
+		    memcmp(GRPC_SLICE_START_PTR(k), key, klen) != 0)
 			continue;
-		if (c->n_authz++ == 0)
+		if ((*ret_count)++ == 0)
 			val = &md->metadata[i].value;
 	}
-	if (c->n_authz == 1 && GRPC_SLICE_LENGTH(*val) <= AUTHZ_MAX) {
-		size_t n = GRPC_SLICE_LENGTH(*val);
-
-		c->authz = strndup((const char *)GRPC_SLICE_START_PTR(*val), n);
-		if (!c->authz)
-			return -ENOMEM;
-		if (strlen(c->authz) != n) {
-			/* An embedded NUL: never a valid token. */
-			free(c->authz);
-			c->authz = NULL;
-		}
+	if (*ret_count != 1 || GRPC_SLICE_LENGTH(*val) > max)
+		return 0;
+	n = GRPC_SLICE_LENGTH(*val);
+	*ret = strndup((const char *)GRPC_SLICE_START_PTR(*val), n);
+	if (!*ret)
+		return -ENOMEM;
+	if (strlen(*ret) != n) {
+		free(*ret);
+		*ret = NULL;
 	}
+	return 0;
+}
+
+/* The `authorization` and `engined-request-id` headers and the deadline
+ * of a new call. */
+static int call_take_request_info(struct rpc_call *c, const grpc_metadata_array *md,
+				  gpr_timespec deadline)
+{
+	if (take_header(md, "authorization", AUTHZ_MAX, &c->authz, &c->n_authz) < 0 ||
+	    take_header(md, RPC_REQUEST_ID_HEADER, RPC_REQUEST_ID_MAX, &c->req_id,
+			&c->n_req_id) < 0)
+		return -ENOMEM;
 	if (gpr_time_cmp(deadline, gpr_inf_future(deadline.clock_type)) != 0)
 		c->deadline = gpr_convert_clock_type(deadline, GPR_CLOCK_MONOTONIC);
 	else if (c->srv->default_deadline_ms > 0)
@@ -1227,6 +1241,16 @@ const char *rpc_call_authorization(const struct rpc_call *c)
 int rpc_call_authorization_count(const struct rpc_call *c)
 {
 	return c->n_authz;
+}
+
+const char *rpc_call_request_id(const struct rpc_call *c)
+{
+	return c->req_id;
+}
+
+int rpc_call_request_id_count(const struct rpc_call *c)
+{
+	return c->n_req_id;
 }
 
 void rpc_call_release_request(struct rpc_call *c)

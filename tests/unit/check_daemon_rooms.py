@@ -19,7 +19,7 @@ LAYERS = {
     # 1: one RPC's lifecycle and the reply rules
     "job.h": 1,
     # 2: the ops services, handed what they need
-    "ops/health.h": 2, "ops/reflection.h": 2,
+    "ops/health.h": 2, "ops/reflection.h": 2, "replay.h": 2,
     # 3: the daemon's shared state
     "daemon.h": 3,
     # 4: the TrainingEngine handlers

@@ -4,6 +4,9 @@ and out.
 Errors raise EngineError (a grpc.RpcError) whose code() is the gRPC status
 and details() the daemon's message, which names the offending field.
 """
+import time
+import uuid
+
 import grpc
 import numpy as np
 
@@ -109,6 +112,14 @@ def _loss_spec(loss, options):
     return pb.LossSpec(name=name, options={k: text(v) for k, v in opts.items()})
 
 
+# Request ids (engine.proto): the metadata key, the calls that carry one,
+# and the failures after which the same id is sent again.
+REQUEST_ID_KEY = "engined-request-id"
+_STATE_CHANGING = {"Initialize", "SetMode", "ForwardBackward", "OptimizerStep", "ZeroGrad",
+                   "LrSchedulerStep", "ToDevice", "SaveCheckpoint", "LoadCheckpoint"}
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
 class _AuthInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
                        grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
     """Adds `authorization: Bearer <token>` to every call (works on plaintext
@@ -160,12 +171,19 @@ class EngineClient:
       root_certificates: CA (PEM bytes or a file path) -> TLS.
       certificate_chain, private_key: client certificate (mutual TLS).
       server_name: name to check the server certificate against when it
-        differs from the target's host (tests, IP addresses)."""
+        differs from the target's host (tests, IP addresses).
+
+    Exactly once: every state-changing call carries a fresh request id
+    (`engined-request-id` metadata); the daemon answers a repeat of an id
+    with the first call's outcome and never applies it twice. retries: how
+    many times a call that failed UNAVAILABLE or DEADLINE_EXCEEDED is sent
+    again with the same id (after retry_backoff, doubling), so a retry of a
+    call that did run returns its result instead of running again."""
 
     def __init__(self, target="127.0.0.1:50051", timeout=None,
                  max_message_bytes=1 << 30, options=None, token=None,
                  root_certificates=None, certificate_chain=None, private_key=None,
-                 server_name=None):
+                 server_name=None, retries=0, retry_backoff=0.2):
         # A fixed 64 MiB receive window instead of gRPC's BDP probing: weight
         # streams (MiB-sized messages, one in flight) then run near raw TCP
         # speed at half the CPU per byte (tests/bench/bench_stream.c).
@@ -190,6 +208,8 @@ class EngineClient:
         if token:
             self.channel = grpc.intercept_channel(self.channel, _AuthInterceptor(token))
         self._unary = {}
+        self.retries = retries
+        self.retry_backoff = retry_backoff
 
     def close(self):
         self._raw_channel.close()
@@ -202,17 +222,26 @@ class EngineClient:
 
     # --- plumbing ---------------------------------------------------------
 
-    def _call(self, method, req, resp_cls, timeout=None):
+    def _call(self, method, req, resp_cls, timeout=None, request_id=None):
         f = self._unary.get(method)
         if f is None:
             f = self.channel.unary_unary(
                 _SVC + method, request_serializer=lambda m: m.SerializeToString(),
                 response_deserializer=resp_cls.FromString)
             self._unary[method] = f
-        try:
-            return f(req, timeout=timeout if timeout is not None else self.timeout)
-        except grpc.RpcError as e:
-            raise _wrap(e) from None
+        md = None
+        if method in _STATE_CHANGING:
+            md = [(REQUEST_ID_KEY, request_id or uuid.uuid4().hex)]
+        delay = self.retry_backoff
+        for attempt in range(self.retries + 1):
+            try:
+                return f(req, timeout=timeout if timeout is not None else self.timeout,
+                         metadata=md)
+            except grpc.RpcError as e:
+                if md is None or attempt == self.retries or e.code() not in _RETRYABLE:
+                    raise _wrap(e) from None
+            time.sleep(delay)
+            delay *= 2
 
     def call_raw(self, method, data, timeout=None):
         """Any method path with raw request bytes; returns raw reply bytes."""
@@ -260,13 +289,14 @@ class EngineClient:
                          forward_only=False, temperature=1.0,
                          return_log_probs=False, return_entropy=False,
                          return_values=False, max_tokens_per_micro_batch=0,
-                         timeout=None, **per_token):
+                         timeout=None, request_id=None, **per_token):
         """input_ids: int32 [N] (packed); seq_lens: sum N. loss: a name
         ("sft", "ppo", ...) or a dict {"name": ..., option: value}; options
         are stringified. Per-token float32 [N] arrays by keyword: loss_mask,
         old_log_probs, ref_log_probs, advantages, returns, old_values,
-        is_weights, token_weights. Returns a dict: loss, metrics,
-        num_micro_batches and the numpy outputs asked for."""
+        is_weights, token_weights. request_id: this call's id (default: a
+        fresh one). Returns a dict: loss, metrics, num_micro_batches and the
+        numpy outputs asked for."""
         unknown = set(per_token) - set(_PER_TOKEN)
         if unknown:
             raise TypeError("unknown per-token arrays: %s" % ", ".join(sorted(unknown)))
@@ -283,7 +313,8 @@ class EngineClient:
             if v is not None:
                 getattr(req, k).CopyFrom(
                     tensor(np.asarray(v, dtype=np.float32).reshape(-1), pb.FLOAT32))
-        r = self._call("ForwardBackward", req, pb.ForwardBackwardResponse, timeout)
+        r = self._call("ForwardBackward", req, pb.ForwardBackwardResponse, timeout,
+                       request_id)
         return {
             "loss": r.loss,
             "metrics": dict(r.metrics),
@@ -293,13 +324,13 @@ class EngineClient:
             "values": to_numpy(r.values) if r.HasField("values") else None,
         }
 
-    def optimizer_step(self, timeout=None, **params):
+    def optimizer_step(self, timeout=None, request_id=None, **params):
         """Clip, AdamW, zero the gradients. params: this step's lr, beta1,
         beta2, eps, weight_decay, clip_grad in place of the configured ones
         (0 is a value: lr=0.0 applies only the weight decay). Returns
         OptimizerStepResponse (grad_norm, skipped, lr, step)."""
         return self._call("OptimizerStep", pb.OptimizerStepRequest(**params),
-                          pb.OptimizerStepResponse, timeout)
+                          pb.OptimizerStepResponse, timeout, request_id)
 
     def zero_grad(self, timeout=None):
         """Drop the gradients accumulated since the last step."""
@@ -316,10 +347,10 @@ class EngineClient:
             pb.ToDeviceResponse, timeout).placement
 
     def save_checkpoint(self, path, global_step=0, max_to_keep=0, contents=None,
-                        timeout=None):
+                        timeout=None, request_id=None):
         return self._call("SaveCheckpoint", pb.SaveCheckpointRequest(
             path=path, global_step=global_step, max_to_keep=max_to_keep,
-            contents=list(contents or [])), pb.SaveCheckpointResponse, timeout)
+            contents=list(contents or [])), pb.SaveCheckpointResponse, timeout, request_id)
 
     def load_checkpoint(self, path, contents=None, timeout=None):
         return self._call("LoadCheckpoint", pb.LoadCheckpointRequest(

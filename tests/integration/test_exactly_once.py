@@ -1,0 +1,171 @@
+"""Exactly-once calls (issue 12): a request id (`engined-request-id`
+metadata) makes a retried state-changing call return the first call's
+outcome instead of running again. Jobs are held with the test hook
+(ENGINED_TEST_HOLD_FILE), never sized to the machine's speed.
+
+Run: ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/tests/integration
+/usr/bin/python3 -m pytest tests/integration/test_exactly_once.py [-k name]
+"""
+import threading
+
+import grpc
+import numpy as np
+import pytest
+
+from daemon_fixture import Daemon, wait_for
+
+from engined_client import EngineClient, EngineError, pb
+
+SC = grpc.StatusCode
+
+
+def batch():
+    ids = (np.arange(96, dtype=np.int32) * 13) % 1024
+    return ids, [48, 48]
+
+
+@pytest.fixture
+def held():
+    d = Daemon(hold=True)
+    c = EngineClient(d.addr, timeout=120)
+    c.initialize(preset="tiny", seed=11, optimizer={"lr": 1e-3})
+    try:
+        yield d, c
+    finally:
+        c.close()
+        assert d.stop() == 0
+
+
+def single_step_norm(c):
+    """The gradient norm of one ForwardBackward of batch() from the seed."""
+    c.initialize(preset="tiny", seed=11, optimizer={"lr": 1e-3})
+    c.forward_backward(*batch(), loss="sft")
+    return c.optimizer_step().grad_norm
+
+
+def in_thread(fn, *args, **kw):
+    out = {}
+
+    def run():
+        try:
+            out["r"] = fn(*args, **kw)
+        except EngineError as e:
+            out["e"] = e
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out
+
+
+def test_retry_after_client_deadline_applies_once(held):
+    """The client's deadline passes while its ForwardBackward is running
+    (held); the daemon finishes it. The retry with the same id returns that
+    result: the gradients count once (grad_norm as after one call)."""
+    d, c = held
+    d.hold()
+    t, out = in_thread(c.forward_backward, *batch(), loss="sft", timeout=0.5,
+                       request_id="fb-1")
+    t.join()
+    assert out["e"].code() == SC.DEADLINE_EXCEEDED, out
+    assert c.get_status().busy  # still running on the daemon
+    d.release()
+    r = c.forward_backward(*batch(), loss="sft", request_id="fb-1")
+    s = c.get_status()
+    assert (s.accumulated_calls, s.last_request_id) == (1, "fb-1"), s
+    norm = c.optimizer_step().grad_norm
+    assert norm == single_step_norm(c), norm
+    assert r["loss"] > 0
+
+
+def test_duplicate_waits_for_the_original(held):
+    """A duplicate that arrives while the original runs waits for it and
+    gets the same reply; the call runs once."""
+    d, c = held
+    d.hold()
+    t1, o1 = in_thread(c.forward_backward, *batch(), loss="sft", return_log_probs=True,
+                       request_id="dup")
+    wait_for(lambda: c.get_status().busy, "the original to start")
+    t2, o2 = in_thread(c.forward_backward, *batch(), loss="sft", return_log_probs=True,
+                       request_id="dup")
+    d.release()
+    t1.join()
+    t2.join()
+    assert o1["r"]["loss"] == o2["r"]["loss"]
+    assert np.array_equal(o1["r"]["log_probs"], o2["r"]["log_probs"])
+    assert c.get_status().accumulated_calls == 1
+    assert "rpc ForwardBackward" in d.log_text()
+
+
+def test_recorded_outcomes_errors_and_reuse(held):
+    """A recorded outcome is replayed at once, errors included; an id
+    reused for another request is refused; a malformed id is refused."""
+    d, c = held
+    r1 = c.optimizer_step(request_id="step-a")
+    r2 = c.optimizer_step(request_id="step-a")
+    assert r1 == r2 and c.get_status().step == 1
+    # The error of a call that ran is part of its outcome: a load of an
+    # empty directory fails when it runs; once a checkpoint is saved there,
+    # the same id still answers the recorded failure (it does not run).
+    import os
+    os.makedirs(os.path.join(d.ckpt_root, "later"))
+    req = pb.LoadCheckpointRequest(path="later")
+    with pytest.raises(EngineError) as e1:
+        c._call("LoadCheckpoint", req, pb.LoadCheckpointResponse, request_id="load-a")
+    first = (e1.value.code(), e1.value.details())
+    assert first[0] != SC.OK
+    c.save_checkpoint("later")
+    with pytest.raises(EngineError) as e1:
+        c._call("LoadCheckpoint", req, pb.LoadCheckpointResponse, request_id="load-a")
+    assert (e1.value.code(), e1.value.details()) == first
+    # A refusal before running (validation) records nothing: the retry runs.
+    req2 = pb.LoadCheckpointRequest(path="not-yet")
+    with pytest.raises(EngineError) as e1:
+        c._call("LoadCheckpoint", req2, pb.LoadCheckpointResponse, request_id="load-b")
+    assert e1.value.code() == SC.NOT_FOUND
+    c.save_checkpoint("not-yet")
+    c._call("LoadCheckpoint", req2, pb.LoadCheckpointResponse, request_id="load-b")
+    try:
+        c.save_checkpoint("run/a", request_id="save-a")
+        c.save_checkpoint("run/b", request_id="save-a")
+    except EngineError as e:
+        assert e.code() == SC.INVALID_ARGUMENT and "was used for another request" in e.details()
+    else:
+        raise AssertionError("an id reused for another request was accepted")
+    with pytest.raises(EngineError) as e2:
+        c.optimizer_step(request_id="has space")
+    assert e2.value.code() == SC.INVALID_ARGUMENT and "engined-request-id" in e2.value.details()
+    assert c.get_status().step == 1
+
+
+def test_call_refused_in_the_queue_runs_on_retry(held):
+    """An OptimizerStep whose deadline passes while it waits behind a held
+    job never runs and leaves no outcome: its retry with the same id runs."""
+    d, c = held
+    d.hold()
+    t1, o1 = in_thread(c.forward_backward, *batch(), loss="sft")
+    wait_for(lambda: c.get_status().busy, "the first job to start")
+    t2, o2 = in_thread(c.optimizer_step, timeout=0.3, request_id="late-step")
+    t2.join()
+    assert o2["e"].code() == SC.DEADLINE_EXCEEDED
+    d.release()
+    t1.join()
+    assert c.get_status().step == 0
+    r = c.optimizer_step(request_id="late-step")
+    assert r.step == 1 and r.grad_norm > 0
+    assert c.optimizer_step(request_id="late-step").step == 1  # now recorded
+
+
+def test_evicted_reply_answers_already_applied():
+    """With no bytes kept for replays, a repeat of an applied id is
+    ALREADY_EXISTS (applied, reply gone) and still does not run again."""
+    d = Daemon("-o", "server.replay_bytes=0")
+    try:
+        c = EngineClient(d.addr, timeout=60)
+        c.initialize(preset="tiny")
+        c.forward_backward(*batch(), loss="sft", request_id="x")
+        with pytest.raises(EngineError) as e:
+            c.forward_backward(*batch(), loss="sft", request_id="x")
+        assert e.value.code() == SC.ALREADY_EXISTS and "already applied" in e.value.details()
+        assert c.get_status().accumulated_calls == 1
+        c.close()
+    finally:
+        assert d.stop() == 0
