@@ -9,6 +9,13 @@
  *                          contents, per-file sizes and XXH64 checksums
  * and `<parent>/latest` holds the name of the newest checkpoint.
  *
+ * Symlinks: `dir` (and the parent of a checkpoint being written) is taken
+ * as the caller names it; below it nothing is opened, written, read or
+ * removed through a symlink (engines/io/fileio.h, io_openat): `latest`,
+ * the entry it names, every file of a checkpoint. A symlink there is
+ * -EPERM naming it; a symlink in the parent is never a checkpoint (not
+ * rotated, not followed when removing).
+ *
  * Writing: files go to `<parent>/.<name>.tmp-<pid>/`, each fsync'ed, the
  * directory is fsync'ed and renamed over `<name>` (an existing one is
  * swapped out atomically with renameat2(RENAME_EXCHANGE) and removed after
@@ -42,9 +49,12 @@ struct ckpt_writer;
 int ckpt_writer_begin(const char *dir, struct ckpt_writer **ret, struct eng_error *err);
 /* Path of file `name` inside the temporary directory (static per writer,
  * valid until the next call; NULL only if `name` is longer than NAME_MAX
- * and memory runs out). Another writer of the same directory in this
- * process makes ckpt_writer_begin fail with -EALREADY. */
+ * and memory runs out), for messages. Another writer of the same directory
+ * in this process makes ckpt_writer_begin fail with -EALREADY. */
 const char *ckpt_writer_path(struct ckpt_writer *w, const char *name);
+/* Descriptor of the temporary directory (owned by the writer): files are
+ * created beneath it with io_openat / st_writer_new_at, never by path. */
+int ckpt_writer_dirfd(const struct ckpt_writer *w);
 /* Record a written file (its bytes and xxh64) for engine_state.json. The
  * file must already be fsync'ed. */
 int ckpt_writer_record(struct ckpt_writer *w, const char *name, uint64_t bytes,
@@ -65,8 +75,10 @@ void ckpt_writer_abort(struct ckpt_writer *w);   /* accepts NULL */
  * engine_state.json (returned as a new jansson object reference in
  * *ret_state, caller decrefs) and verifies every listed file's size and
  * XXH64: a mismatch is -EBADMSG naming the file; a missing file -ENOENT (a
- * listed one missing: -EBADMSG). *ret_dir (malloc'ed) is the resolved
- * checkpoint directory. */
-int ckpt_open(const char *dir, json_t **ret_state, char **ret_dir, struct eng_error *err);
+ * listed one missing: -EBADMSG). *ret_dir (malloc'ed; may be NULL) is the
+ * resolved checkpoint directory, for messages; *ret_fd (may be NULL) an
+ * O_PATH descriptor of it (caller closes) to open its files beneath. */
+int ckpt_open(const char *dir, json_t **ret_state, char **ret_dir, int *ret_fd,
+	      struct eng_error *err);
 
 #endif

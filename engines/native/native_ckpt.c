@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../checkpoint/checkpoint.h"
 #include "../io/safetensors.h"
@@ -27,7 +28,7 @@ static int write_families(struct native *n, struct ckpt_writer *w, const char *f
 	char name[160];
 	int rc;
 
-	rc = st_writer_new(ckpt_writer_path(w, file), &sw, err);
+	rc = st_writer_new_at(ckpt_writer_dirfd(w), file, ckpt_writer_path(w, file), &sw, err);
 	if (rc)
 		return rc;
 	for (int f = 0; f < nfam; f++) {
@@ -249,9 +250,9 @@ int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 	uint64_t rng[4];
 	float *host = NULL;
 	bool staging = false;
-	int rc;
+	int rc, ckfd = -1;
 
-	rc = ckpt_open(dir, (void *)&state, &resolved, err);
+	rc = ckpt_open(dir, (void *)&state, &resolved, &ckfd, err);
 	if (rc)
 		return rc;
 	key = json_object_get(state, "engine_key");
@@ -276,7 +277,7 @@ int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 		if (!want[f])
 			continue;
 		snprintf(path, sizeof(path), "%s/%s", resolved, files[f].file);
-		rc = st_reader_open(path, &files[f].r, err);
+		rc = st_reader_open_at(ckfd, files[f].file, path, &files[f].r, err);
 		if (rc == 0)
 			rc = check_shapes(n, &files[f], err);
 	}
@@ -304,6 +305,8 @@ out:
 		st_reader_close(files[f].r);
 	free(host);
 	free(resolved);
+	if (ckfd >= 0)
+		close(ckfd);
 	json_decref(state);
 	return rc;
 }

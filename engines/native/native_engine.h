@@ -63,6 +63,7 @@ struct native {
 	struct rng rng;
 	int64_t default_budget;
 	struct engine_placement place;
+	int model_fd;                  /* model_path while initializing, else -1 */
 };
 
 /* native_engine.c */

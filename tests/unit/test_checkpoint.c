@@ -134,7 +134,7 @@ static void check_open(const char *dir, const char *want_dir, int64_t step, floa
 	float w[1000];
 	int i;
 
-	ck_assert_msg(ckpt_open(dir, &state, &resolved, &err) == 0, "%s", err.msg);
+	ck_assert_msg(ckpt_open(dir, &state, &resolved, NULL, &err) == 0, "%s", err.msg);
 	ck_assert_str_eq(resolved, want_dir);
 	ck_assert_int_eq(json_integer_value(json_object_get(state, "global_step")), step);
 	ck_assert(json_is_object(json_object_get(json_object_get(state, "files"),
@@ -171,7 +171,7 @@ START_TEST(write_open_verify)
 	check_open(rpath("%s", "step_10"), rpath("%s", "step_10"), 10, 1.0f);
 
 	/* engine_state.json records sizes and XXH64 of the files. */
-	ck_assert_int_eq(ckpt_open(root, &state, &resolved, &err), 0);
+	ck_assert_int_eq(ckpt_open(root, &state, &resolved, NULL, &err), 0);
 	files = json_object_get(state, "files");
 	ck_assert_int_eq(json_object_size(files), 2);
 	ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(files,
@@ -208,12 +208,12 @@ START_TEST(corruption_and_missing)
 	save("a", 1, 0, 0.0f);
 	/* One flipped bit in the tensor data. */
 	flip_byte(rpath("%s/model.safetensors", "a"), 1000);
-	ck_assert_int_eq(ckpt_open(root, &state, &resolved, &err), -EBADMSG);
+	ck_assert_int_eq(ckpt_open(root, &state, &resolved, NULL, &err), -EBADMSG);
 	ck_assert_ptr_nonnull(strstr(err.msg, "model.safetensors"));
 	ck_assert_ptr_null(state);
 	ck_assert_ptr_null(resolved);
 	flip_byte(rpath("%s/model.safetensors", "a"), 1000);
-	ck_assert_int_eq(ckpt_open(root, &state, &resolved, NULL), 0);
+	ck_assert_int_eq(ckpt_open(root, &state, &resolved, NULL, NULL), 0);
 	json_decref(state);
 	free(resolved);
 
@@ -222,13 +222,13 @@ START_TEST(corruption_and_missing)
 	fputc(' ', f);
 	fclose(f);
 	eng_error_clear(&err);
-	ck_assert_int_eq(ckpt_open(root, &state, &resolved, &err), -EBADMSG);
+	ck_assert_int_eq(ckpt_open(root, &state, &resolved, NULL, &err), -EBADMSG);
 	ck_assert_ptr_nonnull(strstr(err.msg, "config.json"));
 
 	/* A listed file that is gone. */
 	ck_assert_int_eq(unlink(rpath("%s/config.json", "a")), 0);
 	eng_error_clear(&err);
-	ck_assert_int_eq(ckpt_open(rpath("%s", "a"), &state, &resolved, &err), -EBADMSG);
+	ck_assert_int_eq(ckpt_open(rpath("%s", "a"), &state, &resolved, NULL, &err), -EBADMSG);
 	ck_assert_ptr_nonnull(strstr(err.msg, "config.json"));
 
 	/* A broken engine_state.json. */
@@ -236,16 +236,16 @@ START_TEST(corruption_and_missing)
 	fputs("{\"global_step\": ", f);
 	fclose(f);
 	eng_error_clear(&err);
-	ck_assert_int_eq(ckpt_open(rpath("%s", "a"), &state, &resolved, &err), -EBADMSG);
+	ck_assert_int_eq(ckpt_open(rpath("%s", "a"), &state, &resolved, NULL, &err), -EBADMSG);
 	ck_assert_ptr_nonnull(strstr(err.msg, "engine_state.json"));
 
 	/* Nothing there at all. */
 	eng_error_clear(&err);
-	ck_assert_int_eq(ckpt_open(rpath("%s", "nothing"), &state, &resolved, &err), -ENOENT);
+	ck_assert_int_eq(ckpt_open(rpath("%s", "nothing"), &state, &resolved, NULL, &err), -ENOENT);
 	/* `latest` naming a checkpoint that does not exist. */
 	ck_assert_int_eq(rename(rpath("%s", "a"), rpath("%s", "b")), 0);
 	eng_error_clear(&err);
-	ck_assert_int_eq(ckpt_open(root, &state, &resolved, &err), -ENOENT);
+	ck_assert_int_eq(ckpt_open(root, &state, &resolved, NULL, &err), -ENOENT);
 	ck_assert_ptr_nonnull(strstr(err.msg, "/a/engine_state.json"));
 }
 END_TEST
