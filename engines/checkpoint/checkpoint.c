@@ -507,8 +507,8 @@ static int update_latest(struct ckpt_writer *w, struct eng_error *err)
 }
 
 /* global_step recorded in <entry>/engine_state.json beneath dirfd, or -1
- * when there is no valid one (such directories are not checkpoints and
- * never rotated). */
+ * when there is no valid (intact, sealed) one: such directories are not
+ * checkpoints and never rotated. */
 static int64_t recorded_step(int dirfd, const char *entry)
 {
 	char *rel = path_join(entry, STATE_FILE), *text = NULL;
@@ -522,9 +522,10 @@ static int64_t recorded_step(int dirfd, const char *entry)
 		free(rel);
 		return -1;
 	}
-	free(rel);
-	s = json_loadb(text, len, JSON_REJECT_DUPLICATES, NULL);
+	if (ckpt_state_parse(text, len, rel, &s, NULL))
+		s = NULL;
 	free(text);
+	free(rel);
 	g = json_object_get(s, "global_step");
 	if (json_is_integer(g) && json_integer_value(g) >= 0)
 		step = json_integer_value(g);
@@ -628,14 +629,22 @@ static int rotate(struct ckpt_writer *w, int max_to_keep, struct eng_error *err)
 int ckpt_writer_commit(struct ckpt_writer *w, json_t *state_json, int max_to_keep,
 		       uint64_t *ret_bytes, struct eng_error *err)
 {
-	json_t *state = NULL, *files = NULL;
+	json_t *state = NULL, *files = NULL, *v;
 	uint64_t total = 0;
 	char *text = NULL, *path;
+	const char *key;
 	int rc = 0, i;
 
 	if (!json_is_object(state_json)) {
 		rc = eng_fail(err, -EINVAL, "%s: engine state is not a JSON object", w->final);
 		goto fail;
+	}
+	json_object_foreach(state_json, key, v) {
+		if (ckpt_reserved_key(key)) {
+			rc = eng_fail(err, -EINVAL, "%s: engine state member '%s' is the "
+				      "checkpoint library's", w->final, key);
+			goto fail;
+		}
 	}
 	state = json_copy(state_json);
 	files = json_object();
@@ -659,6 +668,9 @@ int ckpt_writer_commit(struct ckpt_writer *w, json_t *state_json, int max_to_kee
 		rc = eng_fail(err, -ENOMEM, "%s: no memory", w->final);
 		goto fail;
 	}
+	rc = ckpt_state_seal(state, err);
+	if (rc)
+		goto fail;
 	text = json_dumps(state, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
 	path = text ? (char *)ckpt_writer_path(w, STATE_FILE) : NULL;
 	if (!path) {
@@ -706,18 +718,12 @@ static int verify_file(int ckfd, const char *dir, const char *name, json_t *info
 	const char *hex = json_string_value(json_object_get(info, "xxh64"));
 	uint64_t want_xxh, got_xxh;
 	struct stat sb;
-	char *end;
 	int fd, rc = 0;
 
-	if (!plain_name(name) || !json_is_integer(jb) || json_integer_value(jb) < 0 || !hex ||
-	    strlen(hex) != 16)
+	/* ckpt_state_parse checked the entry; this guards the I/O below. */
+	if (!plain_name(name) || !json_is_integer(jb) || !ckpt_hex64(hex, &want_xxh))
 		return eng_fail(err, -EBADMSG, "%s/%s: malformed files entry for '%s'", dir,
 				STATE_FILE, name);
-	errno = 0;
-	want_xxh = strtoull(hex, &end, 16);
-	if (*end || errno)
-		return eng_fail(err, -EBADMSG, "%s/%s: bad xxh64 '%s' for '%s'", dir, STATE_FILE,
-				hex, name);
 	fd = io_openat(ckfd, name, O_RDONLY, 0);
 	if (fd == -ENOENT)
 		return eng_fail(err, -EBADMSG, "%s/%s: listed in %s but missing", dir, name,
@@ -795,9 +801,8 @@ int ckpt_open(const char *dir, json_t **ret_state, char **ret_dir, int *ret_fd,
 	      struct eng_error *err)
 {
 	char *resolved = NULL, *sp = NULL, *name = NULL, *text = NULL;
-	json_t *state = NULL, *files, *info;
+	json_t *state = NULL, *info;
 	int dirfd, ckfd = -1, rc;
-	json_error_t jerr;
 	const char *fname;
 	struct stat sb;
 	size_t len = 0;
@@ -838,18 +843,10 @@ int ckpt_open(const char *dir, json_t **ret_state, char **ret_dir, int *ret_fd,
 		rc = eng_fail(err, eng_errno_code(-rc), "%s: %s", sp, eng_errno_text(-rc));
 	if (rc)
 		goto out;
-	state = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
-	if (!state) {
-		rc = eng_fail(err, -EBADMSG, "%s: invalid JSON at line %d: %s", sp, jerr.line,
-			      jerr.text);
+	rc = ckpt_state_parse(text, len, sp, &state, err);
+	if (rc)
 		goto out;
-	}
-	files = json_object_get(state, "files");
-	if (!json_is_object(state) || !json_is_object(files)) {
-		rc = eng_fail(err, -EBADMSG, "%s: not an object with a \"files\" object", sp);
-		goto out;
-	}
-	json_object_foreach(files, fname, info) {
+	json_object_foreach(json_object_get(state, "files"), fname, info) {
 		rc = verify_file(ckfd, resolved, fname, info, err);
 		if (rc)
 			goto out;

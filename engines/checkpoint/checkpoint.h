@@ -27,8 +27,16 @@
  * Rotation: after a save, checkpoints in the parent that carry a valid
  * engine_state.json with an integer "global_step" are ordered by it; the
  * one just written and the newest max_to_keep - 1 others are kept, the rest
- * removed. Derived from the disk only. engine_state.json's "files" member
- * maps each file name to {"bytes": n, "xxh64": "<16 hex digits>"}.
+ * removed. Derived from the disk only.
+ *
+ * engine_state.json holds the caller's members and three of this
+ * library's: "format_version" (CKPT_FORMAT_VERSION), "files" (each file
+ * name -> {"bytes": n, "xxh64": "<16 lowercase hex digits>"}) and
+ * "state_xxh64", the XXH64 of the file's canonical form without it (see
+ * ckpt_state.c): any change to a value, a key or the structure fails the
+ * check (-EBADMSG naming the file and key); whitespace is not covered
+ * (parsing ignores it). Older files without a checksum (format_version
+ * 1) are refused with -EINVAL saying so.
  */
 #ifndef ENGINED_CHECKPOINT_H
 #define ENGINED_CHECKPOINT_H
@@ -40,6 +48,8 @@
 #include <jansson.h>
 
 #include "../err.h"
+
+#define CKPT_FORMAT_VERSION 2
 
 struct ckpt_writer;
 
@@ -80,5 +90,21 @@ void ckpt_writer_abort(struct ckpt_writer *w);   /* accepts NULL */
  * O_PATH descriptor of it (caller closes) to open its files beneath. */
 int ckpt_open(const char *dir, json_t **ret_state, char **ret_dir, int *ret_fd,
 	      struct eng_error *err);
+
+/* --- engine_state.json's seal (ckpt_state.c) --- */
+
+/* "format_version", "files", "state_xxh64": members the library writes;
+ * a caller's state must not hold them (commit: -EINVAL). */
+bool ckpt_reserved_key(const char *key);
+/* s is 16 lowercase hex digits (*ret: their value; ret may be NULL). */
+bool ckpt_hex64(const char *s, uint64_t *ret);
+/* Set format_version and state_xxh64 (over the canonical form of the rest). */
+int ckpt_state_seal(json_t *state, struct eng_error *err);
+/* Parse engine_state.json's text (`shown` in messages) and check the seal
+ * and the library's members: invalid JSON, a missing or wrong checksum, a
+ * malformed "files" entry or unknown key in one: -EBADMSG; another
+ * format_version: -EINVAL. *ret: a new reference. */
+int ckpt_state_parse(const char *text, size_t len, const char *shown, json_t **ret,
+		     struct eng_error *err);
 
 #endif
