@@ -74,8 +74,7 @@ const char *eng_errno_text(int e)
 {
 	switch (e) {
 	case ELOOP:
-		return "a symlink, refused (files in checkpoint and model directories are "
-		       "not opened through symlinks)";
+		return "a symlink, refused (such files are never opened through a symlink)";
 	case EXDEV:
 		return "outside its directory, refused";
 	default:

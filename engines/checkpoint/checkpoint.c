@@ -124,7 +124,7 @@ static int rm_at(int parent, const char *name, int depth)
 	if (!S_ISDIR(sb.st_mode))
 		return unlinkat(parent, name, 0) && errno != ENOENT ? -errno : 0;
 	if (depth > 64)
-		return -ELOOP;   /* checkpoints are flat: bounds the descriptors held */
+		return -ENOTEMPTY;   /* checkpoints are flat: bounds the descriptors held */
 	fd = io_openat(parent, name, O_RDONLY | O_DIRECTORY, 0);
 	if (fd < 0)
 		return fd;
@@ -687,11 +687,18 @@ int ckpt_writer_commit(struct ckpt_writer *w, json_t *state_json, int max_to_kee
 	rc = install(w, err);
 	if (rc)
 		goto fail;
-	/* From here the checkpoint exists; later failures are reported but the
-	 * checkpoint stays. */
-	rc = fsync_fd(w->parent_fd, w->parent, err);
-	if (!rc)
-		rc = update_latest(w, err);
+	/* From here the checkpoint exists; later failures are reported (saying
+	 * so) but the checkpoint stays. */
+	{
+		struct eng_error e2 = { 0 };
+
+		rc = fsync_fd(w->parent_fd, w->parent, &e2);
+		if (!rc)
+			rc = update_latest(w, &e2);
+		if (rc)
+			rc = eng_fail(err, rc, "%s: checkpoint saved, but `latest` was not "
+				      "updated: %s", w->final, e2.msg);
+	}
 	if (!rc && max_to_keep > 0)
 		rc = rotate(w, max_to_keep, err);
 	if (!rc && ret_bytes)

@@ -43,8 +43,9 @@ void io_openat_force_walk(bool on);
 int io_write_full(int fd, const void *buf, size_t len);
 
 /* Read the file at path (opened as named, following symlinks: files an
- * operator or a user names, such as TLS keys or token files) to its end into a malloc'ed buffer, NUL-terminated
- * (*ret; the length without the NUL in *ret_len, which may be NULL). Reads
+ * operator or a user names, such as TLS keys or token files) to its end
+ * into a malloc'ed buffer, NUL-terminated (*ret; the length without the
+ * NUL in *ret_len, which may be NULL). Reads
  * pipes and devices as well as regular files. At most max_bytes bytes: a
  * regular file that is larger is refused without reading it, any other
  * source after reading max_bytes + 1 bytes, so a huge or endless file

@@ -123,12 +123,14 @@ static char *read_model_config(int dfd, const char *dir, struct eng_error *err, 
 
 	*rc = 0;
 	if (r == -EFBIG)
-		*rc = eng_fail(err, -EINVAL, "model_path: %s/config.json is larger than 64 MiB", dir);
+		*rc = eng_fail(err, -EINVAL, "model_path: %s/config.json is larger than 64 MiB",
+			       dir);
 	else if (r == -EISDIR)
 		*rc = eng_fail(err, -EINVAL, "model_path: %s/config.json is a directory", dir);
 	else if (r < 0)
-		*rc = eng_fail(err, eng_errno_code(-r), "model_path: cannot read %s/config.json: %s",
-			       dir, eng_errno_text(-r));
+		*rc = eng_fail(err, eng_errno_code(-r),
+			       "model_path: cannot read %s/config.json: %s", dir,
+			       eng_errno_text(-r));
 	return r < 0 ? NULL : buf;
 }
 

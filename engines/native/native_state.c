@@ -211,7 +211,8 @@ static int check_contents(json_t *state, const char *shown, unsigned *ret,
 
 static int check_hyper(json_t *state, const char *shown, struct eng_error *err)
 {
-	json_t *o = json_object_get(state, "optimizer"), *l = json_object_get(state, "lr_scheduler");
+	json_t *o = json_object_get(state, "optimizer");
+	json_t *l = json_object_get(state, "lr_scheduler");
 	struct engine_optim_config oc;
 	struct engine_sched_config sc;
 	struct eng_error e2 = {0};
@@ -282,7 +283,8 @@ int native_state_check(struct native *n, json_t *state, const char *shown,
 	if (int_of(state, "num_parameters") != n->table.total)
 		return eng_fail(err, -EINVAL, "path: %s: a checkpoint of a model with %lld "
 				"parameters, this engine's has %lld", shown,
-				(long long)int_of(state, "num_parameters"), (long long)n->table.total);
+				(long long)int_of(state, "num_parameters"),
+				(long long)n->table.total);
 	ret->global_step = int_of(state, "global_step");
 	ret->optim_step = int_of(state, "optimizer_step");
 	ret->sched_step = int_of(state, "lr_scheduler_step");

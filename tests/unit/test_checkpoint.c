@@ -467,8 +467,8 @@ START_TEST(state_seal)
 	save("a", 1, 0, 1.0f);
 	save("b", 2, 0, 2.0f);
 	snprintf(cmd, sizeof(cmd), "sed -i 's/\"global_step\": 1,/\"global_step\": 9,/' "
-		 "'%s/a/engine_state.json' && grep -q '\"global_step\": 9' '%s/a/engine_state.json'",
-		 root, root);
+		 "'%s/a/engine_state.json' && "
+		 "grep -q '\"global_step\": 9' '%s/a/engine_state.json'", root, root);
 	ck_assert_int_eq(system(cmd), 0);
 	ck_assert_int_eq(ckpt_open(rpath("%s", "a"), &state, &resolved, NULL, &err), -EBADMSG);
 	ck_assert_ptr_nonnull(strstr(err.msg, "a/engine_state.json"));
