@@ -356,7 +356,8 @@ static void progress(int64_t done, int64_t total, double t0, bool final)
 #define MAX_NAMES 4096
 
 static const struct ctl_opt pull_opts[] = {
-	{ "out", required_argument, 'o', "FILE", "the safetensors file to write (required)" },
+	{ "out", required_argument, 'o', "FILE",
+	  "the safetensors file to write (required; not a symlink)" },
 	{ "dtype", required_argument, 'd', "TYPE", "f32 (default), bf16 or f16" },
 	{ "names", required_argument, 'n', "A,B,...", "only these tensors (at most 4096 names)" },
 	{ "bucket-bytes", required_argument, 'b', "N",

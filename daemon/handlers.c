@@ -214,6 +214,9 @@ int h_run_initialize(struct daemon *d, struct job *j, struct eng_error *err)
 	ip->cfg.cancelled = call_gone;
 	ip->cfg.cancel_ctx = j->call;
 	r = engine_create(&ip->cfg, &e, err);
+	/* A model_path error names the file as the client knows it (the
+	 * engine saw "/proc/self/fd/N/..."). */
+	r = paths_pin_result(&ip->model, r, err);
 	if (r < 0)
 		return r;
 	stream_wait_released(d);

@@ -200,7 +200,8 @@ int paths_make_parents(const char *abs, struct eng_error *err)
 	*slash = '\0';
 	r = mkdir_p(buf);
 	if (r < 0)
-		return eng_fail(err, -EIO, "cannot create '%s': %s", buf, strerror(-r));
+		return eng_fail(err, eng_errno_code(-r), "cannot create '%s': %s", buf,
+				strerror(-r));
 	return 0;
 }
 
@@ -271,7 +272,8 @@ static int pin_fail(int e, const char *field, const char *rel, struct eng_error 
 	case EAGAIN:
 		return eng_fail(err, -EPERM, "%s: '%s' changed while being resolved", field, rel);
 	default:
-		return eng_fail(err, -EIO, "%s: '%s': %s", field, rel, strerror(e));
+		/* ENOSPC, EROFS, EMFILE, ...: the one errno mapping. */
+		return eng_fail(err, eng_errno_code(e), "%s: '%s': %s", field, rel, strerror(e));
 	}
 }
 
@@ -301,7 +303,8 @@ int paths_pin(const char *root_real, const char *rel, const char *field,
 		return -ENOMEM;
 	root_fd = open(root_real, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (root_fd < 0) {
-		r = eng_fail(err, -EIO, "%s: cannot open the root: %s", field, strerror(errno));
+		r = eng_fail(err, eng_errno_code(errno), "%s: cannot open the root: %s", field,
+			     strerror(errno));
 		free(norm);
 		return r;
 	}

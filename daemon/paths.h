@@ -26,7 +26,11 @@ int path_confine(const char *root_real, const char *rel, const char *field,
  * descriptor ("/proc/self/fd/7/name" or "/proc/self/fd/7"). Code that
  * takes paths (the checkpoint writer, the model loader) opens everything
  * through the pinned directory, so renaming or swapping a component for a
- * symlink after the check cannot redirect it out of the root. */
+ * symlink after the check cannot redirect it out of the root. Symlinks
+ * that stay inside the root are followed up to the pinned directory; below
+ * it the engine follows none (engines/io/fileio.h: io_openat): a symlinked
+ * file in a checkpoint or model directory, `latest` or the entry it names
+ * is -EPERM naming the file. */
 struct paths_pin {
 	int fd;                 /* -1: none */
 	char path[64 + 256];

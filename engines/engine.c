@@ -311,6 +311,8 @@ int engine_save_checkpoint(struct engine *e, const char *dir, int64_t global_ste
 		return eng_fail(err, -EINVAL, "contents: unknown flags 0x%x", contents);
 	if (max_to_keep < 0)
 		return eng_fail(err, -EINVAL, "max_to_keep: must be >= 0");
+	if (global_step < 0)
+		return eng_fail(err, -EINVAL, "global_step: must be >= 0");
 	return e->ops->save_checkpoint(e, dir, global_step, max_to_keep, contents,
 				       ret_bytes, err);
 }

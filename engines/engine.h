@@ -108,6 +108,9 @@ void engine_init_config_defaults(struct engine_init_config *cfg);
  * within their limits, hf_config_json parsed (model/config.c's rules).
  * engine_create applies it; callers may apply it earlier. */
 int engine_init_config_check(const struct engine_init_config *cfg, struct eng_error *err);
+/* Its optimizer part (the ranges of lr, betas, eps, weight_decay,
+ * clip_grad), also applied to hyper-parameters read from a checkpoint. */
+int engine_optim_config_check(const struct engine_optim_config *o, struct eng_error *err);
 
 /* The loss seam. The engine calls `fn` once per micro-batch after the
  * forward pass with the model outputs in micro-batch order; the loss writes

@@ -18,7 +18,7 @@ static bool finite_at_least(double x, double lo)
 	return isfinite(x) && x >= lo;
 }
 
-static int optim_check(const struct engine_optim_config *o, struct eng_error *err)
+int engine_optim_config_check(const struct engine_optim_config *o, struct eng_error *err)
 {
 	if (!finite_at_least(o->lr, 0))
 		return eng_fail(err, -EINVAL, "optimizer.lr: must be a finite number >= 0");
@@ -56,7 +56,7 @@ int engine_step_params_check(const struct engine_step_params *p, struct eng_erro
 		o->weight_decay = p->weight_decay;
 	if (p->has_clip_grad)
 		o->clip_grad = p->clip_grad;
-	return optim_check(o, err);
+	return engine_optim_config_check(o, err);
 }
 
 int engine_init_config_check(const struct engine_init_config *cfg, struct eng_error *err)
@@ -73,7 +73,7 @@ int engine_init_config_check(const struct engine_init_config *cfg, struct eng_er
 	if (!cfg->hf_config_json == !cfg->model_path)
 		return eng_fail(err, -EINVAL,
 				"model: exactly one of hf_config_json and model_path is required");
-	rc = optim_check(&cfg->optim, err);
+	rc = engine_optim_config_check(&cfg->optim, err);
 	if (rc)
 		return rc;
 	rc = lr_schedule_validate(&cfg->sched, err);

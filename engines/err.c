@@ -43,10 +43,41 @@ const char *eng_strerror(int code)
 int eng_errno_code(int e)
 {
 	switch (e) {
-	case ENOENT: return -ENOENT;
-	case ENOMEM: return -ENOMEM;
+	case ENOENT:
+		return -ENOENT;
+	case ENOMEM:
+		return -ENOMEM;
+	case ENOSPC:
+	case EDQUOT:
+	case EFBIG:
+		return -ENOSPC;
+	case EMFILE:
+	case ENFILE:
+		return -EMFILE;
 	case EACCES:
-	case EPERM: return -EPERM;
-	default: return -EIO;
+	case EPERM:
+	case ELOOP:
+	case EXDEV:
+		return -EPERM;
+	case EROFS:
+		return -EALREADY;
+	case ENAMETOOLONG:
+	case ENOTDIR:
+	case EISDIR:
+		return -EINVAL;
+	default:
+		return -EIO;
+	}
+}
+
+const char *eng_errno_text(int e)
+{
+	switch (e) {
+	case ELOOP:
+		return "a symlink, refused (such files are never opened through a symlink)";
+	case EXDEV:
+		return "outside its directory, refused";
+	default:
+		return strerror(e);
 	}
 }

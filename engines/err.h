@@ -26,14 +26,15 @@
 	X(ENOENT, NOT_FOUND, "a file, checkpoint, directory or tensor that does not exist") \
 	X(ENOMEM, RESOURCE_EXHAUSTED, "memory for the call could not be reserved; the engine stays usable") \
 	X(E2BIG, RESOURCE_EXHAUSTED, "over a configured limit (request size, concurrent calls, reply size)") \
-	X(ENOSPC, RESOURCE_EXHAUSTED, "a device resource ran out (e.g. shared memory for a kernel)") \
+	X(ENOSPC, RESOURCE_EXHAUSTED, "no space left on the file system (or over a disk quota), or a device resource ran out (e.g. shared memory for a kernel); the message names the path") \
+	X(EMFILE, RESOURCE_EXHAUSTED, "out of file descriptors (the daemon's or the system's limit)") \
 	X(EEXIST, ALREADY_EXISTS, "a request id that was already applied, its reply no longer kept") \
-	X(EPERM, PERMISSION_DENIED, "a path escapes its root, or a read-only token asked for a change") \
+	X(EPERM, PERMISSION_DENIED, "a path escapes its root, a file in a checkpoint or model directory is a symlink, file permissions refuse, or a read-only token asked for a change") \
 	X(EACCES, PERMISSION_DENIED, "no valid credentials (the daemon answers UNAUTHENTICATED for a missing or unknown token)") \
 	X(EBADMSG, DATA_LOSS, "a corrupt or inconsistent file or checkpoint") \
 	X(ENODEV, FAILED_PRECONDITION, "device or engine not built or registered") \
 	X(ELIBACC, FAILED_PRECONDITION, "a device library (e.g. cuBLASLt) is missing") \
-	X(EALREADY, FAILED_PRECONDITION, "wrong state: not initialized, wrong mode, state on the host") \
+	X(EALREADY, FAILED_PRECONDITION, "wrong state: not initialized, wrong mode, state on the host, a read-only file system under a root") \
 	X(ECANCELED, CANCELLED, "the client cancelled the call") \
 	X(ETIMEDOUT, DEADLINE_EXCEEDED, "the call's deadline passed before it ran") \
 	X(ENOSYS, UNIMPLEMENTED, "a service or method this daemon does not provide") \
@@ -68,8 +69,29 @@ void eng_error_clear(struct eng_error *err);
  * "E?" for a code not in ENG_ERROR_CODES. */
 const char *eng_strerror(int code);
 
-/* The library code for an errno from a file-system call: ENOENT, ENOMEM,
- * EPERM (EACCES too: permission on a file is PERMISSION_DENIED), else EIO. */
+/* The library code for an errno e (positive) from a file-system call; the
+ * one mapping every file-system error path uses:
+ *   ENOENT                        -> -ENOENT    NOT_FOUND
+ *   ENOMEM                        -> -ENOMEM    RESOURCE_EXHAUSTED
+ *   ENOSPC, EDQUOT, EFBIG         -> -ENOSPC    RESOURCE_EXHAUSTED (disk full,
+ *                                               quota, file too large)
+ *   EMFILE, ENFILE                -> -EMFILE    RESOURCE_EXHAUSTED
+ *   EACCES, EPERM                 -> -EPERM     PERMISSION_DENIED
+ *   ELOOP, EXDEV                  -> -EPERM     PERMISSION_DENIED (a symlink
+ *                                               refused, a path leaving its
+ *                                               directory: io_openat)
+ *   EROFS                         -> -EALREADY  FAILED_PRECONDITION (a
+ *                                               read-only root is the
+ *                                               deployment's state, not the
+ *                                               caller's permission)
+ *   ENAMETOOLONG, ENOTDIR, EISDIR -> -EINVAL    INVALID_ARGUMENT (the name
+ *                                               the client gave)
+ *   anything else (EIO, ...)      -> -EIO       INTERNAL */
 int eng_errno_code(int e);
+
+/* Text for errno e in messages: strerror(e), except ELOOP ("a symlink,
+ * refused") and EXDEV ("outside its directory, refused"), the refusals of
+ * io_openat. */
+const char *eng_errno_text(int e);
 
 #endif

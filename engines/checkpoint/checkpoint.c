@@ -17,7 +17,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
@@ -34,6 +33,9 @@
 #define STATE_FILE "engine_state.json"
 #define LATEST_FILE "latest"
 
+/* Largest engine_state.json and `latest` read. */
+#define STATE_MAX (1u << 20)
+
 struct ckpt_file {
 	char *name;
 	uint64_t bytes;
@@ -41,10 +43,15 @@ struct ckpt_file {
 };
 
 struct ckpt_writer {
-	char *parent;     /* "/ckpt/run1" */
+	char *parent;     /* "/ckpt/run1" (as given: messages) */
 	char *name;       /* "step_100" */
 	char *final;      /* "/ckpt/run1/step_100" */
+	char *tmpname;    /* ".step_100.tmp-<pid>" */
 	char *tmp;        /* "/ckpt/run1/.step_100.tmp-<pid>" */
+	int parent_fd;    /* the parent, opened as given */
+	int tmp_fd;       /* the temporary directory, made by this writer */
+	dev_t dev;        /* the parent's identity */
+	ino_t ino;
 	char *pathbuf;    /* ckpt_writer_path() result */
 	size_t pathcap;
 	struct ckpt_file *files;
@@ -73,64 +80,87 @@ static bool plain_name(const char *s)
 	return s && *s && s[0] != '.' && !strchr(s, '/') && strlen(s) <= NAME_MAX - 32;
 }
 
-static int fsync_path(const char *path, struct eng_error *err)
+static int fsync_fd(int fd, const char *shown, struct eng_error *err)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	int rc = 0;
-
-	if (fd < 0)
-		return eng_fail(err, eng_errno_code(errno), "%s: open for fsync: %s", path,
-				strerror(errno));
 	if (fsync(fd))
-		rc = eng_fail(err, -EIO, "%s: fsync: %s", path, strerror(errno));
-	close(fd);
-	return rc;
+		return eng_fail(err, eng_errno_code(errno), "%s: fsync: %s", shown,
+				strerror(errno));
+	return 0;
 }
 
-/* Create/truncate `path` with `data`, fsync'ed. */
-static int write_file(const char *path, const void *data, size_t len, struct eng_error *err)
+/* Create `name` (new: O_EXCL, never through a symlink) beneath dirfd with
+ * `data`, fsync'ed; `shown` in messages. */
+static int write_file_at(int dirfd, const char *name, const char *shown, const void *data,
+			 size_t len, struct eng_error *err)
 {
-	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	int fd = io_openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL, 0644);
 	int rc;
 
 	if (fd < 0)
-		return eng_fail(err, eng_errno_code(errno), "%s: cannot create: %s", path,
-				strerror(errno));
+		return eng_fail(err, eng_errno_code(-fd), "%s: cannot create: %s", shown,
+				eng_errno_text(-fd));
 	rc = io_write_full(fd, data, len);
 	if (rc) {
 		close(fd);
-		return eng_fail(err, eng_errno_code(-rc), "%s: write: %s", path, strerror(-rc));
+		return eng_fail(err, eng_errno_code(-rc), "%s: write: %s", shown, strerror(-rc));
 	}
-	if (fsync(fd)) {
-		rc = eng_fail(err, -EIO, "%s: fsync: %s", path, strerror(errno));
+	rc = fsync_fd(fd, shown, err);
+	if (close(fd) && !rc)
+		rc = eng_fail(err, eng_errno_code(errno), "%s: close: %s", shown, strerror(errno));
+	return rc;
+}
+
+/* Remove entry `name` of parent, a file or a directory tree, following no
+ * symlink (a symlink is removed, not what it names). 0 or -errno. */
+static int rm_at(int parent, const char *name, int depth)
+{
+	struct dirent *de;
+	struct stat sb;
+	DIR *d;
+	int fd, rc = 0;
+
+	if (fstatat(parent, name, &sb, AT_SYMLINK_NOFOLLOW))
+		return errno == ENOENT ? 0 : -errno;
+	if (!S_ISDIR(sb.st_mode))
+		return unlinkat(parent, name, 0) && errno != ENOENT ? -errno : 0;
+	if (depth > 64)
+		return -ENOTEMPTY;   /* checkpoints are flat: bounds the descriptors held */
+	fd = io_openat(parent, name, O_RDONLY | O_DIRECTORY, 0);
+	if (fd < 0)
+		return fd;
+	d = fdopendir(fd);
+	if (!d) {
+		rc = -errno;
 		close(fd);
 		return rc;
 	}
-	if (close(fd))
-		return eng_fail(err, -EIO, "%s: close: %s", path, strerror(errno));
-	return 0;
+	while ((de = readdir(d))) {
+		int r;
+
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		r = rm_at(fd, de->d_name, depth + 1);
+		if (r && !rc)
+			rc = r;
+	}
+	closedir(d);
+	if (unlinkat(parent, name, AT_REMOVEDIR) && errno != ENOENT && !rc)
+		rc = -errno;
+	return rc;
 }
 
-static int rm_one(const char *path, const struct stat *sb, int type, struct FTW *ftw)
+/* A directory stream of dirfd (which stays open), or NULL. */
+static DIR *open_dir_stream(int dirfd)
 {
-	(void)sb;
-	(void)type;
-	(void)ftw;
-	if (remove(path) && errno != ENOENT)
-		return -1;
-	return 0;
-}
+	int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	DIR *d;
 
-/* Remove a file or a directory tree without following symlinks. */
-static int rm_rf(const char *path)
-{
-	struct stat sb;
-
-	if (lstat(path, &sb))
-		return errno == ENOENT ? 0 : -errno;
-	if (!S_ISDIR(sb.st_mode))
-		return remove(path) && errno != ENOENT ? -errno : 0;
-	return nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS) ? -EIO : 0;
+	if (fd < 0)
+		return NULL;
+	d = fdopendir(fd);
+	if (!d)
+		close(fd);
+	return d;
 }
 
 /* pid of a hidden writer entry `.<x>.tmp-<pid>` / `.<x>.del-<pid>`, or 0. */
@@ -154,21 +184,21 @@ static pid_t temp_entry_pid(const char *name)
 }
 
 /* Caller holds active_lock. */
-static bool owned_by_live_writer(const char *path)
+static bool owned_by_live_writer(dev_t dev, ino_t ino, const char *tmpname)
 {
 	struct ckpt_writer *w;
 
 	for (w = active_writers; w; w = w->next)
-		if (!strcmp(w->tmp, path))
+		if (w->dev == dev && w->ino == ino && !strcmp(w->tmpname, tmpname))
 			return true;
 	return false;
 }
 
 /* Remove the temporary entries of writers that are gone. Caller holds
  * active_lock. Best effort: an entry that cannot be removed stays hidden. */
-static void remove_stale(const char *parent)
+static void remove_stale(struct ckpt_writer *w)
 {
-	DIR *d = opendir(parent);
+	DIR *d = open_dir_stream(w->parent_fd);
 	struct dirent *de;
 	pid_t self = getpid();
 
@@ -176,16 +206,13 @@ static void remove_stale(const char *parent)
 		return;
 	while ((de = readdir(d))) {
 		pid_t pid = temp_entry_pid(de->d_name);
-		char *p;
 
 		if (!pid)
 			continue;
 		if (pid != self && !(kill(pid, 0) < 0 && errno == ESRCH))
 			continue;   /* another live process may be writing */
-		p = path_join(parent, de->d_name);
-		if (p && !(pid == self && owned_by_live_writer(p)))
-			(void)rm_rf(p);
-		free(p);
+		if (!(pid == self && owned_by_live_writer(w->dev, w->ino, de->d_name)))
+			(void)rm_at(w->parent_fd, de->d_name, 0);
 	}
 	closedir(d);
 }
@@ -205,10 +232,15 @@ static void writer_free(struct ckpt_writer *w)
 	pthread_mutex_unlock(&active_lock);
 	for (i = 0; i < w->nfiles; i++)
 		free(w->files[i].name);
+	if (w->tmp_fd >= 0)
+		close(w->tmp_fd);
+	if (w->parent_fd >= 0)
+		close(w->parent_fd);
 	free(w->files);
 	free(w->parent);
 	free(w->name);
 	free(w->final);
+	free(w->tmpname);
 	free(w->tmp);
 	free(w->pathbuf);
 	free(w);
@@ -220,7 +252,7 @@ int ckpt_writer_begin(const char *dir, struct ckpt_writer **ret, struct eng_erro
 	struct stat sb;
 	char *copy, *slash;
 	size_t len;
-	int rc = 0;
+	int rc = 0, e;
 
 	if (!dir || dir[0] != '/')
 		return eng_fail(err, -EINVAL, "checkpoint path '%s' is not absolute",
@@ -244,13 +276,16 @@ int ckpt_writer_begin(const char *dir, struct ckpt_writer **ret, struct eng_erro
 		free(copy);
 		return eng_fail(err, -ENOMEM, "%s: no memory", dir);
 	}
+	w->parent_fd = w->tmp_fd = -1;
 	w->parent = strdup(copy[0] ? copy : "/");
 	w->name = strdup(slash + 1);
 	free(copy);
 	if (w->parent && w->name) {
 		w->final = path_join(w->parent, w->name);
-		if (asprintf(&w->tmp, "%s/.%s.tmp-%ld", w->parent, w->name, (long)getpid()) < 0)
-			w->tmp = NULL;
+		if (asprintf(&w->tmpname, ".%s.tmp-%ld", w->name, (long)getpid()) < 0)
+			w->tmpname = NULL;
+		else
+			w->tmp = path_join(w->parent, w->tmpname);
 	}
 	if (w->tmp) {
 		/* Sized for any file name, so that ckpt_writer_path() does not
@@ -262,27 +297,43 @@ int ckpt_writer_begin(const char *dir, struct ckpt_writer **ret, struct eng_erro
 		writer_free(w);
 		return eng_fail(err, -ENOMEM, "%s: no memory", dir);
 	}
-	if (stat(w->parent, &sb) || !S_ISDIR(sb.st_mode)) {
-		rc = eng_fail(err, -ENOENT, "%s: parent directory of the checkpoint does not "
-			      "exist", w->parent);
+	/* The parent as given (the daemon's pinned directory); everything
+	 * below it is reached through this descriptor. */
+	w->parent_fd = open(w->parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (w->parent_fd < 0 || fstat(w->parent_fd, &sb)) {
+		e = errno;
+		rc = e == ENOENT || e == ENOTDIR
+		     ? eng_fail(err, -ENOENT, "%s: parent directory of the checkpoint does not "
+				"exist", w->parent)
+		     : eng_fail(err, eng_errno_code(e), "%s: %s", w->parent, strerror(e));
 		writer_free(w);
 		return rc;
 	}
+	w->dev = sb.st_dev;
+	w->ino = sb.st_ino;
 	pthread_mutex_lock(&active_lock);
-	remove_stale(w->parent);
-	if (owned_by_live_writer(w->tmp)) {
+	remove_stale(w);
+	if (owned_by_live_writer(w->dev, w->ino, w->tmpname)) {
 		pthread_mutex_unlock(&active_lock);
 		rc = eng_fail(err, -EALREADY, "%s: a save of this checkpoint is in progress",
 			      w->final);
 		writer_free(w);
 		return rc;
 	}
-	(void)rm_rf(w->tmp);
-	if (mkdir(w->tmp, 0755)) {
-		int e = errno;
-
+	(void)rm_at(w->parent_fd, w->tmpname, 0);
+	if (mkdirat(w->parent_fd, w->tmpname, 0755)) {
+		e = errno;
 		pthread_mutex_unlock(&active_lock);
 		rc = eng_fail(err, eng_errno_code(e), "%s: mkdir: %s", w->tmp, strerror(e));
+		writer_free(w);
+		return rc;
+	}
+	w->tmp_fd = io_openat(w->parent_fd, w->tmpname, O_RDONLY | O_DIRECTORY, 0);
+	if (w->tmp_fd < 0) {
+		e = -w->tmp_fd;
+		(void)rm_at(w->parent_fd, w->tmpname, 0);
+		pthread_mutex_unlock(&active_lock);
+		rc = eng_fail(err, eng_errno_code(e), "%s: %s", w->tmp, eng_errno_text(e));
 		writer_free(w);
 		return rc;
 	}
@@ -309,13 +360,17 @@ const char *ckpt_writer_path(struct ckpt_writer *w, const char *name)
 	return w->pathbuf;
 }
 
+int ckpt_writer_dirfd(const struct ckpt_writer *w)
+{
+	return w->tmp_fd;
+}
+
 int ckpt_writer_record(struct ckpt_writer *w, const char *name, uint64_t bytes,
 		       uint64_t xxh64, struct eng_error *err)
 {
 	struct ckpt_file *f;
 	struct stat sb;
-	char *p;
-	int i, rc;
+	int i;
 
 	if (!plain_name(name) || !strcmp(name, STATE_FILE))
 		return eng_fail(err, -EINVAL, "checkpoint file name '%s' is not a plain file "
@@ -323,16 +378,10 @@ int ckpt_writer_record(struct ckpt_writer *w, const char *name, uint64_t bytes,
 	for (i = 0; i < w->nfiles; i++)
 		if (!strcmp(w->files[i].name, name))
 			return eng_fail(err, -EINVAL, "checkpoint file '%s' recorded twice", name);
-	p = path_join(w->tmp, name);
-	if (!p)
-		return eng_fail(err, -ENOMEM, "%s: no memory", name);
-	if (stat(p, &sb) || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != bytes) {
-		rc = eng_fail(err, -EINVAL, "%s: missing, not a file, or not %llu bytes long",
-			      p, (unsigned long long)bytes);
-		free(p);
-		return rc;
-	}
-	free(p);
+	if (fstatat(w->tmp_fd, name, &sb, AT_SYMLINK_NOFOLLOW) || !S_ISREG(sb.st_mode) ||
+	    (uint64_t)sb.st_size != bytes)
+		return eng_fail(err, -EINVAL, "%s/%s: missing, not a file, or not %llu bytes long",
+				w->tmp, name, (unsigned long long)bytes);
 	if (w->nfiles == w->cap) {
 		int ncap = w->cap ? 2 * w->cap : 8;
 
@@ -364,7 +413,7 @@ int ckpt_writer_put(struct ckpt_writer *w, const char *name, const void *data,
 	p = ckpt_writer_path(w, name);
 	if (!p)
 		return eng_fail(err, -ENOMEM, "%s: no memory", name);
-	rc = write_file(p, data, len, err);
+	rc = write_file_at(w->tmp_fd, name, p, data, len, err);
 	if (rc)
 		return rc;
 	return ckpt_writer_record(w, name, len, XXH64(data, len, 0), err);
@@ -374,23 +423,23 @@ void ckpt_writer_abort(struct ckpt_writer *w)
 {
 	if (!w)
 		return;
-	(void)rm_rf(w->tmp);
+	(void)rm_at(w->parent_fd, w->tmpname, 0);
 	writer_free(w);
 }
 
-/* Put the complete temporary directory in place under w->final. An
+/* Put the complete temporary directory in place under w->name. An
  * existing checkpoint of that name is exchanged atomically, so the name
  * never refers to nothing or to a partial directory; the old one ends up
  * under the temporary name and is removed. */
 static int install(struct ckpt_writer *w, struct eng_error *err)
 {
-	int rc;
+	int pfd = w->parent_fd, rc;
 
-	if (renameat2(AT_FDCWD, w->tmp, AT_FDCWD, w->final, RENAME_NOREPLACE) == 0)
+	if (renameat2(pfd, w->tmpname, pfd, w->name, RENAME_NOREPLACE) == 0)
 		return 0;
 	if (errno == EEXIST) {
-		if (renameat2(AT_FDCWD, w->tmp, AT_FDCWD, w->final, RENAME_EXCHANGE) == 0) {
-			(void)rm_rf(w->tmp);
+		if (renameat2(pfd, w->tmpname, pfd, w->name, RENAME_EXCHANGE) == 0) {
+			(void)rm_at(pfd, w->tmpname, 0);
 			return 0;
 		}
 		if (errno != EINVAL && errno != ENOSYS)
@@ -407,64 +456,76 @@ static int install(struct ckpt_writer *w, struct eng_error *err)
 	{
 		char *aside;
 
-		if (asprintf(&aside, "%s/.%s.del-%ld", w->parent, w->name, (long)getpid()) < 0)
+		if (asprintf(&aside, ".%s.del-%ld", w->name, (long)getpid()) < 0)
 			return eng_fail(err, -ENOMEM, "%s: no memory", w->final);
-		(void)rm_rf(aside);
-		if (rename(w->final, aside) && errno != ENOENT) {
+		(void)rm_at(pfd, aside, 0);
+		if (renameat(pfd, w->name, pfd, aside) && errno != ENOENT) {
 			rc = eng_fail(err, eng_errno_code(errno), "%s: rename aside: %s", w->final,
 				      strerror(errno));
 			free(aside);
 			return rc;
 		}
-		if (rename(w->tmp, w->final)) {
+		if (renameat(pfd, w->tmpname, pfd, w->name)) {
 			rc = eng_fail(err, eng_errno_code(errno), "%s: rename to %s: %s", w->tmp,
 				      w->final, strerror(errno));
-			(void)rename(aside, w->final);
+			(void)renameat(pfd, aside, pfd, w->name);
 			free(aside);
 			return rc;
 		}
-		(void)rm_rf(aside);
+		(void)rm_at(pfd, aside, 0);
 		free(aside);
 	}
 	return 0;
 }
 
+/* Replace `latest` by an fsync'ed temporary renamed over it (a symlink
+ * named `latest` is replaced, never written through). */
 static int update_latest(struct ckpt_writer *w, struct eng_error *err)
 {
-	char *tmp, *latest;
+	char *tmpname, *shown;
 	int rc;
 
-	if (asprintf(&tmp, "%s/.%s.tmp-%ld", w->parent, LATEST_FILE, (long)getpid()) < 0)
+	if (asprintf(&tmpname, ".%s.tmp-%ld", LATEST_FILE, (long)getpid()) < 0)
 		return eng_fail(err, -ENOMEM, "%s: no memory", w->parent);
-	latest = path_join(w->parent, LATEST_FILE);
-	if (!latest) {
-		free(tmp);
+	shown = path_join(w->parent, tmpname);
+	if (!shown) {
+		free(tmpname);
 		return eng_fail(err, -ENOMEM, "%s: no memory", w->parent);
 	}
-	rc = write_file(tmp, w->name, strlen(w->name), err);
-	if (!rc && rename(tmp, latest))
-		rc = eng_fail(err, eng_errno_code(errno), "%s: rename: %s", latest, strerror(errno));
+	(void)unlinkat(w->parent_fd, tmpname, 0);
+	rc = write_file_at(w->parent_fd, tmpname, shown, w->name, strlen(w->name), err);
+	if (!rc && renameat(w->parent_fd, tmpname, w->parent_fd, LATEST_FILE))
+		rc = eng_fail(err, eng_errno_code(errno), "%s/%s: rename: %s", w->parent,
+			      LATEST_FILE, strerror(errno));
 	if (rc)
-		(void)unlink(tmp);
+		(void)unlinkat(w->parent_fd, tmpname, 0);
 	if (!rc)
-		rc = fsync_path(w->parent, err);
-	free(tmp);
-	free(latest);
+		rc = fsync_fd(w->parent_fd, w->parent, err);
+	free(tmpname);
+	free(shown);
 	return rc;
 }
 
-/* global_step recorded in <dir>/engine_state.json, or -1 when there is no
- * valid one (such directories are not checkpoints and never rotated). */
-static int64_t recorded_step(const char *dir)
+/* global_step recorded in <entry>/engine_state.json beneath dirfd, or -1
+ * when there is no valid (intact, sealed) one: such directories are not
+ * checkpoints and never rotated. */
+static int64_t recorded_step(int dirfd, const char *entry)
 {
-	char *p = path_join(dir, STATE_FILE);
+	char *rel = path_join(entry, STATE_FILE), *text = NULL;
+	size_t len = 0;
 	json_t *s, *g;
 	int64_t step = -1;
 
-	if (!p)
+	if (!rel)
 		return -1;
-	s = json_load_file(p, 0, NULL);
-	free(p);
+	if (io_read_file_at(dirfd, rel, STATE_MAX, &text, &len) < 0) {
+		free(rel);
+		return -1;
+	}
+	if (ckpt_state_parse(text, len, rel, &s, NULL))
+		s = NULL;
+	free(text);
+	free(rel);
 	g = json_object_get(s, "global_step");
 	if (json_is_integer(g) && json_integer_value(g) >= 0)
 		step = json_integer_value(g);
@@ -489,7 +550,9 @@ static int cmp_rot(const void *a, const void *b)
 
 /* Keep w->name and the newest max_to_keep - 1 other checkpoints of the
  * parent; remove the rest (renamed to a hidden name first, so that a
- * half-removed one never looks like a checkpoint). */
+ * half-removed one never looks like a checkpoint). Symlinks are never
+ * checkpoints: a link to a directory elsewhere is neither read nor
+ * removed. */
 static int rotate(struct ckpt_writer *w, int max_to_keep, struct eng_error *err)
 {
 	struct rot_entry *e = NULL;
@@ -498,24 +561,19 @@ static int rotate(struct ckpt_writer *w, int max_to_keep, struct eng_error *err)
 	DIR *d;
 	int rc = 0;
 
-	d = opendir(w->parent);
+	d = open_dir_stream(w->parent_fd);
 	if (!d)
-		return eng_fail(err, eng_errno_code(errno), "%s: opendir for rotation: %s",
-				w->parent, strerror(errno));
+		return eng_fail(err, eng_errno_code(errno), "%s: checkpoint saved, but reading "
+				"the directory for rotation failed: %s", w->parent,
+				strerror(errno));
 	while ((de = readdir(d))) {
 		struct stat sb;
-		char *p;
 		int64_t step;
 
 		if (de->d_name[0] == '.' || !strcmp(de->d_name, w->name))
 			continue;
-		p = path_join(w->parent, de->d_name);
-		if (!p) {
-			rc = eng_fail(err, -ENOMEM, "rotation: no memory");
-			break;
-		}
-		step = !lstat(p, &sb) && S_ISDIR(sb.st_mode) ? recorded_step(p) : -1;
-		free(p);
+		step = !fstatat(w->parent_fd, de->d_name, &sb, AT_SYMLINK_NOFOLLOW) &&
+		       S_ISDIR(sb.st_mode) ? recorded_step(w->parent_fd, de->d_name) : -1;
 		if (step < 0)
 			continue;
 		if (n == cap) {
@@ -540,45 +598,53 @@ static int rotate(struct ckpt_writer *w, int max_to_keep, struct eng_error *err)
 	if (!rc)
 		qsort(e, n, sizeof(*e), cmp_rot);
 	for (i = 0; !rc && i < n; i++) {
-		char *from, *aside;
+		char *aside;
+		int r;
 
 		if (kept < (size_t)max_to_keep) {
 			kept++;
 			continue;
 		}
-		from = path_join(w->parent, e[i].name);
-		if (!from || asprintf(&aside, "%s/.%s.del-%ld", w->parent, e[i].name,
-				      (long)getpid()) < 0) {
-			free(from);
+		if (asprintf(&aside, ".%s.del-%ld", e[i].name, (long)getpid()) < 0) {
 			rc = eng_fail(err, -ENOMEM, "rotation: no memory");
 			break;
 		}
-		(void)rm_rf(aside);
-		if (rename(from, aside) || rm_rf(aside))
-			rc = eng_fail(err, -EIO, "%s: checkpoint saved, but removing this old "
-				      "checkpoint failed: %s", from, strerror(errno));
-		free(from);
+		(void)rm_at(w->parent_fd, aside, 0);
+		r = renameat(w->parent_fd, e[i].name, w->parent_fd, aside) ? -errno
+		    : rm_at(w->parent_fd, aside, 0);
+		if (r)
+			rc = eng_fail(err, eng_errno_code(-r), "%s/%s: checkpoint saved, but "
+				      "removing this old checkpoint failed: %s", w->parent,
+				      e[i].name, eng_errno_text(-r));
 		free(aside);
 	}
 	for (i = 0; i < n; i++)
 		free(e[i].name);
 	free(e);
 	if (!rc)
-		rc = fsync_path(w->parent, err);
+		rc = fsync_fd(w->parent_fd, w->parent, err);
 	return rc;
 }
 
 int ckpt_writer_commit(struct ckpt_writer *w, json_t *state_json, int max_to_keep,
 		       uint64_t *ret_bytes, struct eng_error *err)
 {
-	json_t *state = NULL, *files = NULL;
+	json_t *state = NULL, *files = NULL, *v;
 	uint64_t total = 0;
 	char *text = NULL, *path;
+	const char *key;
 	int rc = 0, i;
 
 	if (!json_is_object(state_json)) {
 		rc = eng_fail(err, -EINVAL, "%s: engine state is not a JSON object", w->final);
 		goto fail;
+	}
+	json_object_foreach(state_json, key, v) {
+		if (ckpt_reserved_key(key)) {
+			rc = eng_fail(err, -EINVAL, "%s: engine state member '%s' is the "
+				      "checkpoint library's", w->final, key);
+			goto fail;
+		}
 	}
 	state = json_copy(state_json);
 	files = json_object();
@@ -602,27 +668,37 @@ int ckpt_writer_commit(struct ckpt_writer *w, json_t *state_json, int max_to_kee
 		rc = eng_fail(err, -ENOMEM, "%s: no memory", w->final);
 		goto fail;
 	}
+	rc = ckpt_state_seal(state, err);
+	if (rc)
+		goto fail;
 	text = json_dumps(state, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
 	path = text ? (char *)ckpt_writer_path(w, STATE_FILE) : NULL;
 	if (!path) {
 		rc = eng_fail(err, -ENOMEM, "%s: no memory", w->final);
 		goto fail;
 	}
-	rc = write_file(path, text, strlen(text), err);
+	rc = write_file_at(w->tmp_fd, STATE_FILE, path, text, strlen(text), err);
 	if (rc)
 		goto fail;
 	total += strlen(text);
-	rc = fsync_path(w->tmp, err);
+	rc = fsync_fd(w->tmp_fd, w->tmp, err);
 	if (rc)
 		goto fail;
 	rc = install(w, err);
 	if (rc)
 		goto fail;
-	/* From here the checkpoint exists; later failures are reported but the
-	 * checkpoint stays. */
-	rc = fsync_path(w->parent, err);
-	if (!rc)
-		rc = update_latest(w, err);
+	/* From here the checkpoint exists; later failures are reported (saying
+	 * so) but the checkpoint stays. */
+	{
+		struct eng_error e2 = { 0 };
+
+		rc = fsync_fd(w->parent_fd, w->parent, &e2);
+		if (!rc)
+			rc = update_latest(w, &e2);
+		if (rc)
+			rc = eng_fail(err, rc, "%s: checkpoint saved, but `latest` was not "
+				      "updated: %s", w->final, e2.msg);
+	}
 	if (!rc && max_to_keep > 0)
 		rc = rotate(w, max_to_keep, err);
 	if (!rc && ret_bytes)
@@ -640,131 +716,157 @@ fail:
 	return rc;
 }
 
-/* Verify one "files" entry of engine_state.json. */
-static int verify_file(const char *dir, const char *name, json_t *info, struct eng_error *err)
+/* Verify one "files" entry of engine_state.json: the file `name` beneath
+ * ckfd (the checkpoint `dir`), never through a symlink. */
+static int verify_file(int ckfd, const char *dir, const char *name, json_t *info,
+		       struct eng_error *err)
 {
 	json_t *jb = json_object_get(info, "bytes");
 	const char *hex = json_string_value(json_object_get(info, "xxh64"));
 	uint64_t want_xxh, got_xxh;
 	struct stat sb;
-	char *p, *end;
-	int rc = 0;
+	int fd, rc = 0;
 
-	if (!plain_name(name) || !json_is_integer(jb) || json_integer_value(jb) < 0 || !hex ||
-	    strlen(hex) != 16)
-		return eng_fail(err, -EBADMSG, "%s/%s: engine_state.json: malformed files "
-				"entry for '%s'", dir, STATE_FILE, name);
-	errno = 0;
-	want_xxh = strtoull(hex, &end, 16);
-	if (*end || errno)
-		return eng_fail(err, -EBADMSG, "%s/%s: engine_state.json: bad xxh64 '%s' for "
-				"'%s'", dir, STATE_FILE, hex, name);
-	p = path_join(dir, name);
-	if (!p)
-		return eng_fail(err, -ENOMEM, "%s: no memory", dir);
-	if (stat(p, &sb) || !S_ISREG(sb.st_mode)) {
-		rc = eng_fail(err, -EBADMSG, "%s: listed in engine_state.json but missing", p);
+	/* ckpt_state_parse checked the entry; this guards the I/O below. */
+	if (!plain_name(name) || !json_is_integer(jb) || !ckpt_hex64(hex, &want_xxh))
+		return eng_fail(err, -EBADMSG, "%s/%s: malformed files entry for '%s'", dir,
+				STATE_FILE, name);
+	fd = io_openat(ckfd, name, O_RDONLY, 0);
+	if (fd == -ENOENT)
+		return eng_fail(err, -EBADMSG, "%s/%s: listed in %s but missing", dir, name,
+				STATE_FILE);
+	if (fd < 0)
+		return eng_fail(err, eng_errno_code(-fd), "%s/%s: cannot open: %s", dir, name,
+				eng_errno_text(-fd));
+	if (fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
+		rc = eng_fail(err, -EBADMSG, "%s/%s: listed in %s but not a regular file", dir,
+			      name, STATE_FILE);
 	} else if ((uint64_t)sb.st_size != (uint64_t)json_integer_value(jb)) {
-		rc = eng_fail(err, -EBADMSG, "%s: %lld bytes, engine_state.json records %lld",
-			      p, (long long)sb.st_size, (long long)json_integer_value(jb));
+		rc = eng_fail(err, -EBADMSG, "%s/%s: %lld bytes, %s records %lld", dir, name,
+			      (long long)sb.st_size, STATE_FILE, (long long)json_integer_value(jb));
 	} else {
-		rc = file_xxh64(p, &got_xxh, err);
+		char *p = path_join(dir, name);
+
+		rc = p ? fd_xxh64(fd, p, &got_xxh, err) : eng_fail(err, -ENOMEM, "no memory");
 		if (!rc && got_xxh != want_xxh)
 			rc = eng_fail(err, -EBADMSG, "%s: XXH64 %016" PRIx64 " does not match "
-				      "%016" PRIx64 " recorded in engine_state.json", p, got_xxh,
-				      want_xxh);
+				      "%016" PRIx64 " recorded in %s", p, got_xxh, want_xxh,
+				      STATE_FILE);
+		free(p);
 	}
-	free(p);
+	close(fd);
 	return rc;
 }
 
-/* The checkpoint named by <dir>/latest (malloc'ed path) or an error. */
-static int follow_latest(const char *dir, char **ret, struct eng_error *err)
+/* The checkpoint named by <dir>/latest (dirfd): its name in *ret_name
+ * (malloc'ed) and its descriptor in *ret_fd. Neither `latest` nor the entry
+ * it names may be a symlink. */
+static int follow_latest(int dirfd, const char *dir, char **ret_name, int *ret_fd,
+			 struct eng_error *err)
 {
-	char *lp = path_join(dir, LATEST_FILE), buf[NAME_MAX + 2];
-	ssize_t n;
-	int fd, rc;
+	char *buf = NULL;
+	size_t n = 0;
+	int rc, fd;
 
-	if (!lp)
-		return eng_fail(err, -ENOMEM, "%s: no memory", dir);
-	fd = open(lp, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		rc = eng_fail(err, errno == ENOENT ? -ENOENT : eng_errno_code(errno),
-			      "%s: neither %s nor %s found", dir, STATE_FILE, LATEST_FILE);
-		free(lp);
-		return rc;
-	}
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n < 0) {
-		rc = eng_fail(err, -EIO, "%s: read: %s", lp, strerror(errno));
-		free(lp);
-		return rc;
-	}
-	buf[n] = '\0';
+	rc = io_read_file_at(dirfd, LATEST_FILE, NAME_MAX + 1, &buf, &n);
+	if (rc == -ENOENT)
+		return eng_fail(err, -ENOENT, "%s: neither %s nor %s found", dir, STATE_FILE,
+				LATEST_FILE);
+	if (rc == -EFBIG)
+		return eng_fail(err, -EBADMSG, "%s/%s: does not hold a checkpoint name", dir,
+				LATEST_FILE);
+	if (rc < 0)
+		return eng_fail(err, eng_errno_code(-rc), "%s/%s: cannot read: %s", dir,
+				LATEST_FILE, eng_errno_text(-rc));
 	while (n > 0 && isspace((unsigned char)buf[n - 1]))
 		buf[--n] = '\0';
-	if (!plain_name(buf)) {
-		rc = eng_fail(err, -EBADMSG, "%s: does not hold a checkpoint name", lp);
-		free(lp);
+	if (!plain_name(buf) || strlen(buf) != n) {
+		free(buf);
+		return eng_fail(err, -EBADMSG, "%s/%s: does not hold a checkpoint name", dir,
+				LATEST_FILE);
+	}
+	fd = io_openat(dirfd, buf, O_PATH | O_DIRECTORY, 0);
+	if (fd == -ENOENT)
+		rc = eng_fail(err, -ENOENT, "%s/%s/%s: does not exist (the checkpoint named by "
+			      "%s)", dir, buf, STATE_FILE, LATEST_FILE);
+	else if (fd == -ENOTDIR)
+		rc = eng_fail(err, -EBADMSG, "%s/%s: named by %s, not a directory", dir, buf,
+			      LATEST_FILE);
+	else if (fd < 0)
+		rc = eng_fail(err, eng_errno_code(-fd), "%s/%s (named by %s): %s", dir, buf,
+			      LATEST_FILE, eng_errno_text(-fd));
+	if (fd < 0) {
+		free(buf);
 		return rc;
 	}
-	free(lp);
-	*ret = path_join(dir, buf);
-	return *ret ? 0 : eng_fail(err, -ENOMEM, "%s: no memory", dir);
+	*ret_name = buf;
+	*ret_fd = fd;
+	return 0;
 }
 
-int ckpt_open(const char *dir, json_t **ret_state, char **ret_dir, struct eng_error *err)
+int ckpt_open(const char *dir, json_t **ret_state, char **ret_dir, int *ret_fd,
+	      struct eng_error *err)
 {
-	char *resolved = NULL, *sp = NULL;
-	json_t *state = NULL, *files, *info;
-	json_error_t jerr;
-	const char *name;
+	char *resolved = NULL, *sp = NULL, *name = NULL, *text = NULL;
+	json_t *state = NULL, *info;
+	int dirfd, ckfd = -1, rc;
+	const char *fname;
 	struct stat sb;
-	int rc;
+	size_t len = 0;
 
-	sp = path_join(dir, STATE_FILE);
-	if (!sp)
-		return eng_fail(err, -ENOMEM, "%s: no memory", dir);
-	if (stat(sp, &sb) == 0) {
+	/* `dir` as given (the daemon's pinned directory); below it nothing is
+	 * reached through a symlink. */
+	dirfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (dirfd < 0) {
+		rc = errno == ENOENT
+		     ? eng_fail(err, -ENOENT, "%s: neither %s nor %s found", dir, STATE_FILE,
+				LATEST_FILE)
+		     : eng_fail(err, eng_errno_code(errno), "%s: %s", dir, strerror(errno));
+		return rc;
+	}
+	if (fstatat(dirfd, STATE_FILE, &sb, AT_SYMLINK_NOFOLLOW) == 0) {
 		resolved = strdup(dir);
+		ckfd = dirfd;
+		dirfd = -1;
 		rc = resolved ? 0 : eng_fail(err, -ENOMEM, "%s: no memory", dir);
 	} else {
-		rc = follow_latest(dir, &resolved, err);
+		rc = follow_latest(dirfd, dir, &name, &ckfd, err);
+		if (!rc) {
+			resolved = path_join(dir, name);
+			rc = resolved ? 0 : eng_fail(err, -ENOMEM, "%s: no memory", dir);
+		}
 	}
-	free(sp);
-	sp = NULL;
 	if (rc)
-		return rc;
+		goto out;
 	sp = path_join(resolved, STATE_FILE);
 	if (!sp) {
 		rc = eng_fail(err, -ENOMEM, "%s: no memory", dir);
 		goto out;
 	}
-	if (stat(sp, &sb)) {
-		rc = eng_fail(err, errno == ENOENT ? -ENOENT : -EIO, "%s: %s", sp,
-			      strerror(errno));
+	rc = io_read_file_at(ckfd, STATE_FILE, STATE_MAX, &text, &len);
+	if (rc == -EFBIG)
+		rc = eng_fail(err, -EBADMSG, "%s: larger than %u bytes", sp, STATE_MAX);
+	else if (rc < 0)
+		rc = eng_fail(err, eng_errno_code(-rc), "%s: %s", sp, eng_errno_text(-rc));
+	if (rc)
 		goto out;
-	}
-	state = json_load_file(sp, JSON_REJECT_DUPLICATES, &jerr);
-	if (!state) {
-		rc = eng_fail(err, -EBADMSG, "%s: invalid JSON at line %d: %s", sp, jerr.line,
-			      jerr.text);
+	rc = ckpt_state_parse(text, len, sp, &state, err);
+	if (rc)
 		goto out;
-	}
-	files = json_object_get(state, "files");
-	if (!json_is_object(state) || !json_is_object(files)) {
-		rc = eng_fail(err, -EBADMSG, "%s: not an object with a \"files\" object", sp);
-		goto out;
-	}
-	json_object_foreach(files, name, info) {
-		rc = verify_file(resolved, name, info, err);
+	json_object_foreach(json_object_get(state, "files"), fname, info) {
+		rc = verify_file(ckfd, resolved, fname, info, err);
 		if (rc)
 			goto out;
 	}
 out:
 	free(sp);
+	free(name);
+	free(text);
+	if (dirfd >= 0)
+		close(dirfd);
 	if (rc) {
+		if (ckfd >= 0)
+			close(ckfd);
 		json_decref(state);
 		free(resolved);
 		return rc;
@@ -774,5 +876,9 @@ out:
 		*ret_dir = resolved;
 	else
 		free(resolved);
+	if (ret_fd)
+		*ret_fd = ckfd;
+	else
+		close(ckfd);
 	return 0;
 }

@@ -9,6 +9,13 @@
  *                          contents, per-file sizes and XXH64 checksums
  * and `<parent>/latest` holds the name of the newest checkpoint.
  *
+ * Symlinks: `dir` (and the parent of a checkpoint being written) is taken
+ * as the caller names it; below it nothing is opened, written, read or
+ * removed through a symlink (engines/io/fileio.h, io_openat): `latest`,
+ * the entry it names, every file of a checkpoint. A symlink there is
+ * -EPERM naming it; a symlink in the parent is never a checkpoint (not
+ * rotated, not followed when removing).
+ *
  * Writing: files go to `<parent>/.<name>.tmp-<pid>/`, each fsync'ed, the
  * directory is fsync'ed and renamed over `<name>` (an existing one is
  * swapped out atomically with renameat2(RENAME_EXCHANGE) and removed after
@@ -20,8 +27,16 @@
  * Rotation: after a save, checkpoints in the parent that carry a valid
  * engine_state.json with an integer "global_step" are ordered by it; the
  * one just written and the newest max_to_keep - 1 others are kept, the rest
- * removed. Derived from the disk only. engine_state.json's "files" member
- * maps each file name to {"bytes": n, "xxh64": "<16 hex digits>"}.
+ * removed. Derived from the disk only.
+ *
+ * engine_state.json holds the caller's members and three of this
+ * library's: "format_version" (CKPT_FORMAT_VERSION), "files" (each file
+ * name -> {"bytes": n, "xxh64": "<16 lowercase hex digits>"}) and
+ * "state_xxh64", the XXH64 of the file's canonical form without it (see
+ * ckpt_state.c): any change to a value, a key or the structure fails the
+ * check (-EBADMSG naming the file and key); whitespace is not covered
+ * (parsing ignores it). Older files without a checksum (format_version
+ * 1) are refused with -EINVAL saying so.
  */
 #ifndef ENGINED_CHECKPOINT_H
 #define ENGINED_CHECKPOINT_H
@@ -34,6 +49,8 @@
 
 #include "../err.h"
 
+#define CKPT_FORMAT_VERSION 2
+
 struct ckpt_writer;
 
 /* Begin writing checkpoint directory `dir` (absolute; its parent must
@@ -42,9 +59,12 @@ struct ckpt_writer;
 int ckpt_writer_begin(const char *dir, struct ckpt_writer **ret, struct eng_error *err);
 /* Path of file `name` inside the temporary directory (static per writer,
  * valid until the next call; NULL only if `name` is longer than NAME_MAX
- * and memory runs out). Another writer of the same directory in this
- * process makes ckpt_writer_begin fail with -EALREADY. */
+ * and memory runs out), for messages. Another writer of the same directory
+ * in this process makes ckpt_writer_begin fail with -EALREADY. */
 const char *ckpt_writer_path(struct ckpt_writer *w, const char *name);
+/* Descriptor of the temporary directory (owned by the writer): files are
+ * created beneath it with io_openat / st_writer_new_at, never by path. */
+int ckpt_writer_dirfd(const struct ckpt_writer *w);
 /* Record a written file (its bytes and xxh64) for engine_state.json. The
  * file must already be fsync'ed. */
 int ckpt_writer_record(struct ckpt_writer *w, const char *name, uint64_t bytes,
@@ -65,8 +85,26 @@ void ckpt_writer_abort(struct ckpt_writer *w);   /* accepts NULL */
  * engine_state.json (returned as a new jansson object reference in
  * *ret_state, caller decrefs) and verifies every listed file's size and
  * XXH64: a mismatch is -EBADMSG naming the file; a missing file -ENOENT (a
- * listed one missing: -EBADMSG). *ret_dir (malloc'ed) is the resolved
- * checkpoint directory. */
-int ckpt_open(const char *dir, json_t **ret_state, char **ret_dir, struct eng_error *err);
+ * listed one missing: -EBADMSG). *ret_dir (malloc'ed; may be NULL) is the
+ * resolved checkpoint directory, for messages; *ret_fd (may be NULL) an
+ * O_PATH descriptor of it (caller closes) to open its files beneath. */
+int ckpt_open(const char *dir, json_t **ret_state, char **ret_dir, int *ret_fd,
+	      struct eng_error *err);
+
+/* --- engine_state.json's seal (ckpt_state.c) --- */
+
+/* "format_version", "files", "state_xxh64": members the library writes;
+ * a caller's state must not hold them (commit: -EINVAL). */
+bool ckpt_reserved_key(const char *key);
+/* s is 16 lowercase hex digits (*ret: their value; ret may be NULL). */
+bool ckpt_hex64(const char *s, uint64_t *ret);
+/* Set format_version and state_xxh64 (over the canonical form of the rest). */
+int ckpt_state_seal(json_t *state, struct eng_error *err);
+/* Parse engine_state.json's text (`shown` in messages) and check the seal
+ * and the library's members: invalid JSON, a missing or wrong checksum, a
+ * malformed "files" entry or unknown key in one: -EBADMSG; another
+ * format_version: -EINVAL. *ret: a new reference. */
+int ckpt_state_parse(const char *text, size_t len, const char *shown, json_t **ret,
+		     struct eng_error *err);
 
 #endif

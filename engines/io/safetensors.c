@@ -117,7 +117,7 @@ struct st_range {
 	const char *name;
 };
 
-/* Read exactly len bytes at off. Returns 0, -EIO (errno), or -EBADMSG when
+/* Read exactly len bytes at off. Returns 0, eng_errno_code(errno), or -EBADMSG when
  * the file ends first (it shrank under us). */
 static int pread_full(int fd, void *buf, size_t len, uint64_t off)
 {
@@ -130,7 +130,7 @@ static int pread_full(int fd, void *buf, size_t len, uint64_t off)
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0)
-			return -EIO;
+			return eng_errno_code(errno);
 		if (n == 0)
 			return -EBADMSG;
 		p += n;
@@ -361,7 +361,7 @@ static int check_ranges(const char *path, struct st_range *rg, size_t n,
 	return 0;
 }
 
-/* Open r->files[fi].path and add its tensors to the reader. */
+/* Add the tensors of r->files[fi] (open) to the reader. */
 static int load_file(struct st_reader *r, int fi, struct eng_error *err)
 {
 	const char *path = r->files[fi].path;
@@ -374,17 +374,10 @@ static int load_file(struct st_reader *r, int fi, struct eng_error *err)
 	uint64_t hlen = 0, data_len;
 	char *hdr = NULL;
 	size_t nrg = 0, cap;
-	int fd, rc, i;
+	int fd = r->files[fi].fd, rc, i;
 
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		int e = errno;
-
-		return eng_fail(err, eng_errno_code(e), "%s: cannot open: %s", path, strerror(e));
-	}
-	r->files[fi].fd = fd;
 	if (fstat(fd, &sb))
-		return eng_fail(err, -EIO, "%s: fstat: %s", path, strerror(errno));
+		return eng_fail(err, eng_errno_code(errno), "%s: fstat: %s", path, strerror(errno));
 	if (!S_ISREG(sb.st_mode))
 		return eng_fail(err, -EINVAL, "%s: not a regular file", path);
 	if (sb.st_size < 8)
@@ -461,9 +454,13 @@ out:
 	return rc;
 }
 
-static int add_file(struct st_reader *r, const char *path, struct eng_error *err)
+/* Open `rel` beneath dirfd (io_openat: no symlink), shown as `path` in
+ * messages, and add its tensors to the reader. */
+static int add_file(struct st_reader *r, int dirfd, const char *rel, const char *path,
+		    struct eng_error *err)
 {
 	struct st_file *f = realloc(r->files, (size_t)(r->nfiles + 1) * sizeof(*f));
+	int fd;
 
 	if (!f)
 		return eng_fail(err, -ENOMEM, "%s: no memory", path);
@@ -473,7 +470,12 @@ static int add_file(struct st_reader *r, const char *path, struct eng_error *err
 	if (!f[r->nfiles].path)
 		return eng_fail(err, -ENOMEM, "%s: no memory", path);
 	r->nfiles++;
-	return 0;
+	fd = io_openat(dirfd, rel, O_RDONLY, 0);
+	if (fd < 0)
+		return eng_fail(err, eng_errno_code(-fd), "%s: cannot open: %s", path,
+				eng_errno_text(-fd));
+	f[r->nfiles - 1].fd = fd;
+	return load_file(r, r->nfiles - 1, err);
 }
 
 static char *path_join(const char *dir, const char *name)
@@ -494,11 +496,12 @@ static int cmp_str(const void *a, const void *b)
 	return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* Collect the shard file names of model.safetensors.index.json (sorted,
- * unique) and open them all. Afterwards every weight_map entry must name
- * a tensor of the shard it points to. */
-static int load_index(struct st_reader *r, const char *dir, const char *index,
-		      struct eng_error *err)
+/* Collect the shard file names of model.safetensors.index.json (its text
+ * in `text`; sorted, unique) and open them all beneath dirfd, the
+ * directory `dir`. Afterwards every weight_map entry must name a tensor of
+ * the shard it points to. */
+static int load_index(struct st_reader *r, int dirfd, const char *dir, const char *index,
+		      const char *text, size_t text_len, struct eng_error *err)
 {
 	json_error_t jerr;
 	json_t *root, *wm, *val;
@@ -506,10 +509,10 @@ static int load_index(struct st_reader *r, const char *dir, const char *index,
 	size_t n = 0, i, nuniq = 0;
 	int rc = 0;
 
-	root = json_load_file(index, JSON_REJECT_DUPLICATES, &jerr);
+	root = json_loadb(text, text_len, JSON_REJECT_DUPLICATES, &jerr);
 	if (!root)
-		return eng_fail(err, access(index, R_OK) ? -EIO : -EBADMSG,
-				"%s: %s", index, jerr.text);
+		return eng_fail(err, -EBADMSG, "%s: invalid JSON at line %d: %s", index,
+				jerr.line, jerr.text);
 	wm = json_object_get(root, "weight_map");
 	if (!json_is_object(wm) || json_object_size(wm) == 0) {
 		rc = eng_fail(err, -EBADMSG, "%s: missing or empty weight_map object", index);
@@ -542,10 +545,8 @@ static int load_index(struct st_reader *r, const char *dir, const char *index,
 			rc = eng_fail(err, -ENOMEM, "%s: no memory", index);
 			break;
 		}
-		rc = add_file(r, p, err);
+		rc = add_file(r, dirfd, names[i], p, err);
 		free(p);
-		if (!rc)
-			rc = load_file(r, r->nfiles - 1, err);
 		nuniq++;
 	}
 	if (rc)
@@ -567,7 +568,7 @@ static int load_index(struct st_reader *r, const char *dir, const char *index,
 			if (o)
 				file = r->files[o->file].path;
 		}
-		base = file ? strrchr(file, '/') + 1 : NULL;
+		base = file && strrchr(file, '/') ? strrchr(file, '/') + 1 : file;
 		if (!base || strcmp(base, json_string_value(val))) {
 			rc = eng_fail(err, -EBADMSG, "%s: tensor '%s' is not in shard %s",
 				      index, key, json_string_value(val));
@@ -580,40 +581,100 @@ out:
 	return rc;
 }
 
+#define ST_INDEX_FILE "model.safetensors.index.json"
+/* An index names shards and tensors: far below this. */
+#define ST_MAX_INDEX (64u << 20)
+
+/* The directory `rel` beneath dirfd (descriptor dfd, shown as `dir`): its
+ * index with all shards when present, else its model.safetensors. */
+static int open_dir(struct st_reader *r, int dfd, const char *dir, struct eng_error *err)
+{
+	char *index = path_join(dir, ST_INDEX_FILE), *single = path_join(dir, "model.safetensors");
+	char *text = NULL;
+	size_t len = 0;
+	int rc;
+
+	if (!index || !single) {
+		rc = eng_fail(err, -ENOMEM, "%s: no memory", dir);
+		goto out;
+	}
+	rc = io_read_file_at(dfd, ST_INDEX_FILE, ST_MAX_INDEX, &text, &len);
+	if (rc == -ENOENT)
+		rc = add_file(r, dfd, "model.safetensors", single, err);
+	else if (rc == -EFBIG)
+		rc = eng_fail(err, -EBADMSG, "%s: larger than %u bytes", index, ST_MAX_INDEX);
+	else if (rc < 0)
+		rc = eng_fail(err, eng_errno_code(-rc), "%s: cannot read: %s", index,
+			      eng_errno_text(-rc));
+	else
+		rc = load_index(r, dfd, dir, index, text, len, err);
+out:
+	free(text);
+	free(index);
+	free(single);
+	return rc;
+}
+
 int st_reader_open(const char *path, struct st_reader **ret, struct eng_error *err)
+{
+	const char *slash = strrchr(path, '/');
+	char dir[PATH_MAX];
+	size_t n;
+	int dfd, rc, e;
+
+	/* A directory as named; a file inside its directory as named. */
+	dfd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (dfd >= 0) {
+		rc = st_reader_open_at(dfd, ".", path, ret, err);
+		close(dfd);
+		return rc;
+	}
+	e = errno;
+	if (e != ENOTDIR)
+		return eng_fail(err, eng_errno_code(e), "%s: %s", path, strerror(e));
+	if (!slash)
+		return st_reader_open_at(AT_FDCWD, path, path, ret, err);
+	n = slash == path ? 1 : (size_t)(slash - path);
+	if (n >= sizeof(dir))
+		return eng_fail(err, -EINVAL, "%s: path too long", path);
+	memcpy(dir, path, n);
+	dir[n] = '\0';
+	dfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0) {
+		e = errno;
+		return eng_fail(err, eng_errno_code(e), "%s: %s", dir, strerror(e));
+	}
+	rc = st_reader_open_at(dfd, slash + 1, path, ret, err);
+	close(dfd);
+	return rc;
+}
+
+int st_reader_open_at(int dirfd, const char *rel, const char *shown, struct st_reader **ret,
+		      struct eng_error *err)
 {
 	struct st_reader *r;
 	struct stat sb;
-	char *index = NULL, *single = NULL;
-	int rc = 0, i;
+	int rc = 0, i, fd;
 
-	if (stat(path, &sb)) {
-		int e = errno;
-
-		return eng_fail(err, eng_errno_code(e), "%s: %s", path, strerror(e));
+	fd = io_openat(dirfd, rel, O_PATH, 0);
+	if (fd < 0)
+		return eng_fail(err, eng_errno_code(-fd), "%s: %s", shown, eng_errno_text(-fd));
+	if (fstat(fd, &sb)) {
+		rc = eng_fail(err, eng_errno_code(errno), "%s: fstat: %s", shown,
+			      strerror(errno));
+		close(fd);
+		return rc;
 	}
 	r = calloc(1, sizeof(*r));
-	if (!r)
-		return eng_fail(err, -ENOMEM, "%s: no memory", path);
-	if (S_ISDIR(sb.st_mode)) {
-		index = path_join(path, "model.safetensors.index.json");
-		single = path_join(path, "model.safetensors");
-		if (!index || !single) {
-			rc = eng_fail(err, -ENOMEM, "%s: no memory", path);
-			goto out;
-		}
-		if (access(index, F_OK) == 0) {
-			rc = load_index(r, path, index, err);
-		} else {
-			rc = add_file(r, single, err);
-			if (!rc)
-				rc = load_file(r, 0, err);
-		}
-	} else {
-		rc = add_file(r, path, err);
-		if (!rc)
-			rc = load_file(r, 0, err);
+	if (!r) {
+		close(fd);
+		return eng_fail(err, -ENOMEM, "%s: no memory", shown);
 	}
+	if (S_ISDIR(sb.st_mode))
+		rc = open_dir(r, fd, shown, err);
+	else
+		rc = add_file(r, dirfd, rel, shown, err);
+	close(fd);
 	if (rc)
 		goto out;
 	qsort(r->tensors, (size_t)r->ntensors, sizeof(*r->tensors), cmp_info_name);
@@ -623,7 +684,7 @@ int st_reader_open(const char *path, struct st_reader **ret, struct eng_error *e
 	for (i = 1; i < r->ntensors; i++) {
 		if (!strcmp(r->tensors[i].name, r->tensors[i - 1].name)) {
 			rc = eng_fail(err, -EBADMSG, "%s: tensor '%s' appears in %s and %s",
-				      path, r->tensors[i].name,
+				      shown, r->tensors[i].name,
 				      r->files[r->tensors[i - 1].file].path,
 				      r->files[r->tensors[i].file].path);
 			goto out;
@@ -633,13 +694,11 @@ int st_reader_open(const char *path, struct st_reader **ret, struct eng_error *e
 		if ((i && !strcmp(r->others[i].name, r->others[i - 1].name)) ||
 		    st_reader_find(r, r->others[i].name)) {
 			rc = eng_fail(err, -EBADMSG, "%s: tensor '%s' appears twice",
-				      path, r->others[i].name);
+				      shown, r->others[i].name);
 			goto out;
 		}
 	}
 out:
-	free(index);
-	free(single);
 	if (rc) {
 		st_reader_close(r);
 		return rc;
@@ -743,7 +802,9 @@ struct st_wentry {
 };
 
 struct st_writer {
-	char *path;
+	char *path;           /* for messages */
+	int dirfd;            /* the directory holding the file (a duplicate) */
+	char *rel;            /* the file beneath dirfd (removed on failure) */
 	int fd;
 	struct st_wentry *e;
 	int n, cap;
@@ -893,25 +954,63 @@ static int out_write16(struct st_out *o, const struct st_wentry *e)
 
 int st_writer_new(const char *path, struct st_writer **ret, struct eng_error *err)
 {
-	struct st_writer *w;
+	const char *slash;
+	char dir[PATH_MAX];
+	size_t n;
+	int dfd, rc, e;
 
 	if (!path)
 		return eng_fail(err, -EINVAL, "safetensors writer: no path");
-	w = calloc(1, sizeof(*w));
-	if (!w || !(w->path = strdup(path)) || !(w->meta = json_object())) {
-		if (w)
-			free(w->path);
-		free(w);
-		return eng_fail(err, -ENOMEM, "%s: no memory", path);
+	slash = strrchr(path, '/');
+	if (!slash)
+		return st_writer_new_at(AT_FDCWD, path, path, ret, err);
+	n = slash == path ? 1 : (size_t)(slash - path);
+	if (n >= sizeof(dir))
+		return eng_fail(err, -EINVAL, "%s: path too long", path);
+	memcpy(dir, path, n);
+	dir[n] = '\0';
+	dfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0) {
+		e = errno;
+		return eng_fail(err, eng_errno_code(e), "%s: cannot create: %s", path,
+				strerror(e));
 	}
-	w->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (w->fd < 0) {
-		int e = errno;
+	rc = st_writer_new_at(dfd, slash + 1, path, ret, err);
+	close(dfd);
+	return rc;
+}
 
+int st_writer_new_at(int dirfd, const char *rel, const char *shown, struct st_writer **ret,
+		     struct eng_error *err)
+{
+	struct st_writer *w;
+
+	if (!rel || !shown)
+		return eng_fail(err, -EINVAL, "safetensors writer: no path");
+	w = calloc(1, sizeof(*w));
+	if (!w || !(w->path = strdup(shown)) || !(w->rel = strdup(rel)) ||
+	    !(w->meta = json_object())) {
+		if (w) {
+			free(w->path);
+			free(w->rel);
+		}
+		free(w);
+		return eng_fail(err, -ENOMEM, "%s: no memory", shown);
+	}
+	w->dirfd = dirfd == AT_FDCWD ? AT_FDCWD : fcntl(dirfd, F_DUPFD_CLOEXEC, 0);
+	w->fd = w->dirfd == -1 ? -errno : io_openat(w->dirfd, rel, O_WRONLY | O_CREAT | O_TRUNC,
+						     0644);
+	if (w->fd < 0) {
+		int e = -w->fd;
+
+		if (w->dirfd >= 0)
+			close(w->dirfd);
 		json_decref(w->meta);
 		free(w->path);
+		free(w->rel);
 		free(w);
-		return eng_fail(err, eng_errno_code(e), "%s: cannot create: %s", path, strerror(e));
+		return eng_fail(err, eng_errno_code(e), "%s: cannot create: %s", shown,
+				eng_errno_text(e));
 	}
 	*ret = w;
 	return 0;
@@ -1099,6 +1198,9 @@ static void writer_free(struct st_writer *w)
 		free(w->e[i].name);
 	free(w->e);
 	json_decref(w->meta);
+	if (w->dirfd >= 0)
+		close(w->dirfd);
+	free(w->rel);
 	free(w->path);
 	free(w);
 }
@@ -1151,14 +1253,16 @@ int st_writer_finish(struct st_writer *w, uint64_t *ret_bytes,
 	}
 	xxh = XXH64_digest(o.xs);
 	if (fsync(w->fd)) {
-		rc = eng_fail(err, -EIO, "%s: fsync: %s", w->path, strerror(errno));
+		rc = eng_fail(err, eng_errno_code(errno), "%s: fsync: %s", w->path,
+			      strerror(errno));
 		goto out;
 	}
 out:
 	if (close(w->fd) && !rc)
-		rc = eng_fail(err, -EIO, "%s: close: %s", w->path, strerror(errno));
+		rc = eng_fail(err, eng_errno_code(errno), "%s: close: %s", w->path,
+			      strerror(errno));
 	if (rc)
-		unlink(w->path);
+		unlinkat(w->dirfd, w->rel, 0);
 	free(hdr);
 	free(o.buf);
 	XXH64_freeState(o.xs);
@@ -1177,6 +1281,6 @@ void st_writer_abort(struct st_writer *w)
 	if (!w)
 		return;
 	close(w->fd);
-	unlink(w->path);
+	unlinkat(w->dirfd, w->rel, 0);
 	writer_free(w);
 }

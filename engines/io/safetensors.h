@@ -42,8 +42,16 @@ struct st_reader;
  * model.safetensors.index.json when present (all shards), else its
  * model.safetensors. Header errors (bad length, bad JSON, offsets outside
  * the file or overlapping, shape/size mismatch): -EBADMSG naming the file.
- * Missing file: -ENOENT. The caller owns *ret (st_reader_close). */
+ * Missing file: -ENOENT. The caller owns *ret (st_reader_close).
+ * Files are opened with io_openat (fileio.h): a directory is taken as
+ * named, but the file, or a directory's index and shards, is never a
+ * symlink: -EPERM naming it. */
 int st_reader_open(const char *path, struct st_reader **ret, struct eng_error *err);
+/* The same for `rel` (a file or a directory; "." the directory itself)
+ * beneath the directory descriptor dirfd, with no symlink in any
+ * component; `shown` names rel in messages. */
+int st_reader_open_at(int dirfd, const char *rel, const char *shown, struct st_reader **ret,
+		      struct eng_error *err);
 void st_reader_close(struct st_reader *r);     /* accepts NULL */
 
 int st_reader_count(const struct st_reader *r);
@@ -62,12 +70,17 @@ int st_reader_read_f32(struct st_reader *r, const char *name, float *dst,
 
 struct st_writer;
 
-/* Start a file at `path` (created/truncated, mode 0644). Tensors are added
+/* Start a file at `path` (created/truncated, mode 0644; never through a
+ * symlink: -EPERM; the directory part is taken as named). Tensors are added
  * with st_writer_add (the data is borrowed until st_writer_finish), metadata
  * with st_writer_meta; st_writer_finish writes header + data, fsyncs the
  * file, reports the bytes written and the XXH64 of the whole file, and frees
  * the writer whether it succeeds or not. */
 int st_writer_new(const char *path, struct st_writer **ret, struct eng_error *err);
+/* The same for `rel` beneath the directory descriptor dirfd (io_openat: no
+ * symlink in any component), `shown` in messages. dirfd is duplicated. */
+int st_writer_new_at(int dirfd, const char *rel, const char *shown, struct st_writer **ret,
+		     struct eng_error *err);
 int st_writer_add(struct st_writer *w, const char *name, enum st_dtype stored,
 		  int ndim, const int64_t *shape, const float *data_f32,
 		  struct eng_error *err);
@@ -98,7 +111,11 @@ void bf16_to_f32_n(const uint16_t *src, float *dst, size_t n);
 void f32_to_f16_n(const float *src, uint16_t *dst, size_t n);
 void f16_to_f32_n(const uint16_t *src, float *dst, size_t n);
 
-/* XXH64 (seed 0) of a whole file, streaming. */
+/* XXH64 (seed 0) of a whole file, streaming; the file is opened with
+ * io_open_file (never through a symlink: -EPERM). */
 int file_xxh64(const char *path, uint64_t *ret, struct eng_error *err);
+/* The same from the start of the open descriptor fd (not closed), `shown`
+ * in messages. */
+int fd_xxh64(int fd, const char *shown, uint64_t *ret, struct eng_error *err);
 
 #endif

@@ -3,6 +3,7 @@
  * checkpoint is hashed at disk speed with a bounded buffer.
  */
 #include "safetensors.h"
+#include "fileio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,17 +16,23 @@
 
 int file_xxh64(const char *path, uint64_t *ret, struct eng_error *err)
 {
+	int fd = io_open_file(path, O_RDONLY, 0), r;
+
+	if (fd < 0)
+		return eng_fail(err, eng_errno_code(-fd), "%s: cannot open: %s", path,
+				eng_errno_text(-fd));
+	r = fd_xxh64(fd, path, ret, err);
+	close(fd);
+	return r;
+}
+
+int fd_xxh64(int fd, const char *path, uint64_t *ret, struct eng_error *err)
+{
 	XXH64_state_t *st = NULL;
 	char *buf = NULL;
-	int fd, r = 0;
+	off_t off = 0;
+	int r = 0;
 
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		int e = errno;
-
-		return eng_fail(err, e == ENOENT ? -ENOENT : -EIO, "%s: cannot open: %s",
-				path, strerror(e));
-	}
 	(void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
 	buf = malloc(XXH_READ_CHUNK);
 	st = XXH64_createState();
@@ -35,22 +42,23 @@ int file_xxh64(const char *path, uint64_t *ret, struct eng_error *err)
 	}
 	XXH64_reset(st, 0);
 	for (;;) {
-		ssize_t n = read(fd, buf, XXH_READ_CHUNK);
+		ssize_t n = pread(fd, buf, XXH_READ_CHUNK, off);
 
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0) {
-			r = eng_fail(err, -EIO, "%s: read: %s", path, strerror(errno));
+			r = eng_fail(err, eng_errno_code(errno), "%s: read: %s", path,
+				     strerror(errno));
 			goto out;
 		}
 		if (n == 0)
 			break;
 		XXH64_update(st, buf, (size_t)n);
+		off += n;
 	}
 	*ret = XXH64_digest(st);
 out:
 	XXH64_freeState(st);
 	free(buf);
-	close(fd);
 	return r;
 }

@@ -1,8 +1,9 @@
 /* native_ckpt.c — SaveCheckpoint / LoadCheckpoint of the native engine
  * (docs/DESIGN.md §6): HF config.json + model.safetensors, optimizer moments in
  * optimizer.safetensors, engine_state.json with steps, scheduler, RNG and
- * hyper-parameters. The directory protocol (temp dir, fsync, rename,
- * latest, rotation, checksums) is engines/checkpoint's. */
+ * hyper-parameters (its members and their schema: native_state.c). The
+ * directory protocol (temp dir, fsync, rename, latest, rotation,
+ * checksums, the state file's seal) is engines/checkpoint's. */
 #include "native_engine.h"
 
 #include <inttypes.h>
@@ -10,11 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../checkpoint/checkpoint.h"
 #include "../io/safetensors.h"
-
-#define ENGINE_STATE_FORMAT 1
 
 /* Write one safetensors file holding the table's tensors of `nfam` state
  * families (data[f], names prefixed by prefix[f]) and record it. */
@@ -27,7 +27,7 @@ static int write_families(struct native *n, struct ckpt_writer *w, const char *f
 	char name[160];
 	int rc;
 
-	rc = st_writer_new(ckpt_writer_path(w, file), &sw, err);
+	rc = st_writer_new_at(ckpt_writer_dirfd(w), file, ckpt_writer_path(w, file), &sw, err);
 	if (rc)
 		return rc;
 	for (int f = 0; f < nfam; f++) {
@@ -49,44 +49,6 @@ static int write_families(struct native *n, struct ckpt_writer *w, const char *f
 	if (rc)
 		return rc;
 	return ckpt_writer_record(w, file, bytes, xxh, err);
-}
-
-static json_t *state_json(struct native *n, int64_t global_step, unsigned contents)
-{
-	json_t *s = json_object(), *rng = json_array(), *c = json_array();
-	uint64_t st[RNG_STATE_WORDS];
-	char hex[32];
-
-	rng_get_state(&n->rng, st);
-	for (int i = 0; i < 4; i++) {
-		snprintf(hex, sizeof(hex), "%016" PRIx64, st[i]);
-		json_array_append_new(rng, json_string(hex));
-	}
-	if (contents & CKPT_MODEL)
-		json_array_append_new(c, json_string("model"));
-	if (contents & CKPT_OPTIMIZER)
-		json_array_append_new(c, json_string("optimizer"));
-	if (contents & CKPT_EXTRA)
-		json_array_append_new(c, json_string("extra"));
-	json_object_set_new(s, "format_version", json_integer(ENGINE_STATE_FORMAT));
-	json_object_set_new(s, "engine_key", json_string(n->key));
-	json_object_set_new(s, "world_size", json_integer(1));
-	json_object_set_new(s, "global_step", json_integer(global_step));
-	json_object_set_new(s, "optimizer_step", json_integer(n->optim_step));
-	json_object_set_new(s, "lr_scheduler_step", json_integer(n->sched_step));
-	json_object_set_new(s, "num_parameters", json_integer(n->table.total));
-	json_object_set_new(s, "seed", json_integer((json_int_t)n->seed));
-	json_object_set_new(s, "rng_state", rng);
-	json_object_set_new(s, "contents", c);
-	json_object_set_new(s, "optimizer", json_pack("{s:s, s:f, s:f, s:f, s:f, s:f, s:f}",
-		"type", "adamw", "lr", n->optim.lr, "beta1", n->optim.beta1,
-		"beta2", n->optim.beta2, "eps", n->optim.eps,
-		"weight_decay", n->optim.weight_decay, "clip_grad", n->optim.clip_grad));
-	json_object_set_new(s, "lr_scheduler", json_pack("{s:i, s:I, s:I, s:f, s:f}",
-		"type", (int)n->sched.type, "warmup_steps", (json_int_t)n->sched.warmup_steps,
-		"total_steps", (json_int_t)n->sched.total_steps,
-		"min_lr_ratio", n->sched.min_lr_ratio, "num_cycles", n->sched.num_cycles));
-	return s;
 }
 
 int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_step,
@@ -132,7 +94,7 @@ int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_ste
 		ckpt_writer_abort(w);
 		return rc;
 	}
-	state = state_json(n, global_step, contents);
+	state = native_state_json(n, global_step, contents);
 	if (!state) {
 		ckpt_writer_abort(w);
 		return eng_fail(err, -ENOMEM, "checkpoint: out of memory");
@@ -145,17 +107,6 @@ int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_ste
 }
 
 /* --- load --------------------------------------------------------------- */
-
-static bool has_content(json_t *state, const char *what)
-{
-	json_t *c = json_object_get(state, "contents"), *v;
-	size_t i;
-
-	json_array_foreach(c, i, v)
-		if (json_is_string(v) && !strcmp(json_string_value(v), what))
-			return true;
-	return false;
-}
 
 struct family_file {
 	const char *file;
@@ -212,27 +163,6 @@ static int read_family(struct native *n, struct family_file *f, float *staging,
 	return rc;
 }
 
-static int parse_rng(json_t *state, uint64_t s[4], struct eng_error *err)
-{
-	json_t *a = json_object_get(state, "rng_state");
-
-	if (!json_is_array(a) || json_array_size(a) != 4)
-		return eng_fail(err, -EBADMSG, "engine_state.json: rng_state must be 4 hex strings");
-	for (int i = 0; i < 4; i++) {
-		const char *h = json_string_value(json_array_get(a, i));
-		char *end;
-
-		if (!h)
-			return eng_fail(err, -EBADMSG, "engine_state.json: rng_state[%d] is not a string", i);
-		s[i] = strtoull(h, &end, 16);
-		if (*end || !*h)
-			return eng_fail(err, -EBADMSG, "engine_state.json: rng_state[%d] is not hex", i);
-	}
-	if (!(s[0] | s[1] | s[2] | s[3]))
-		return eng_fail(err, -EBADMSG, "engine_state.json: rng_state is all zero");
-	return 0;
-}
-
 int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 			   int64_t *ret_global_step, struct eng_error *err)
 {
@@ -243,40 +173,32 @@ int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 		{"optimizer.safetensors", "exp_avg_sq.", FAM_EXP_AVG_SQ, NULL},
 	};
 	bool want[3] = {contents & CKPT_MODEL, contents & CKPT_OPTIMIZER, contents & CKPT_OPTIMIZER};
-	json_t *state = NULL, *key;
+	json_t *state = NULL;
+	struct native_saved_state saved;
 	char *resolved = NULL, path[4200];
-	int64_t gstep, ostep, sstep;
-	uint64_t rng[4];
 	float *host = NULL;
 	bool staging = false;
-	int rc;
+	int rc, ckfd = -1;
 
-	rc = ckpt_open(dir, (void *)&state, &resolved, err);
+	rc = ckpt_open(dir, (void *)&state, &resolved, &ckfd, err);
 	if (rc)
 		return rc;
-	key = json_object_get(state, "engine_key");
-	gstep = json_integer_value(json_object_get(state, "global_step"));
-	ostep = json_integer_value(json_object_get(state, "optimizer_step"));
-	sstep = json_integer_value(json_object_get(state, "lr_scheduler_step"));
-	if (!json_is_string(key) || strcmp(json_string_value(key), n->key)) {
-		rc = eng_fail(err, -EINVAL, "path: checkpoint is for engine %s, this engine is %s",
-			      json_is_string(key) ? json_string_value(key) : "?", n->key);
+	snprintf(path, sizeof(path), "%s/engine_state.json", resolved);
+	rc = native_state_check(n, state, path, &saved, err);
+	if (rc)
 		goto out;
-	}
-	if ((contents & CKPT_MODEL) && !has_content(state, "model"))
+	if ((contents & CKPT_MODEL) && !(saved.contents & CKPT_MODEL))
 		rc = eng_fail(err, -EINVAL, "contents: checkpoint %s holds no model", resolved);
-	else if ((contents & CKPT_OPTIMIZER) && !has_content(state, "optimizer"))
+	else if ((contents & CKPT_OPTIMIZER) && !(saved.contents & CKPT_OPTIMIZER))
 		rc = eng_fail(err, -EINVAL, "contents: checkpoint %s holds no optimizer state", resolved);
-	else if ((contents & CKPT_EXTRA) && !has_content(state, "extra"))
+	else if ((contents & CKPT_EXTRA) && !(saved.contents & CKPT_EXTRA))
 		rc = eng_fail(err, -EINVAL, "contents: checkpoint %s holds no engine state", resolved);
-	if (rc == 0 && (contents & CKPT_EXTRA))
-		rc = parse_rng(state, rng, err);
 	/* Validate everything before the first byte of engine state changes. */
 	for (int f = 0; f < 3 && !rc; f++) {
 		if (!want[f])
 			continue;
 		snprintf(path, sizeof(path), "%s/%s", resolved, files[f].file);
-		rc = st_reader_open(path, &files[f].r, err);
+		rc = st_reader_open_at(ckfd, files[f].file, path, &files[f].r, err);
 		if (rc == 0)
 			rc = check_shapes(n, &files[f], err);
 	}
@@ -289,21 +211,23 @@ int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 		if (want[f])
 			rc = read_family(n, &files[f], host, err);
 	if (rc == 0 && (contents & CKPT_EXTRA)) {
-		n->optim_step = ostep;
-		n->sched_step = sstep;
-		(void)rng_set_state(&n->rng, rng, NULL);  /* checked in parse_rng */
+		n->optim_step = saved.optim_step;
+		n->sched_step = saved.sched_step;
+		(void)rng_set_state(&n->rng, saved.rng, NULL);  /* checked: not all zero */
 	}
 	if (rc == 0 && (contents & CKPT_MODEL)) {
 		n->dev->param_version++;
 		rc = native_zero_grad(e, err);
 	}
 	if (rc == 0 && ret_global_step)
-		*ret_global_step = gstep;
+		*ret_global_step = saved.global_step;
 out:
 	for (int f = 0; f < 3; f++)
 		st_reader_close(files[f].r);
 	free(host);
 	free(resolved);
+	if (ckfd >= 0)
+		close(ckfd);
 	json_decref(state);
 	return rc;
 }

@@ -9,10 +9,13 @@
  */
 #include "native_engine.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../batch/planner.h"
 #include "../checked.h"
@@ -94,6 +97,8 @@ static void native_destroy(struct engine *e)
 
 	if (!n)
 		return;
+	if (n->model_fd >= 0)
+		close(n->model_fd);
 	if (n->dev) {
 		llama_release(&n->model);
 		native_io_release(n);
@@ -110,18 +115,23 @@ static void native_destroy(struct engine *e)
 
 /* --- initialization ---------------------------------------------------- */
 
-/* A config.json: under 64 MiB. */
-static char *read_text_file(const char *path, struct eng_error *err, int *rc)
+/* model_path's config.json (under 64 MiB), read beneath the directory's
+ * descriptor: never through a symlink. */
+static char *read_model_config(int dfd, const char *dir, struct eng_error *err, int *rc)
 {
 	char *buf = NULL;
-	int r = io_read_file(path, (64u << 20) - 1, &buf, NULL);
+	int r = io_read_file_at(dfd, "config.json", (64u << 20) - 1, &buf, NULL);
 
 	*rc = 0;
-	if (r == -EFBIG || r == -EISDIR || r == -EIO || r == -ENOMEM)
-		*rc = eng_fail(err, -EIO, "model_path: cannot read %s", path);
+	if (r == -EFBIG)
+		*rc = eng_fail(err, -EINVAL, "model_path: %s/config.json is larger than 64 MiB",
+			       dir);
+	else if (r == -EISDIR)
+		*rc = eng_fail(err, -EINVAL, "model_path: %s/config.json is a directory", dir);
 	else if (r < 0)
-		*rc = eng_fail(err, r == -ENOENT ? -ENOENT : -EIO, "model_path: cannot open %s: %s",
-			       path, strerror(-r));
+		*rc = eng_fail(err, eng_errno_code(-r),
+			       "model_path: cannot read %s/config.json: %s", dir,
+			       eng_errno_text(-r));
 	return r < 0 ? NULL : buf;
 }
 
@@ -192,17 +202,18 @@ static int check_fits(const struct native *n, const struct engine_init_config *c
 			(double)avail / (1 << 30));
 }
 
-/* Load every tensor of the table from a HF directory into host[total].
- * Tied models have no lm_head.weight; a value model may lack score.* (a
- * critic initialized from an actor): those keep their random init. */
-static int load_hf_weights(struct native *n, const struct engine_init_config *cfg, float *host,
-			   struct eng_error *err)
+/* Load every tensor of the table from a HF directory (descriptor dfd)
+ * into host[total]. Tied models have no lm_head.weight; a value model may
+ * lack score.* (a critic initialized from an actor): those keep their
+ * random init. Polls the cancel hook of cfg between tensors. */
+static int load_hf_weights(struct native *n, const struct engine_init_config *cfg, int dfd,
+			   float *host, struct eng_error *err)
 {
 	const char *dir = cfg->model_path;
 	struct st_reader *r;
 	int rc;
 
-	rc = st_reader_open(dir, &r, err);
+	rc = st_reader_open_at(dfd, ".", dir, &r, err);
 	if (rc)
 		return rc;
 	for (int64_t i = 0; i < n->table.count && !rc; i++) {
@@ -212,7 +223,6 @@ static int load_hf_weights(struct native *n, const struct engine_init_config *cf
 		rc = init_cancelled(n, cfg, i, err);
 		if (rc)
 			break;
-
 		if (!t) {
 			if (n->value_model && !strncmp(p->name, "score.", 6)) {
 				random_init_tensor(n, host, i);
@@ -260,6 +270,7 @@ static int native_initialize(struct engine *e, const struct engine_init_config *
 	n = calloc(1, sizeof(*n));
 	if (!n)
 		return eng_fail(err, -ENOMEM, "engine: out of memory");
+	n->model_fd = -1;
 	engine_set_impl(e, n);
 	snprintf(n->key, sizeof(n->key), "%s/%s/%s", cfg->model_type, cfg->backend, cfg->device);
 	n->value_model = !strcmp(cfg->model_type, "value_model");
@@ -270,10 +281,13 @@ static int native_initialize(struct engine *e, const struct engine_init_config *
 	n->default_budget = cfg->max_tokens_per_micro_batch;
 
 	if (cfg->model_path) {
-		char path[4096];
-
-		snprintf(path, sizeof(path), "%s/config.json", cfg->model_path);
-		json = read_text_file(path, err, &rc);
+		/* The directory as given (the daemon's pinned one); its files
+		 * are opened beneath this descriptor. */
+		n->model_fd = open(cfg->model_path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+		if (n->model_fd < 0)
+			return eng_fail(err, errno == ENOTDIR ? -EINVAL : eng_errno_code(errno),
+					"model_path: %s: %s", cfg->model_path, strerror(errno));
+		json = read_model_config(n->model_fd, cfg->model_path, err, &rc);
 		if (!json)
 			return rc;
 	}
@@ -311,7 +325,9 @@ static int native_initialize(struct engine *e, const struct engine_init_config *
 	if (!host)
 		return eng_fail(err, -ENOMEM, "parameters: out of host memory");
 	if (cfg->model_path) {
-		rc = load_hf_weights(n, cfg, host, err);
+		rc = load_hf_weights(n, cfg, n->model_fd, host, err);
+		close(n->model_fd);
+		n->model_fd = -1;
 	} else {
 		for (int64_t i = 0; i < n->table.count && !rc; i++) {
 			rc = init_cancelled(n, cfg, i, err);

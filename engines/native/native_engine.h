@@ -4,6 +4,8 @@
 #ifndef ENGINED_NATIVE_ENGINE_H
 #define ENGINED_NATIVE_ENGINE_H
 
+#include <jansson.h>
+
 #include "../device/device.h"
 #include "../engine.h"
 #include "../model/config.h"
@@ -66,6 +68,7 @@ struct native {
 	struct rng rng;
 	int64_t default_budget;
 	struct engine_placement place;
+	int model_fd;                  /* model_path while initializing, else -1 */
 };
 
 /* native_engine.c */
@@ -99,6 +102,19 @@ int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_ste
 			   struct eng_error *err);
 int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 			   int64_t *ret_global_step, struct eng_error *err);
+
+/* native_state.c: the engine's members of engine_state.json. */
+struct native_saved_state {
+	int64_t global_step, optim_step, sched_step;
+	uint64_t rng[4];
+	unsigned contents;     /* CKPT_* held */
+};
+json_t *native_state_json(struct native *n, int64_t global_step, unsigned contents);
+/* Check a loaded (sealed) state against the schema: -EBADMSG naming
+ * `shown` (the file) and the key; -EINVAL for another engine key, world
+ * size or model size. */
+int native_state_check(struct native *n, json_t *state, const char *shown,
+		       struct native_saved_state *ret, struct eng_error *err);
 
 /* Current lr = peak lr * schedule factor at sched_step. */
 double native_current_lr(const struct native *n);

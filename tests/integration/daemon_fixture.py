@@ -19,10 +19,13 @@ import time
 class Daemon:
     """listen: the --listen address (None: none on the command line, e.g.
     when a config file gives them). env: extra environment variables.
-    tmp: directory to use (default: a new one). hold: enable hold()/release()."""
+    tmp: directory to use (default: a new one). hold: enable hold()/release().
+    wrap: a command that runs the daemon's command line (appended to it),
+    e.g. to start it in its own mount namespace; it must exec the daemon,
+    so that proc.pid is the daemon's."""
 
     def __init__(self, *extra_args, bin_path=None, listen="127.0.0.1:0", env=None,
-                 tmp=None, hold=False):
+                 tmp=None, hold=False, wrap=None):
         self.bin = bin_path or os.environ.get("ENGINED_BIN", "build/daemon/engined")
         self.tmp = tmp or tempfile.mkdtemp(prefix="engined-it-")
         self.ckpt_root = os.path.join(self.tmp, "checkpoints")
@@ -39,7 +42,7 @@ class Daemon:
         self.hold_file = os.path.join(self.tmp, "hold") if hold else None
         if self.hold_file:
             full_env["ENGINED_TEST_HOLD_FILE"] = self.hold_file
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(list(wrap or []) + args, stdout=self.log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=full_env)
         deadline = time.time() + 20
         while time.time() < deadline:

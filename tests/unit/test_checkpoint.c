@@ -1,7 +1,8 @@
 /* test_checkpoint.c — checkpoint directories (engines/checkpoint/):
  * write/open/verify, corruption and missing files, rotation derived from
- * the disk (also across a fresh writer), `latest`, overwriting a name, and
- * a writer killed with SIGKILL in the middle of a save.
+ * the disk (also across a fresh writer), `latest`, overwriting a name, a
+ * writer killed with SIGKILL in the middle of a save, engine_state.json's
+ * seal, and symlinks below the directory never followed.
  */
 #include "check_run.h"
 #include <check.h>
@@ -76,6 +77,15 @@ static void read_text(const char *path, char *buf, size_t cap)
 	fclose(f);
 }
 
+static void spill_text(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+
+	ck_assert_ptr_nonnull(f);
+	fputs(text, f);
+	ck_assert_int_eq(fclose(f), 0);
+}
+
 /* Names in root, sorted, joined by ',' (hidden ones included). */
 static void listing(char *out, size_t cap)
 {
@@ -117,7 +127,7 @@ static uint64_t save(const char *name, int64_t step, int max_to_keep, float fill
 	ck_assert_int_eq(ckpt_writer_record(cw, "model.safetensors", bytes, xxh, &err), 0);
 	ck_assert_int_eq(ckpt_writer_put(cw, "config.json", "{\"model_type\":\"llama\"}", 22,
 					 &err), 0);
-	state = json_pack("{s:i, s:I}", "format_version", 1, "global_step", (json_int_t)step);
+	state = json_pack("{s:I}", "global_step", (json_int_t)step);
 	ck_assert_msg(ckpt_writer_commit(cw, state, max_to_keep, &total, &err) == 0, "%s",
 		      err.msg);
 	json_decref(state);
@@ -134,7 +144,7 @@ static void check_open(const char *dir, const char *want_dir, int64_t step, floa
 	float w[1000];
 	int i;
 
-	ck_assert_msg(ckpt_open(dir, &state, &resolved, &err) == 0, "%s", err.msg);
+	ck_assert_msg(ckpt_open(dir, &state, &resolved, NULL, &err) == 0, "%s", err.msg);
 	ck_assert_str_eq(resolved, want_dir);
 	ck_assert_int_eq(json_integer_value(json_object_get(state, "global_step")), step);
 	ck_assert(json_is_object(json_object_get(json_object_get(state, "files"),
@@ -171,7 +181,7 @@ START_TEST(write_open_verify)
 	check_open(rpath("%s", "step_10"), rpath("%s", "step_10"), 10, 1.0f);
 
 	/* engine_state.json records sizes and XXH64 of the files. */
-	ck_assert_int_eq(ckpt_open(root, &state, &resolved, &err), 0);
+	ck_assert_int_eq(ckpt_open(root, &state, &resolved, NULL, &err), 0);
 	files = json_object_get(state, "files");
 	ck_assert_int_eq(json_object_size(files), 2);
 	ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(files,
@@ -180,7 +190,8 @@ START_TEST(write_open_verify)
 		 (unsigned long long)XXH64("{\"model_type\":\"llama\"}", 22, 0));
 	ck_assert_str_eq(json_string_value(json_object_get(json_object_get(files,
 			 "config.json"), "xxh64")), text);
-	ck_assert_int_eq(json_integer_value(json_object_get(state, "format_version")), 1);
+	ck_assert_int_eq(json_integer_value(json_object_get(state, "format_version")),
+			 CKPT_FORMAT_VERSION);
 	json_decref(state);
 	free(resolved);
 }
@@ -208,12 +219,12 @@ START_TEST(corruption_and_missing)
 	save("a", 1, 0, 0.0f);
 	/* One flipped bit in the tensor data. */
 	flip_byte(rpath("%s/model.safetensors", "a"), 1000);
-	ck_assert_int_eq(ckpt_open(root, &state, &resolved, &err), -EBADMSG);
+	ck_assert_int_eq(ckpt_open(root, &state, &resolved, NULL, &err), -EBADMSG);
 	ck_assert_ptr_nonnull(strstr(err.msg, "model.safetensors"));
 	ck_assert_ptr_null(state);
 	ck_assert_ptr_null(resolved);
 	flip_byte(rpath("%s/model.safetensors", "a"), 1000);
-	ck_assert_int_eq(ckpt_open(root, &state, &resolved, NULL), 0);
+	ck_assert_int_eq(ckpt_open(root, &state, &resolved, NULL, NULL), 0);
 	json_decref(state);
 	free(resolved);
 
@@ -222,13 +233,13 @@ START_TEST(corruption_and_missing)
 	fputc(' ', f);
 	fclose(f);
 	eng_error_clear(&err);
-	ck_assert_int_eq(ckpt_open(root, &state, &resolved, &err), -EBADMSG);
+	ck_assert_int_eq(ckpt_open(root, &state, &resolved, NULL, &err), -EBADMSG);
 	ck_assert_ptr_nonnull(strstr(err.msg, "config.json"));
 
 	/* A listed file that is gone. */
 	ck_assert_int_eq(unlink(rpath("%s/config.json", "a")), 0);
 	eng_error_clear(&err);
-	ck_assert_int_eq(ckpt_open(rpath("%s", "a"), &state, &resolved, &err), -EBADMSG);
+	ck_assert_int_eq(ckpt_open(rpath("%s", "a"), &state, &resolved, NULL, &err), -EBADMSG);
 	ck_assert_ptr_nonnull(strstr(err.msg, "config.json"));
 
 	/* A broken engine_state.json. */
@@ -236,16 +247,16 @@ START_TEST(corruption_and_missing)
 	fputs("{\"global_step\": ", f);
 	fclose(f);
 	eng_error_clear(&err);
-	ck_assert_int_eq(ckpt_open(rpath("%s", "a"), &state, &resolved, &err), -EBADMSG);
+	ck_assert_int_eq(ckpt_open(rpath("%s", "a"), &state, &resolved, NULL, &err), -EBADMSG);
 	ck_assert_ptr_nonnull(strstr(err.msg, "engine_state.json"));
 
 	/* Nothing there at all. */
 	eng_error_clear(&err);
-	ck_assert_int_eq(ckpt_open(rpath("%s", "nothing"), &state, &resolved, &err), -ENOENT);
+	ck_assert_int_eq(ckpt_open(rpath("%s", "nothing"), &state, &resolved, NULL, &err), -ENOENT);
 	/* `latest` naming a checkpoint that does not exist. */
 	ck_assert_int_eq(rename(rpath("%s", "a"), rpath("%s", "b")), 0);
 	eng_error_clear(&err);
-	ck_assert_int_eq(ckpt_open(root, &state, &resolved, &err), -ENOENT);
+	ck_assert_int_eq(ckpt_open(root, &state, &resolved, NULL, &err), -ENOENT);
 	ck_assert_ptr_nonnull(strstr(err.msg, "/a/engine_state.json"));
 }
 END_TEST
@@ -444,6 +455,109 @@ START_TEST(concurrent_writers)
 }
 END_TEST
 
+/* engine_state.json is sealed: an edit is refused (and such a directory is
+ * not a checkpoint for rotation); the library's members are its own. */
+START_TEST(state_seal)
+{
+	struct eng_error err = { 0 };
+	struct ckpt_writer *w;
+	json_t *state = NULL, *bad;
+	char *resolved = NULL, cmd[1024], list[512];
+
+	save("a", 1, 0, 1.0f);
+	save("b", 2, 0, 2.0f);
+	snprintf(cmd, sizeof(cmd), "sed -i 's/\"global_step\": 1,/\"global_step\": 9,/' "
+		 "'%s/a/engine_state.json' && "
+		 "grep -q '\"global_step\": 9' '%s/a/engine_state.json'", root, root);
+	ck_assert_int_eq(system(cmd), 0);
+	ck_assert_int_eq(ckpt_open(rpath("%s", "a"), &state, &resolved, NULL, &err), -EBADMSG);
+	ck_assert_ptr_nonnull(strstr(err.msg, "a/engine_state.json"));
+	ck_assert_ptr_nonnull(strstr(err.msg, "state_xxh64"));
+	/* "a" (step 9 by its text) is not a checkpoint: kept by a rotation to
+	 * 1 that removes "b". */
+	save("c", 3, 1, 3.0f);
+	listing(list, sizeof(list));
+	ck_assert_str_eq(list, "a,c,latest");
+	/* Whitespace is not covered: re-indented, the file still opens. */
+	snprintf(cmd, sizeof(cmd), "sed -i 's/^  /\\t/' '%s/c/engine_state.json'", root);
+	ck_assert_int_eq(system(cmd), 0);
+	check_open(rpath("%s", "c"), rpath("%s", "c"), 3, 3.0f);
+	/* The library's members are not the caller's to give. */
+	ck_assert_int_eq(ckpt_writer_begin(rpath("%s", "d"), &w, &err), 0);
+	bad = json_pack("{s:i, s:{}}", "global_step", 1, "files");
+	eng_error_clear(&err);
+	ck_assert_int_eq(ckpt_writer_commit(w, bad, 0, NULL, &err), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(err.msg, "'files'"));
+	json_decref(bad);
+	ck_assert(!exists(rpath("%s", "d")));
+	ck_assert(ckpt_reserved_key("state_xxh64") && ckpt_reserved_key("format_version"));
+	ck_assert(!ckpt_reserved_key("global_step"));
+	ck_assert(ckpt_hex64("0123456789abcdef", NULL));
+	ck_assert(!ckpt_hex64("0123456789ABCDEF", NULL) && !ckpt_hex64("0123", NULL));
+}
+END_TEST
+
+/* Below the directory given, nothing is followed through a symlink:
+ * `latest` or its entry, a listed file; removal and rotation never touch a
+ * symlink's target. */
+START_TEST(symlinks_below)
+{
+	struct eng_error err = { 0 };
+	json_t *state = NULL;
+	char *resolved = NULL, cmd[2048], list[512], out[160];
+
+	snprintf(out, sizeof(out), "%s-outside", root);
+	save("real", 1, 0, 1.0f);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s' && mkdir '%s' && cp -r '%s/real' '%s/ck' && "
+		 "printf real > '%s/latest-file' && cd '%s' && "
+		 "find . -type f | sort | xargs sha256sum > '%s.sums'", out, out, root, out, out,
+		 out, out);
+	ck_assert_int_eq(system(cmd), 0);
+	/* The entry `latest` names is a symlink to a valid checkpoint. */
+	ck_assert_int_eq(unlink(rpath("%s", "latest")), 0);
+	spill_text(rpath("%s", "latest"), "link");
+	snprintf(cmd, sizeof(cmd), "%s/ck", out);
+	ck_assert_int_eq(symlink(cmd, rpath("%s", "link")), 0);
+	ck_assert_int_eq(ckpt_open(root, &state, &resolved, NULL, &err), -EPERM);
+	ck_assert_ptr_nonnull(strstr(err.msg, "/link"));
+	/* `latest` itself a symlink. */
+	ck_assert_int_eq(unlink(rpath("%s", "latest")), 0);
+	snprintf(cmd, sizeof(cmd), "%s/latest-file", out);
+	ck_assert_int_eq(symlink(cmd, rpath("%s", "latest")), 0);
+	eng_error_clear(&err);
+	ck_assert_int_eq(ckpt_open(root, &state, &resolved, NULL, &err), -EPERM);
+	ck_assert_ptr_nonnull(strstr(err.msg, "/latest"));
+	/* Each file a symlink to its copy outside. */
+	for (int i = 0; i < 3; i++) {
+		static const char *const files[] = {"model.safetensors", "config.json",
+						    "engine_state.json"};
+
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s/f' && cp -r '%s/real' '%s/f' && "
+			 "ln -sf '%s/ck/%s' '%s/f/%s'", root, root, root, out, files[i], root,
+			 files[i]);
+		ck_assert_int_eq(system(cmd), 0);
+		eng_error_clear(&err);
+		ck_assert_int_eq(ckpt_open(rpath("%s", "f"), &state, &resolved, NULL, &err),
+				 -EPERM);
+		ck_assert_msg(strstr(err.msg, files[i]) && strstr(err.msg, "symlink"), "%s",
+			      err.msg);
+	}
+	/* Overwriting f (holding a symlink) and rotating with a symlink to a
+	 * checkpoint outside in the parent: nothing outside changes; the
+	 * symlinks are replaced, removed or left, never followed. */
+	save("f", 5, 0, 5.0f);
+	save("g", 6, 1, 6.0f);
+	listing(list, sizeof(list));
+	ck_assert_str_eq(list, "g,latest,link");
+	snprintf(cmd, sizeof(cmd), "cd '%s' && find . -type f | sort | xargs sha256sum | "
+		 "cmp -s - '%s.sums'", out, out);
+	ck_assert_msg(system(cmd) == 0, "a file outside changed");
+	check_open(root, rpath("%s", "g"), 6, 6.0f);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s.sums'", out, out);
+	ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("checkpoint");
@@ -458,6 +572,8 @@ int main(void)
 	tcase_add_test(tc, overwrite_same_name);
 	tcase_add_test(tc, crash_mid_save);
 	tcase_add_test(tc, concurrent_writers);
+	tcase_add_test(tc, state_seal);
+	tcase_add_test(tc, symlinks_below);
 	suite_add_tcase(s, tc);
 	return check_run(s);
 }

@@ -1,6 +1,10 @@
 /* test_engine_ckpt.c — engine checkpoints: bit-identical resume, contents
- * flags, corruption and shape errors, and a child process killed during
- * SaveCheckpoint leaving the previous checkpoint and `latest` loadable. */
+ * flags, corruption and shape errors, a child process killed during
+ * SaveCheckpoint leaving the previous checkpoint and `latest` loadable, and
+ * engine_state.json's seal and schema: every single-bit flip of the file,
+ * each key removed, renamed, retyped or out of range, unknown keys, a step
+ * edited; each refused load leaves the engine bit for bit as it was. */
+#include <jansson.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -267,6 +271,406 @@ START_TEST(critic_from_actor_directory)
 }
 END_TEST
 
+/* --- engine_state.json ---------------------------------------------------- */
+
+/* What a refused load must leave alone: parameters and gradients bit for
+ * bit, the steps and the lr. */
+struct snap {
+	float *params, *grads;
+	size_t n;
+	int64_t step, sched_step;
+	double lr;
+};
+
+static void take(struct engine *e, struct snap *s)
+{
+	struct engine_param_view v;
+	struct engine_status st;
+	size_t off = 0;
+
+	s->n = 0;
+	for (int64_t i = 0; i < engine_num_params(e); i++) {
+		ck_assert_int_eq(engine_param(e, i, &v, NULL), 0);
+		s->n += (size_t)v.numel;
+	}
+	s->params = malloc(s->n * sizeof(float));
+	s->grads = malloc(s->n * sizeof(float));
+	ck_assert(s->params && s->grads);
+	for (int64_t i = 0; i < engine_num_params(e); i++) {
+		ck_assert_int_eq(engine_param(e, i, &v, NULL), 0);
+		memcpy(s->params + off, v.host_data, v.numel * sizeof(float));
+		ck_assert_int_eq(engine_grad(e, i, &v, NULL), 0);
+		memcpy(s->grads + off, v.host_data, v.numel * sizeof(float));
+		off += (size_t)v.numel;
+	}
+	engine_status(e, &st);
+	s->step = st.step;
+	s->sched_step = st.sched_step;
+	s->lr = st.lr;
+}
+
+static void drop_snap(struct snap *s)
+{
+	free(s->params);
+	free(s->grads);
+}
+
+static bool same(struct engine *e, const struct snap *want)
+{
+	struct snap now;
+	bool eq;
+
+	take(e, &now);
+	eq = now.n == want->n && !memcmp(now.params, want->params, now.n * sizeof(float)) &&
+	     !memcmp(now.grads, want->grads, now.n * sizeof(float)) &&
+	     now.step == want->step && now.sched_step == want->sched_step &&
+	     memcmp(&now.lr, &want->lr, sizeof(double)) == 0;
+	drop_snap(&now);
+	return eq;
+}
+
+static char *slurp(const char *path, size_t *n)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf;
+	long len;
+
+	ck_assert_ptr_nonnull(f);
+	fseek(f, 0, SEEK_END);
+	len = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	buf = malloc((size_t)len + 1);
+	ck_assert_int_eq(fread(buf, 1, (size_t)len, f), (size_t)len);
+	buf[len] = '\0';
+	fclose(f);
+	*n = (size_t)len;
+	return buf;
+}
+
+static void spill(const char *path, const char *buf, size_t n)
+{
+	FILE *f = fopen(path, "wb");
+
+	ck_assert_ptr_nonnull(f);
+	ck_assert_int_eq(fwrite(buf, 1, n, f), n);
+	ck_assert_int_eq(fclose(f), 0);
+}
+
+/* Two engines: `a` trained one step and saved to <root>/<name> (want_a: its
+ * state then); `b` trained otherwise and saved to <root>/b-own (want_b). */
+static void two_engines(const char *name, struct engine **a, struct engine **b,
+			struct snap *want_a, struct snap *want_b)
+{
+	struct eng_error err = {0};
+	char dir[300];
+
+	*a = make_sched_engine(1);
+	train_step(*a, 0);
+	snprintf(dir, sizeof(dir), "%s/%s", root, name);
+	ck_assert_int_eq(engine_save_checkpoint(*a, dir, 1, 0, CKPT_ALL, NULL, &err), 0);
+	take(*a, want_a);
+	*b = make_sched_engine(2);
+	train_step(*b, 7);
+	train_step(*b, 8);
+	snprintf(dir, sizeof(dir), "%s/b-own", root);
+	ck_assert_int_eq(engine_save_checkpoint(*b, dir, 2, 0, CKPT_ALL, NULL, &err), 0);
+	take(*b, want_b);
+}
+
+/* Every single-bit flip of every byte of engine_state.json is refused with
+ * DATA_LOSS naming the file, unless the flipped file parses to the same
+ * JSON value (the seal covers values, not layout: e.g. "1e-08" -> "1E-08"),
+ * in which case it loads as the original. */
+START_TEST(state_byte_flips)
+{
+	struct engine *a, *b;
+	struct snap want_a, want_b;
+	struct eng_error err;
+	char path[400], own[300], dir[300], *orig, *buf;
+	json_t *ref;
+	size_t n;
+	int refused = 0, noop = 0;
+	int64_t gstep;
+
+	two_engines("flip", &a, &b, &want_a, &want_b);
+	snprintf(dir, sizeof(dir), "%s/flip", root);
+	snprintf(own, sizeof(own), "%s/b-own", root);
+	snprintf(path, sizeof(path), "%s/engine_state.json", dir);
+	orig = slurp(path, &n);
+	buf = malloc(n);
+	ref = json_loadb(orig, n, JSON_REJECT_DUPLICATES, NULL);
+	ck_assert_ptr_nonnull(ref);
+	for (size_t i = 0; i < n; i++) {
+		for (int bit = 0; bit < 8; bit++) {
+			json_t *m;
+			bool equal;
+			int rc;
+
+			memcpy(buf, orig, n);
+			buf[i] ^= (char)(1 << bit);
+			spill(path, buf, n);
+			m = json_loadb(buf, n, JSON_REJECT_DUPLICATES, NULL);
+			equal = m && json_equal(m, ref);
+			json_decref(m);
+			eng_error_clear(&err);
+			rc = engine_load_checkpoint(b, dir, CKPT_ALL, &gstep, &err);
+			if (!equal) {
+				ck_assert_msg(rc == -EBADMSG &&
+					      strstr(err.msg, "engine_state.json"),
+					      "byte %zu bit %d ('%c'): rc %s: %s", i, bit, orig[i],
+					      eng_strerror(rc), err.msg);
+				ck_assert_msg(same(b, &want_b),
+					      "byte %zu bit %d changed the engine", i, bit);
+				refused++;
+				continue;
+			}
+			ck_assert_msg(rc == 0, "byte %zu bit %d: a no-op refused: %s", i, bit,
+				      err.msg);
+			ck_assert_int_eq(gstep, 1);
+			ck_assert(same(b, &want_a));
+			ck_assert_int_eq(engine_load_checkpoint(b, own, CKPT_ALL, &gstep, &err), 0);
+			ck_assert(same(b, &want_b));
+			printf("no-op flip at byte %zu: '%c' -> '%c' in \"%.12s\"\n", i, orig[i],
+			       buf[i], orig + (i > 6 ? i - 6 : 0));
+			noop++;
+		}
+	}
+	printf("engine_state.json: %zu bytes, %zu single-bit flips: %d refused (DATA_LOSS), "
+	       "%d the same JSON value (loaded)\n", n, 8 * n, refused, noop);
+	ck_assert_int_eq(refused + noop, (int)(8 * n));
+	spill(path, orig, n);
+	ck_assert_int_eq(engine_load_checkpoint(b, dir, CKPT_ALL, &gstep, &err), 0);
+	ck_assert(same(b, &want_a));
+	train_step(b, 3);   /* still usable */
+	json_decref(ref);
+	free(buf);
+	free(orig);
+	drop_snap(&want_a);
+	drop_snap(&want_b);
+	engine_destroy(a);
+	engine_destroy(b);
+}
+END_TEST
+
+/* The seal, computed here as checkpoint.h documents it: XXH64 (seed 0) of
+ * jansson's JSON_COMPACT | JSON_SORT_KEYS text of the object without
+ * state_xxh64, as 16 lowercase hex digits. */
+static void reseal(json_t *s)
+{
+	json_t *c = json_deep_copy(s);
+	char hex[17], *text;
+
+	json_object_del(c, "state_xxh64");
+	text = json_dumps(c, JSON_COMPACT | JSON_SORT_KEYS);
+	snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)XXH64(text, strlen(text), 0));
+	json_object_set_new(s, "state_xxh64", json_string(hex));
+	free(text);
+	json_decref(c);
+}
+
+struct state_case {
+	struct engine *b;
+	const struct snap *want_b;
+	const char *dir, *path;
+	int cases;
+};
+
+/* Write `s` (resealed when `seal`), load it into b: rc `want`, the message
+ * naming engine_state.json and `key`, b unchanged. Consumes s. */
+static void expect_state(struct state_case *c, json_t *s, bool seal, int want, const char *key)
+{
+	struct eng_error err = {0};
+	char *text;
+	int64_t gstep;
+	int rc;
+
+	if (seal)
+		reseal(s);
+	text = json_dumps(s, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+	spill(c->path, text, strlen(text));
+	free(text);
+	json_decref(s);
+	rc = engine_load_checkpoint(c->b, c->dir, CKPT_ALL, &gstep, &err);
+	ck_assert_msg(rc == want, "%s (%s): rc %s, want %s: %s", key, seal ? "sealed" : "as is",
+		      eng_strerror(rc), eng_strerror(want), err.msg);
+	ck_assert_msg(strstr(err.msg, "engine_state.json") && strstr(err.msg, key),
+		      "%s: message '%s'", key, err.msg);
+	ck_assert_msg(same(c->b, c->want_b), "%s: the refused load changed the engine", key);
+	c->cases++;
+}
+
+/* Copy of ref with member `key` of ref (or of its sub-object `sub`) removed,
+ * or renamed to key + "_x" when `rename`. */
+static json_t *without(json_t *ref, const char *sub, const char *key, bool rename)
+{
+	json_t *s = json_deep_copy(ref), *o = sub ? json_object_get(s, sub) : s;
+	char name[128];
+
+	if (rename) {
+		snprintf(name, sizeof(name), "%s_x", key);
+		json_object_set(o, name, json_object_get(o, key));
+	}
+	json_object_del(o, key);
+	return s;
+}
+
+static json_t *with(json_t *ref, const char *sub, const char *key, json_t *v)
+{
+	json_t *s = json_deep_copy(ref), *o = sub ? json_object_get(s, sub) : s;
+
+	json_object_set_new(o, key, v);
+	return s;
+}
+
+START_TEST(state_schema)
+{
+	struct engine *a, *b;
+	struct snap want_a, want_b;
+	struct eng_error err = {0};
+	char path[400], dir[300], name[160], *orig, *edit, *at;
+	const char *subs[] = {NULL, "optimizer", "lr_scheduler"}, *key;
+	struct state_case c;
+	struct engine_status st;
+	json_t *ref, *s, *v, *rng;
+	int64_t gstep;
+	size_t n;
+
+	two_engines("schema", &a, &b, &want_a, &want_b);
+	snprintf(dir, sizeof(dir), "%s/schema", root);
+	snprintf(path, sizeof(path), "%s/engine_state.json", dir);
+	c = (struct state_case){b, &want_b, dir, path, 0};
+	orig = slurp(path, &n);
+	ref = json_loadb(orig, n, JSON_REJECT_DUPLICATES, NULL);
+	ck_assert_ptr_nonnull(ref);
+	ck_assert_int_eq(json_integer_value(json_object_get(ref, "format_version")), 2);
+
+	/* Each key of the file and of its objects: removed or renamed, as is
+	 * (the seal no longer matches) and resealed (the schema). */
+	for (int k = 0; k < 3; k++) {
+		json_t *o = subs[k] ? json_object_get(ref, subs[k]) : ref;
+
+		json_object_foreach(o, key, v) {
+			bool seal_key = !strcmp(key, "state_xxh64");
+
+			snprintf(name, sizeof(name), "%s%s%s", subs[k] ? subs[k] : "",
+				 subs[k] ? "." : "", key);
+			expect_state(&c, without(ref, subs[k], key, false), false, -EBADMSG,
+				     seal_key ? key : "state_xxh64");
+			expect_state(&c, without(ref, subs[k], key, true), false, -EBADMSG,
+				     seal_key ? key : "state_xxh64");
+			if (seal_key)
+				continue;
+			expect_state(&c, without(ref, subs[k], key, false), true, -EBADMSG, name);
+			expect_state(&c, without(ref, subs[k], key, true), true, -EBADMSG, name);
+		}
+	}
+	/* A files entry's members. */
+	s = json_deep_copy(ref);
+	json_object_del(json_object_get(json_object_get(s, "files"), "config.json"), "bytes");
+	expect_state(&c, s, true, -EBADMSG, "files.config.json.bytes");
+	s = json_deep_copy(ref);
+	json_object_set_new(json_object_get(json_object_get(s, "files"), "config.json"), "mode",
+			    json_integer(420));
+	expect_state(&c, s, true, -EBADMSG, "unknown key 'mode'");
+	/* Unknown keys. */
+	expect_state(&c, with(ref, NULL, "surprise", json_true()), false, -EBADMSG, "state_xxh64");
+	expect_state(&c, with(ref, NULL, "surprise", json_true()), true, -EBADMSG,
+		     "unknown key 'surprise'");
+	expect_state(&c, with(ref, "optimizer", "momentum", json_real(0.9)), true, -EBADMSG,
+		     "unknown key 'optimizer.momentum'");
+	/* Types and ranges. */
+	expect_state(&c, with(ref, NULL, "global_step", json_string("1")), true, -EBADMSG,
+		     "global_step: must be an integer");
+	expect_state(&c, with(ref, "optimizer", "lr", json_integer(1)), true, -EBADMSG,
+		     "optimizer.lr: must be a real number");
+	expect_state(&c, with(ref, NULL, "optimizer_step", json_integer(-1)), true, -EBADMSG,
+		     "optimizer_step");
+	expect_state(&c, with(ref, "optimizer", "beta1", json_real(1.5)), true, -EBADMSG,
+		     "optimizer.beta1");
+	expect_state(&c, with(ref, "optimizer", "eps", json_real(0.0)), true, -EBADMSG,
+		     "optimizer.eps");
+	expect_state(&c, with(ref, "optimizer", "type", json_string("sgd")), true, -EBADMSG,
+		     "optimizer.type");
+	expect_state(&c, with(ref, "lr_scheduler", "type", json_integer(7)), true, -EBADMSG,
+		     "lr_scheduler.type");
+	expect_state(&c, with(ref, "lr_scheduler", "type", json_integer(INT64_C(1) << 32)), true,
+		     -EBADMSG, "lr_scheduler.type");
+	expect_state(&c, with(ref, "lr_scheduler", "min_lr_ratio", json_real(2.0)), true,
+		     -EBADMSG, "lr_scheduler.min_lr_ratio");
+	rng = json_pack("[s,s,s,s]", "0000000000000000", "0000000000000000", "0000000000000000",
+			"0000000000000000");
+	expect_state(&c, with(ref, NULL, "rng_state", rng), true, -EBADMSG, "rng_state: all zero");
+	s = json_deep_copy(ref);
+	json_array_set_new(json_object_get(s, "rng_state"), 2, json_string("ABCDEF0123456789"));
+	expect_state(&c, s, true, -EBADMSG, "rng_state[2]");
+	s = json_deep_copy(ref);
+	json_array_remove(json_object_get(s, "rng_state"), 3);
+	expect_state(&c, s, true, -EBADMSG, "rng_state");
+	expect_state(&c, with(ref, NULL, "contents", json_pack("[s,s,s,s]", "model", "optimizer",
+							       "extra", "model")),
+		     true, -EBADMSG, "'model' listed twice");
+	expect_state(&c, with(ref, NULL, "contents", json_pack("[s,s]", "model", "extra")), true,
+		     -EBADMSG, "optimizer.safetensors");
+	expect_state(&c, with(ref, NULL, "contents", json_pack("[s,s,s]", "model", "optimizer",
+							       "weights")),
+		     true, -EBADMSG, "contents[2]");
+	expect_state(&c, with(ref, NULL, "format_version", json_string("2")), true, -EBADMSG,
+		     "format_version");
+	expect_state(&c, with(ref, NULL, "state_xxh64", json_string("0123")), false, -EBADMSG,
+		     "state_xxh64");
+	/* Intact, but not for this engine: INVALID_ARGUMENT. */
+	expect_state(&c, with(ref, NULL, "engine_key", json_string("value_model/native/cpu")),
+		     true, -EINVAL, "of engine value_model/native/cpu");
+	v = json_integer(json_integer_value(json_object_get(ref, "num_parameters")) + 1);
+	expect_state(&c, with(ref, NULL, "num_parameters", v), true, -EINVAL, "parameters");
+	expect_state(&c, with(ref, NULL, "world_size", json_integer(2)), true, -EINVAL, "ranks");
+	expect_state(&c, with(ref, NULL, "format_version", json_integer(3)), true, -EINVAL,
+		     "format_version 3");
+	/* A format_version 1 file (no seal) is refused saying so. */
+	s = without(ref, NULL, "state_xxh64", false);
+	json_object_set_new(s, "format_version", json_integer(1));
+	expect_state(&c, s, false, -EINVAL, "format_version 1");
+
+	/* optimizer_step 1 -> 9 by an edit of the text: the seal refuses it.
+	 * (An edit that also rewrites the seal is an intact state by every
+	 * rule: the seal guards against damage, the root's permissions
+	 * against edits.) */
+	ck_assert_ptr_nonnull((at = strstr(orig, "\"optimizer_step\": 1,")));
+	edit = strdup(orig);
+	edit[at - orig + strlen("\"optimizer_step\": ")] = '9';
+	spill(path, edit, n);
+	eng_error_clear(&err);
+	ck_assert_int_eq(engine_load_checkpoint(b, dir, CKPT_ALL, &gstep, &err), -EBADMSG);
+	ck_assert_ptr_nonnull(strstr(err.msg, "engine_state.json"));
+	ck_assert_ptr_nonnull(strstr(err.msg, "state_xxh64"));
+	ck_assert(same(b, &want_b));
+	free(edit);
+	s = with(ref, NULL, "optimizer_step", json_integer(9));
+	reseal(s);
+	edit = json_dumps(s, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+	spill(path, edit, strlen(edit));
+	free(edit);
+	json_decref(s);
+	ck_assert_int_eq(engine_load_checkpoint(b, dir, CKPT_ALL, &gstep, &err), 0);
+	engine_status(b, &st);
+	ck_assert_int_eq(st.step, 9);
+
+	/* The original loads; the engine is a's at the save and trains on. */
+	spill(path, orig, n);
+	ck_assert_msg(engine_load_checkpoint(b, dir, CKPT_ALL, &gstep, &err) == 0, "%s", err.msg);
+	ck_assert(same(b, &want_a));
+	train_step(b, 4);
+	printf("engine_state.json: %d refused edits checked\n", c.cases);
+	ck_assert_int_gt(c.cases, 80);
+	json_decref(ref);
+	free(orig);
+	drop_snap(&want_a);
+	drop_snap(&want_b);
+	engine_destroy(a);
+	engine_destroy(b);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("engine_ckpt");
@@ -278,6 +682,8 @@ int main(void)
 	tcase_add_test(tc, contents_and_errors);
 	tcase_add_test(tc, killed_during_save);
 	tcase_add_test(tc, critic_from_actor_directory);
+	tcase_add_test(tc, state_byte_flips);
+	tcase_add_test(tc, state_schema);
 	suite_add_tcase(s, tc);
 	return check_run(s);
 }

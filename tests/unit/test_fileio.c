@@ -1,7 +1,11 @@
 /* test_fileio.c — engines/io/fileio.h: io_read_file (regular files, empty,
  * at and over the cap, pipes that need the buffer to grow, endless
- * /dev/zero, missing files, directories) and io_write_full. Linked against
- * the io library alone (the client links nothing more). */
+ * /dev/zero, missing files, directories), io_write_full, and the open that
+ * follows no symlink (io_openat, io_open_file, io_read_file_at: symlinks
+ * to files and directories, inside and outside, dangling ones with
+ * O_CREAT, "..", absolute paths, FIFOs), with openat2 and with the walk
+ * of older kernels. Linked against the io library alone (the client links
+ * nothing more). */
 #include "check_run.h"
 #include <check.h>
 #include <errno.h>
@@ -198,6 +202,127 @@ START_TEST(write_full_errors)
 }
 END_TEST
 
+/* A tree for the symlink tests: dir/nf/{f, sub/g, fifo, in-link -> f,
+ * sub-link -> sub, out-link -> ../outside, dangling -> ../made-outside,
+ * dir-out -> ..}, dir/outside, and dir/alias -> nf. */
+static void make_tree(void)
+{
+	char cmd[1024];
+
+	snprintf(cmd, sizeof(cmd),
+		 "cd '%s' && rm -rf nf outside made-outside alias && mkdir -p nf/sub && "
+		 "printf inside > nf/f && printf deep > nf/sub/g && printf secret > outside && "
+		 "mkfifo nf/fifo && ln -s f nf/in-link && ln -s sub nf/sub-link && "
+		 "ln -s ../outside nf/out-link && ln -s ../made-outside nf/dangling && "
+		 "ln -s .. nf/dir-out && ln -s nf alias", dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+static void expect_content(int fd, const char *want)
+{
+	char buf[64];
+	ssize_t n;
+
+	ck_assert_int_ge(fd, 0);
+	n = read(fd, buf, sizeof(buf) - 1);
+	ck_assert_int_ge(n, 0);
+	buf[n] = '\0';
+	ck_assert_str_eq(buf, want);
+	ck_assert(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+	ck_assert(!(fcntl(fd, F_GETFL) & O_NONBLOCK));
+	close(fd);
+}
+
+START_TEST(openat_refuses_symlinks)
+{
+	struct stat st;
+	char *buf = sentinel;
+	int dfd, fd;
+
+	io_openat_force_walk(_i == 1);   /* 0: openat2, 1: the walk */
+	make_tree();
+	dfd = open(path_of("nf"), O_PATH | O_DIRECTORY);
+	ck_assert_int_ge(dfd, 0);
+
+	/* Plain files and directories beneath the descriptor. */
+	expect_content(io_openat(dfd, "f", O_RDONLY, 0), "inside");
+	expect_content(io_openat(dfd, "sub/g", O_RDONLY, 0), "deep");
+	expect_content(io_openat(dfd, "./sub//g", O_RDONLY, 0), "deep");
+	fd = io_openat(dfd, "sub", O_RDONLY | O_DIRECTORY, 0);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	fd = io_openat(dfd, ".", O_PATH | O_DIRECTORY, 0);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+
+	/* Every symlink is refused, wherever it points, whatever the flags. */
+	ck_assert_int_eq(io_openat(dfd, "in-link", O_RDONLY, 0), -ELOOP);
+	ck_assert_int_eq(io_openat(dfd, "out-link", O_RDONLY, 0), -ELOOP);
+	ck_assert_int_eq(io_openat(dfd, "out-link", O_PATH, 0), -ELOOP);
+	ck_assert_int_eq(io_openat(dfd, "out-link", O_WRONLY | O_TRUNC, 0), -ELOOP);
+	ck_assert_int_eq(io_openat(dfd, "sub-link/g", O_RDONLY, 0), -ELOOP);
+	ck_assert_int_eq(io_openat(dfd, "sub-link", O_RDONLY | O_DIRECTORY, 0), -ELOOP);
+	ck_assert_int_eq(io_openat(dfd, "sub-link", O_PATH | O_DIRECTORY, 0), -ELOOP);
+	ck_assert_int_eq(io_openat(dfd, "dir-out/outside", O_RDONLY, 0), -ELOOP);
+	/* A dangling symlink: O_CREAT creates nothing at its target. */
+	ck_assert_int_eq(io_openat(dfd, "dangling", O_WRONLY | O_CREAT, 0644), -ELOOP);
+	ck_assert_int_lt(io_openat(dfd, "dangling", O_WRONLY | O_CREAT | O_EXCL, 0644), 0);
+	ck_assert_int_eq(lstat(path_of("made-outside"), &st), -1);
+	/* The outside file was not truncated through out-link. */
+	ck_assert_int_eq(stat(path_of("outside"), &st), 0);
+	ck_assert_int_eq(st.st_size, 6);
+
+	/* Out of the directory by name. */
+	ck_assert_int_eq(io_openat(dfd, "../outside", O_RDONLY, 0), -EXDEV);
+	ck_assert_int_eq(io_openat(dfd, "sub/../f", O_RDONLY, 0), -EXDEV);
+	ck_assert_int_eq(io_openat(dfd, "..", O_PATH | O_DIRECTORY, 0), -EXDEV);
+	ck_assert_int_eq(io_openat(dfd, "/etc/passwd", O_RDONLY, 0), -EXDEV);
+	ck_assert_int_eq(io_openat(dfd, "", O_RDONLY, 0), -ENOENT);
+	ck_assert_int_eq(io_openat(dfd, "missing", O_RDONLY, 0), -ENOENT);
+	ck_assert_int_eq(io_openat(dfd, "f/x", O_RDONLY, 0), -ENOTDIR);
+
+	/* A FIFO does not block the open (nobody writes to it). */
+	fd = io_openat(dfd, "fifo", O_RDONLY, 0);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(fstat(fd, &st), 0);
+	ck_assert(S_ISFIFO(st.st_mode));
+	close(fd);
+
+	/* Creating inside works; relative to AT_FDCWD too. */
+	fd = io_openat(dfd, "new", O_WRONLY | O_CREAT | O_EXCL, 0600);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	ck_assert_int_eq(stat(path_of("nf/new"), &st), 0);
+	ck_assert_int_eq(st.st_mode & 0777, 0600);
+	ck_assert_int_eq(chdir(dir), 0);
+	expect_content(io_openat(AT_FDCWD, "nf/f", O_RDONLY, 0), "inside");
+	ck_assert_int_eq(io_openat(AT_FDCWD, "alias/f", O_RDONLY, 0), -ELOOP);
+
+	/* io_open_file: the directory as named (through alias), the file
+	 * never a symlink. */
+	expect_content(io_open_file(path_of("alias/f"), O_RDONLY, 0), "inside");
+	expect_content(io_open_file("nf/f", O_RDONLY, 0), "inside");
+	ck_assert_int_eq(io_open_file(path_of("alias/out-link"), O_RDONLY, 0), -ELOOP);
+	ck_assert_int_eq(io_open_file(path_of("nf/in-link"), O_RDONLY, 0), -ELOOP);
+	ck_assert_int_eq(io_open_file(path_of("nf/none/f"), O_RDONLY, 0), -ENOENT);
+
+	/* io_read_file_at reads files, refuses symlinks; io_read_file, for
+	 * files an operator names, follows them. */
+	ck_assert_int_eq(io_read_file_at(dfd, "sub/g", 100, &buf, NULL), 0);
+	ck_assert_str_eq(buf, "deep");
+	free(buf);
+	buf = sentinel;
+	ck_assert_int_eq(io_read_file_at(dfd, "out-link", 100, &buf, NULL), -ELOOP);
+	ck_assert_int_eq(io_read_file_at(dfd, "../outside", 100, &buf, NULL), -EXDEV);
+	ck_assert_ptr_eq(buf, sentinel);
+	ck_assert_int_eq(io_read_file(path_of("nf/out-link"), 100, &buf, NULL), 0);
+	ck_assert_str_eq(buf, "secret");
+	free(buf);
+	close(dfd);
+	io_openat_force_walk(false);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("fileio");
@@ -211,6 +336,7 @@ int main(void)
 	tcase_add_test(tc, pipe_source);
 	tcase_add_test(tc, missing_and_directory);
 	tcase_add_test(tc, write_full_errors);
+	tcase_add_loop_test(tc, openat_refuses_symlinks, 0, 2);
 	suite_add_tcase(s, tc);
 	return check_run(s);
 }

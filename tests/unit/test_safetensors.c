@@ -1,5 +1,6 @@
 /* test_safetensors.c — safetensors reader/writer, fp32 <-> bf16/f16
- * conversions and file_xxh64 (engines/io/).
+ * conversions, file_xxh64, and files never opened through a symlink
+ * (engines/io/).
  *
  * References: the compiler's _Float16 conversions (libgcc / F16C, both
  * IEEE round-to-nearest-even) for f16, a naive double-precision nearest
@@ -790,6 +791,103 @@ START_TEST(writer_abort_and_errors)
 }
 END_TEST
 
+/* Files are never opened through a symlink: a symlinked file, a
+ * directory's model.safetensors, index or shard; the writer does not write
+ * through one. A directory named by the caller may be a symlink. */
+START_TEST(symlinks_refused)
+{
+	static const char index[] =
+		"{\"weight_map\": {\"a\": \"s1.safetensors\", \"b\": \"s2.safetensors\"}}";
+	struct eng_error err = { 0 };
+	struct st_reader *r = NULL;
+	struct st_writer *w = NULL;
+	char cmd[1024];
+	uint64_t h;
+	size_t n;
+	unsigned char *raw;
+	int dfd;
+
+	/* out/: a valid model directory outside; in/: links into it. */
+	ck_assert_int_eq(mkdir(tpath("out"), 0755), 0);
+	ck_assert_int_eq(mkdir(tpath("in"), 0755), 0);
+	write_shard("out/model.safetensors", "a", "b", 1.0f);
+	write_shard("out/s1.safetensors", "a", NULL, 1.0f);
+	write_shard("out/s2.safetensors", "b", NULL, 2.0f);
+	write_bytes(tpath("out/model.safetensors.index.json"), index, strlen(index));
+	ck_assert_int_eq(st_reader_open(tpath("out"), &r, &err), 0);   /* valid as such */
+	st_reader_close(r);
+
+	ck_assert_int_eq(symlink("../out/model.safetensors", tpath("in/model.safetensors")), 0);
+	ck_assert_int_eq(st_reader_open(tpath("in/model.safetensors"), &r, &err), -EPERM);
+	ck_assert_ptr_nonnull(strstr(err.msg, "in/model.safetensors"));
+	ck_assert_ptr_nonnull(strstr(err.msg, "symlink"));
+	eng_error_clear(&err);
+	ck_assert_int_eq(st_reader_open(tpath("in"), &r, &err), -EPERM);
+	ck_assert_ptr_nonnull(strstr(err.msg, "in/model.safetensors"));
+	ck_assert_int_eq(unlink(tpath("in/model.safetensors")), 0);
+	/* The index as a symlink, then a shard as one. */
+	ck_assert_int_eq(symlink("../out/model.safetensors.index.json",
+				 tpath("in/model.safetensors.index.json")), 0);
+	eng_error_clear(&err);
+	ck_assert_int_eq(st_reader_open(tpath("in"), &r, &err), -EPERM);
+	ck_assert_ptr_nonnull(strstr(err.msg, "in/model.safetensors.index.json"));
+	ck_assert_int_eq(unlink(tpath("in/model.safetensors.index.json")), 0);
+	write_bytes(tpath("in/model.safetensors.index.json"), index, strlen(index));
+	write_shard("in/s1.safetensors", "a", NULL, 1.0f);
+	ck_assert_int_eq(symlink("../out/s2.safetensors", tpath("in/s2.safetensors")), 0);
+	eng_error_clear(&err);
+	ck_assert_int_eq(st_reader_open(tpath("in"), &r, &err), -EPERM);
+	ck_assert_ptr_nonnull(strstr(err.msg, "in/s2.safetensors"));
+	ck_assert_int_eq(unlink(tpath("in/s2.safetensors")), 0);
+	write_shard("in/s2.safetensors", "b", NULL, 2.0f);
+	ck_assert_int_eq(st_reader_open(tpath("in"), &r, &err), 0);
+	st_reader_close(r);
+	/* The directory itself through a symlink, as named: fine. */
+	ck_assert_int_eq(symlink("in", tpath("alias")), 0);
+	ck_assert_int_eq(st_reader_open(tpath("alias"), &r, &err), 0);
+	st_reader_close(r);
+	/* ... but not below a descriptor: no symlink in rel. */
+	dfd = open(tmpdir, O_PATH | O_DIRECTORY);
+	ck_assert_int_ge(dfd, 0);
+	eng_error_clear(&err);
+	ck_assert_int_eq(st_reader_open_at(dfd, "alias", "shown/alias", &r, &err), -EPERM);
+	ck_assert_ptr_nonnull(strstr(err.msg, "shown/alias"));
+	ck_assert_int_eq(st_reader_open_at(dfd, "in", "shown/in", &r, &err), 0);
+	st_reader_close(r);
+
+	/* The writer refuses to write through a symlink, and its abort does
+	 * not remove the target. */
+	raw = read_bytes(tpath("out/model.safetensors"), &n);
+	ck_assert_int_eq(symlink("../out/model.safetensors", tpath("in/w.safetensors")), 0);
+	eng_error_clear(&err);
+	ck_assert_int_eq(st_writer_new(tpath("in/w.safetensors"), &w, &err), -EPERM);
+	ck_assert_ptr_nonnull(strstr(err.msg, "in/w.safetensors"));
+	eng_error_clear(&err);
+	ck_assert_int_eq(st_writer_new_at(dfd, "alias/x.safetensors", "shown/x", &w, &err),
+			 -EPERM);
+	ck_assert_int_ne(access(tpath("in/x.safetensors"), F_OK), 0);
+	ck_assert_int_eq(file_xxh64(tpath("in/w.safetensors"), &h, &err), -EPERM);
+	{
+		size_t n2;
+		unsigned char *raw2 = read_bytes(tpath("out/model.safetensors"), &n2);
+
+		ck_assert_uint_eq(n2, n);
+		ck_assert_int_eq(memcmp(raw, raw2, n), 0);
+		free(raw2);
+	}
+	free(raw);
+	/* A writer beneath a descriptor creates and removes only its file. */
+	ck_assert_int_eq(st_writer_new_at(dfd, "in/y.safetensors", "shown/y", &w, &err), 0);
+	ck_assert_int_eq(access(tpath("in/y.safetensors"), F_OK), 0);
+	st_writer_abort(w);
+	ck_assert_int_ne(access(tpath("in/y.safetensors"), F_OK), 0);
+	close(dfd);
+	snprintf(cmd, sizeof(cmd), "test -f '%s' && test -f '%s'", tpath("out/s2.safetensors"),
+		 tpath("out/model.safetensors.index.json"));
+	ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("safetensors");
@@ -809,6 +907,7 @@ int main(void)
 	tcase_add_test(tc, sharded);
 	tcase_add_test(tc, xxh64_of_files);
 	tcase_add_test(tc, writer_abort_and_errors);
+	tcase_add_test(tc, symlinks_refused);
 	suite_add_tcase(s, tc);
 	return check_run(s);
 }
