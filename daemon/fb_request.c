@@ -28,30 +28,34 @@ const Engined__V1__Tensor *fb_request_tensor(const Engined__V1__ForwardBackwardR
 	return *(const Engined__V1__Tensor *const *)((const char *)q + f->offset);
 }
 
-/* input_ids: INT32 [n], 1-D, aligned; absent or empty: n = 0 (the batch
- * check names it). */
-static int decode_ids(const Engined__V1__Tensor *t, struct engine_batch *b,
-		      struct eng_error *err)
+/* An INT32 token tensor, 1-D, aligned: input_ids (its length is n; absent
+ * or empty: n = 0, which the batch check names) or target_ids (length
+ * want, or absent). */
+static int decode_ids(const Engined__V1__Tensor *t, const char *field, int64_t want,
+		      const int32_t **ret, int64_t *ret_n, struct eng_error *err)
 {
 	int64_t n;
 
-	b->n = 0;
-	b->input_ids = NULL;
+	*ret = NULL;
+	*ret_n = 0;
 	if (!t || !t->data.len)
 		return 0;
 	if (t->dtype != ENGINED__V1__DTYPE__INT32)
-		return eng_fail(err, -EINVAL, "input_ids: dtype %d, expected INT32", (int)t->dtype);
+		return eng_fail(err, -EINVAL, "%s: dtype %d, expected INT32", field, (int)t->dtype);
 	if (t->data.len % 4)
-		return eng_fail(err, -EINVAL, "input_ids: %zu bytes is not a whole number of INT32",
-				t->data.len);
+		return eng_fail(err, -EINVAL, "%s: %zu bytes is not a whole number of INT32",
+				field, t->data.len);
 	n = (int64_t)(t->data.len / 4);
 	if (t->n_shape > 1 || (t->n_shape == 1 && t->shape[0] != n))
-		return eng_fail(err, -EINVAL, "input_ids: shape must be [%lld] (packed, 1-D)",
+		return eng_fail(err, -EINVAL, "%s: shape must be [%lld] (packed, 1-D)", field,
 				(long long)n);
+	if (want >= 0 && n != want)
+		return eng_fail(err, -EINVAL, "%s: %lld tokens, input_ids has %lld", field,
+				(long long)n, (long long)want);
 	if (((uintptr_t)t->data.data & 3) != 0)
-		return eng_fail(err, -EINVAL, "input_ids: misaligned data");
-	b->n = n;
-	b->input_ids = (const int32_t *)t->data.data;
+		return eng_fail(err, -EINVAL, "%s: misaligned data", field);
+	*ret = (const int32_t *)t->data.data;
+	*ret_n = n;
 	return 0;
 }
 
@@ -125,9 +129,13 @@ int fb_request_decode(struct fb_prep *p, const Engined__V1__ForwardBackwardReque
 		      bool value_model, struct eng_error *err)
 {
 	bool named_loss = q->loss && q->loss->name[0];
+	int64_t tn;
 	int r;
 
-	r = decode_ids(q->input_ids, &p->batch, err);
+	r = decode_ids(q->input_ids, "input_ids", -1, &p->batch.input_ids, &p->batch.n, err);
+	if (r == 0)
+		r = decode_ids(q->target_ids, "target_ids", p->batch.n, &p->batch.target_ids, &tn,
+			       err);
 	if (r < 0)
 		return r;
 	if (q->n_seq_lens > INT32_MAX)

@@ -139,6 +139,9 @@ typedef int (*engine_loss_fn)(void *ctx, struct engine_loss_io *io,
 struct engine_batch {
 	int64_t n;                  /* tokens */
 	const int32_t *input_ids;   /* [n] packed */
+	/* [n] or NULL: entry t's log-prob is of target_ids[t] (from the tokens
+	 * before t) instead of input_ids[t]; entry 0 of a sequence is unused. */
+	const int32_t *target_ids;
 	int32_t num_seqs;
 	const int32_t *seq_lens;    /* [num_seqs], sum = n, each >= 1 */
 	float temperature;          /* > 0; 0 means 1 */

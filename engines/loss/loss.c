@@ -242,6 +242,14 @@ static int check_batch(const struct loss_spec *s, const struct loss_batch *b,
 		r = r ? r : check_array(b->in[LOSS_IN_ADVANTAGES], "advantages", why, err);
 		r = r ? r : check_array(b->in[LOSS_IN_OLD_LOG_PROBS], "old_log_probs", why, err);
 		break;
+	case LOSS_CUSTOM:
+		if (b->in[LOSS_IN_GRAD_LOG_PROBS])
+			r = check_array(b->log_probs, "log_probs", "grad_log_probs", err);
+		if (!r && b->in[LOSS_IN_GRAD_ENTROPY])
+			r = check_array(b->entropy, "entropy", "grad_entropy", err);
+		if (!r && b->in[LOSS_IN_GRAD_VALUES])
+			r = check_array(b->values, "values", "grad_values", err);
+		break;
 	}
 	if (r)
 		return r;
@@ -674,6 +682,40 @@ static double geo_mean_seq(const struct lctx *c, int32_t i, double ci,
 	return ci * li;
 }
 
+/* The custom loss: the client differentiated its own loss L over the
+ * model's outputs and sends dL/dlog_probs, dL/dentropy, dL/dvalues; they
+ * are the gradients, as given (no mask, no normalization: the client
+ * applied its own). The loss reported is the first-order surrogate
+ * sum(g * output), whose gradient they are. */
+static int custom_compute(const struct loss_batch *b, struct loss_result *res)
+{
+	const float *g[3] = { b->in[LOSS_IN_GRAD_LOG_PROBS], b->in[LOSS_IN_GRAD_ENTROPY],
+			      b->in[LOSS_IN_GRAD_VALUES] };
+	const float *out[3] = { b->log_probs, b->entropy, b->values };
+	float *d[3] = { res->d_log_probs, res->d_entropy, res->d_values };
+	double loss = 0.0;
+
+	for (int k = 0; k < 3; k++) {
+		for (int64_t t = 0; t < b->n; t++) {
+			double gt = g[k] ? (double)g[k][t] : 0.0;
+
+			if (g[k])
+				loss += gt * (double)out[k][t];
+			put(d[k], t, gt);
+		}
+	}
+	memset(res->metrics, 0, sizeof(res->metrics));
+	for (int k = 0; k < LOSS_M_COUNT; k++)
+		res->metrics[k].weight = 1.0;
+	set_metric(res, LOSS_M_LOSS, loss, 1.0);
+	set_metric(res, LOSS_M_NUM_TOKENS, (double)b->n, 1.0);
+	set_metric(res, LOSS_M_NUM_SEQUENCES, (double)b->num_seqs, 1.0);
+	res->loss = loss;
+	if (res->selected)
+		memset(res->selected, 0, (size_t)b->n);
+	return 0;
+}
+
 int loss_compute(const struct loss_spec *s, const struct loss_batch *b,
 		 struct loss_result *res, struct eng_error *err)
 {
@@ -689,6 +731,8 @@ int loss_compute(const struct loss_spec *s, const struct loss_batch *b,
 	r = r ? r : check_batch(s, b, err);
 	if (r)
 		return r;
+	if (s->name == LOSS_CUSTOM)
+		return custom_compute(b, res);
 	r = lctx_init(&c, s, b, err);
 	if (r)
 		return r;
@@ -744,6 +788,8 @@ int loss_compute(const struct loss_spec *s, const struct loss_batch *b,
 				dlp = c_pg * -w;
 				break;
 			}
+			case LOSS_CUSTOM:  /* custom_compute, above */
+				break;
 			case LOSS_DRO: {
 				double a = b->in[LOSS_IN_ADVANTAGES][t], lp = b->log_probs[t];
 				double d = lp - (double)b->in[LOSS_IN_OLD_LOG_PROBS][t];

@@ -54,6 +54,7 @@ enum loss_name {
 	LOSS_PPO,                /* policy loss of variant policy_loss (+ entropy, KL) */
 	LOSS_VALUE,              /* clipped value loss (critic) */
 	LOSS_DRO,                /* Tinker direct reward optimization */
+	LOSS_CUSTOM,             /* the client's own loss: its gradients, as given */
 };
 
 enum loss_policy {
@@ -129,7 +130,10 @@ struct loss_spec {
 	X(RETURNS, "returns", "value") \
 	X(OLD_VALUES, "old_values", "value") \
 	X(IS_WEIGHTS, "is_weights", "ppo (rollout importance-sampling weights)") \
-	X(TOKEN_WEIGHTS, "token_weights", "sft, cross_entropy (per-token weights; custom losses)")
+	X(TOKEN_WEIGHTS, "token_weights", "sft, cross_entropy (per-token weights)") \
+	X(GRAD_LOG_PROBS, "grad_log_probs", "custom: dL/dlog_probs of the client's loss") \
+	X(GRAD_ENTROPY, "grad_entropy", "custom: dL/dentropy of the client's loss") \
+	X(GRAD_VALUES, "grad_values", "custom (value model): dL/dvalues of the client's loss")
 
 enum loss_input {
 #define LOSS_IN_ENUM(id, name, read_by) LOSS_IN_##id,

@@ -20,6 +20,7 @@ static const char *const name_strs[] = {
 	[LOSS_PPO] = "ppo",
 	[LOSS_VALUE] = "value",
 	[LOSS_DRO] = "dro",
+	[LOSS_CUSTOM] = "custom",
 };
 
 static const char *const policy_strs[] = {
@@ -612,6 +613,21 @@ int loss_spec_validate(const struct loss_spec *s,
 	case LOSS_DRO:
 		r = need(s, present, LOSS_IN_ADVANTAGES, "loss dro", err);
 		r = r ? r : need(s, present, LOSS_IN_OLD_LOG_PROBS, "loss dro", err);
+		return r;
+	case LOSS_CUSTOM:
+		if (!has(present, LOSS_IN_GRAD_LOG_PROBS) && !has(present, LOSS_IN_GRAD_ENTROPY) &&
+		    !has(present, LOSS_IN_GRAD_VALUES))
+			return eng_fail(err, -EINVAL,
+					"grad_log_probs, grad_entropy, grad_values: loss custom needs "
+					"at least one");
+		/* Log-probs and entropy come from a language model, values from
+		 * a value model. */
+		if (has(present, LOSS_IN_GRAD_LOG_PROBS) || has(present, LOSS_IN_GRAD_ENTROPY))
+			r = need(s, present, LOSS_IN_ENTROPY,
+				 "grad_log_probs / grad_entropy (model_type language_model)", err);
+		if (!r && has(present, LOSS_IN_GRAD_VALUES))
+			r = need(s, present, LOSS_IN_VALUES,
+				 "grad_values (model_type value_model)", err);
 		return r;
 	}
 	return 0;

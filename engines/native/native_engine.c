@@ -361,11 +361,16 @@ static int native_initialize(struct engine *e, const struct engine_init_config *
 static int validate_batch(struct native *n, const struct engine_batch *b,
 			  struct eng_error *err)
 {
-	for (int64_t t = 0; t < b->n; t++)
-		if (b->input_ids[t] < 0 || b->input_ids[t] >= n->cfg.vocab_size)
-			return eng_fail(err, -EINVAL,
-					"input_ids[%lld]: token %d outside the vocabulary [0, %lld)",
-					(long long)t, b->input_ids[t], (long long)n->cfg.vocab_size);
+	for (int k = 0; k < 2; k++) {
+		const int32_t *ids = k ? b->target_ids : b->input_ids;
+
+		for (int64_t t = 0; ids && t < b->n; t++)
+			if (ids[t] < 0 || ids[t] >= n->cfg.vocab_size)
+				return eng_fail(err, -EINVAL,
+						"%s[%lld]: token %d outside the vocabulary [0, %lld)",
+						k ? "target_ids" : "input_ids", (long long)t, ids[t],
+						(long long)n->cfg.vocab_size);
+	}
 	return 0;
 }
 
@@ -434,7 +439,9 @@ static void mb_gather(const struct engine_batch *b, const struct mb_plan *p, int
 			h->ids[t] = b->input_ids[off + i];
 			h->pos[t] = i;
 			h->token_index[t] = off + i;
-			h->targets[t] = i + 1 < len ? b->input_ids[off + i + 1] : -1;
+			h->targets[t] = i + 1 >= len ? -1 :
+					b->target_ids ? b->target_ids[off + i + 1] :
+					b->input_ids[off + i + 1];
 		}
 		h->cu[j + 1] = (int32_t)t;
 	}

@@ -28,18 +28,13 @@
 #include "loss/loss.h"
 #include "loss/loss_engine.h"
 
-static const char *const batch_arrays[] = {
-	"loss_mask", "old_log_probs", "ref_log_probs", "advantages", "returns",
-	"old_values", "is_weights", "token_weights",
-};
-
 struct full {
 	int64_t n;
 	int32_t num_seqs;
 	int32_t *seq_lens;
 	int64_t *seq_off;
 	float *log_probs, *entropy, *values;
-	float *in[8];         /* batch_arrays order */
+	float *in[LOSS_IN_REQUEST_COUNT];  /* loss.h's table order */
 };
 
 static float *read_floats(json_t *arrays, const char *name, int64_t n)
@@ -77,7 +72,7 @@ static void free_full(struct full *f)
 	free(f->log_probs);
 	free(f->entropy);
 	free(f->values);
-	for (int k = 0; k < 8; k++)
+	for (int k = 0; k < LOSS_IN_REQUEST_COUNT; k++)
 		free(f->in[k]);
 }
 
@@ -153,7 +148,7 @@ static int run_call(const struct loss_spec *s, const struct full *f, json_t *mbs
 	int64_t n = 0, *call_off = NULL, *full_pos = NULL;
 	struct loss_request q = {0};
 	struct loss_engine_ctx lc;
-	float *arr[8] = {0};
+	float *arr[LOSS_IN_REQUEST_COUNT] = {0};
 	size_t imb, isq;
 	json_t *mb, *sq;
 	int r = 0;
@@ -183,7 +178,7 @@ static int run_call(const struct loss_spec *s, const struct full *f, json_t *mbs
 		n += f->seq_lens[i];
 		nseq++;
 	}
-	for (int k = 0; k < 8; k++) {
+	for (int k = 0; k < LOSS_IN_REQUEST_COUNT; k++) {
 		if (!f->in[k])
 			continue;
 		arr[k] = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
@@ -274,7 +269,7 @@ static int run_call(const struct loss_spec *s, const struct full *f, json_t *mbs
 		loss_engine_ctx_result(&lc, ret_loss, ret_m);
 	loss_engine_ctx_destroy(&lc);
 out:
-	for (int k = 0; k < 8; k++)
+	for (int k = 0; k < LOSS_IN_REQUEST_COUNT; k++)
 		free(arr[k]);
 	free(call_seq_of);
 	free(req_seq);
@@ -358,8 +353,8 @@ static json_t *run_case(json_t *c)
 	f.log_probs = read_floats(arrays, "log_probs", f.n);
 	f.entropy = read_floats(arrays, "entropy", f.n);
 	f.values = read_floats(arrays, "values", f.n);
-	for (int k = 0; k < 8; k++)
-		f.in[k] = read_floats(arrays, batch_arrays[k], f.n);
+	for (int k = 0; k < LOSS_IN_REQUEST_COUNT; k++)
+		f.in[k] = read_floats(arrays, loss_inputs[k].name, f.n);
 
 	r = loss_spec_init(&s, json_string_value(json_object_get(c, "name")), &err);
 	json_array_foreach(opts, i, kv) {
@@ -370,7 +365,7 @@ static json_t *run_case(json_t *c)
 	}
 	if (!r) {
 		loss_inputs_present_init(&pres, f.n);
-		for (int k = 0; k < 8; k++)
+		for (int k = 0; k < LOSS_IN_REQUEST_COUNT; k++)
 			if (f.in[k])
 				pres.len[k] = f.n;
 		if (f.entropy)

@@ -25,8 +25,12 @@ _DTYPES = {
 
 _MODES = {"idle": pb.MODE_IDLE, "train": pb.MODE_TRAIN, "eval": pb.MODE_EVAL}
 
-_PER_TOKEN = ("loss_mask", "old_log_probs", "ref_log_probs", "advantages",
-              "returns", "old_values", "is_weights", "token_weights")
+# The request's per-token FLOAT32 arrays (the loss library's table,
+# engines/loss/loss.h LOSS_REQUEST_INPUTS): the proto's Tensor fields but the
+# INT32 ones (input_ids, target_ids).
+_PER_TOKEN = tuple(f.name for f in pb.ForwardBackwardRequest.DESCRIPTOR.fields
+                   if f.message_type is not None and f.message_type.name == "Tensor"
+                   and f.name not in ("input_ids", "target_ids"))
 
 
 class EngineError(grpc.RpcError):
@@ -289,12 +293,15 @@ class EngineClient:
                          forward_only=False, temperature=1.0,
                          return_log_probs=False, return_entropy=False,
                          return_values=False, max_tokens_per_micro_batch=0,
-                         timeout=None, request_id=None, **per_token):
+                         target_ids=None, timeout=None, request_id=None, **per_token):
         """input_ids: int32 [N] (packed); seq_lens: sum N. loss: a name
         ("sft", "ppo", ...) or a dict {"name": ..., option: value}; options
         are stringified. Per-token float32 [N] arrays by keyword: loss_mask,
         old_log_probs, ref_log_probs, advantages, returns, old_values,
-        is_weights, token_weights. request_id: this call's id (default: a
+        is_weights, token_weights; grad_log_probs, grad_entropy,
+        grad_values with loss="custom" (see forward_backward_custom).
+        target_ids: int32 [N], the token each entry's log-prob is of
+        (default: the next token). request_id: this call's id (default: a
         fresh one). Returns a dict: loss, metrics, num_micro_batches and the
         numpy outputs asked for."""
         unknown = set(per_token) - set(_PER_TOKEN)
@@ -306,6 +313,9 @@ class EngineClient:
             temperature=temperature, return_log_probs=return_log_probs,
             return_entropy=return_entropy, return_values=return_values,
             max_tokens_per_micro_batch=max_tokens_per_micro_batch)
+        if target_ids is not None:
+            req.target_ids.CopyFrom(
+                tensor(np.asarray(target_ids, dtype=np.int32).reshape(-1), pb.INT32))
         spec = _loss_spec(loss, loss_options)
         if spec is not None:
             req.loss.CopyFrom(spec)
