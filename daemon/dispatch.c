@@ -316,6 +316,40 @@ static int queue_full_locked(struct daemon *d, struct eng_error *err)
 
 /* Poller thread: the request of an accepted call has arrived (or not).
  * Decode, validate, then answer inline or queue. Never blocks. */
+/* Queue a validated job for the engine thread, or answer it (shutting
+ * down, queue full). Any thread; d->lock not held. */
+static void enqueue(struct daemon *d, struct job *j)
+{
+	struct eng_error err;
+	int r;
+
+	eng_error_clear(&err);
+	pthread_mutex_lock(&d->lock);
+	r = d->stopping ? eng_fail(&err, -ESHUTDOWN, "daemon is shutting down") :
+	    queue_full_locked(d, &err);
+	if (r < 0) {
+		pthread_mutex_unlock(&d->lock);
+		job_finish(j, r, &err);
+		return;
+	}
+	j->next = NULL;
+	if (d->tail)
+		d->tail->next = j;
+	else
+		d->head = j;
+	d->tail = j;
+	d->queued++;
+	d->in_flight++;
+	pthread_cond_signal(&d->cond);
+	pthread_mutex_unlock(&d->lock);
+}
+
+/* replay.c: a duplicate whose original never ran runs in its place. */
+static void replay_requeue(void *ctx, struct job *j)
+{
+	enqueue(ctx, j);
+}
+
 static void on_request(void *user, struct rpc_call *call, enum rpc_recv_result res,
 		       const uint8_t *req, size_t len)
 {
@@ -396,24 +430,7 @@ static void on_request(void *user, struct rpc_call *call, enum rpc_recv_result r
 			job_finish(j, r, &err);
 		return;
 	}
-
-	pthread_mutex_lock(&d->lock);
-	r = d->stopping ? eng_fail(&err, -ESHUTDOWN, "daemon is shutting down") :
-	    queue_full_locked(d, &err);
-	if (r < 0) {
-		pthread_mutex_unlock(&d->lock);
-		job_finish(j, r, &err);
-		return;
-	}
-	if (d->tail)
-		d->tail->next = j;
-	else
-		d->head = j;
-	d->tail = j;
-	d->queued++;
-	d->in_flight++;
-	pthread_cond_signal(&d->cond);
-	pthread_mutex_unlock(&d->lock);
+	enqueue(d, j);
 }
 
 /* Poller thread: a new call, with its metadata only. Who may call is
@@ -538,7 +555,7 @@ int daemon_init(struct daemon *d, const struct daemon_config *cfg,
 		snprintf(errbuf, errlen, "reflection: %s", err.msg);
 		return r;
 	}
-	r = replay_new(cfg->replay_entries, cfg->replay_bytes, &d->replay);
+	r = replay_new(cfg->replay_entries, cfg->replay_bytes, replay_requeue, d, &d->replay);
 	if (r < 0) {
 		snprintf(errbuf, errlen, "replay: out of memory");
 		return r;

@@ -21,6 +21,7 @@
 #include "paths.h"
 #include "presets.h"
 #include "replay.h"
+#include "test_hold.h"
 
 #ifndef ENGINED_VERSION
 #define ENGINED_VERSION "unknown"
@@ -199,6 +200,13 @@ static bool call_gone(void *call)
 	return rpc_call_cancelled(call);
 }
 
+/* A ForwardBackward's safe point (between micro-batches). */
+static bool fb_call_gone(void *call)
+{
+	test_hold_safe_point();
+	return rpc_call_cancelled(call);
+}
+
 int h_run_initialize(struct daemon *d, struct job *j, struct eng_error *err)
 {
 	struct init_prep *ip = j->prep;
@@ -314,6 +322,8 @@ int h_run_forward_backward(struct daemon *d, struct job *j, struct eng_error *er
 
 	memset(&res, 0, sizeof(res));
 	b = p->batch;
+	b.cancelled = fb_call_gone;
+	b.cancel_ctx = j->call;
 	memset(&lc, 0, sizeof(lc));
 	if (p->has_loss) {
 		fb_loss_request(p, &lreq);

@@ -34,9 +34,14 @@ struct replay {
 	struct entry *oldest, *newest;
 	int64_t n, bytes, max_entries, max_bytes;
 	char last[RPC_REQUEST_ID_MAX + 1];
+	void (*requeue)(void *ctx, struct job *j);
+	void *requeue_ctx;
 };
 
-int replay_new(int64_t max_entries, int64_t max_bytes, struct replay **ret)
+static void on_finish(struct job *j, int rc, const struct eng_error *err);
+
+int replay_new(int64_t max_entries, int64_t max_bytes,
+	       void (*requeue)(void *ctx, struct job *j), void *ctx, struct replay **ret)
 {
 	struct replay *r = calloc(1, sizeof(*r));
 
@@ -52,6 +57,8 @@ int replay_new(int64_t max_entries, int64_t max_bytes, struct replay **ret)
 	}
 	r->max_entries = max_entries;
 	r->max_bytes = max_bytes;
+	r->requeue = requeue;
+	r->requeue_ctx = ctx;
 	pthread_mutex_init(&r->lock, NULL);
 	*ret = r;
 	return 0;
@@ -184,15 +191,21 @@ static void on_finish(struct job *j, int rc, const struct eng_error *err)
 	w = e->waiters;
 	e->waiters = NULL;
 	if (!j->ran) {
-		/* Refused before it ran: nothing applied, a retry must run. */
+		free(reply);
+		if (w) {
+			/* Refused before it ran: the first duplicate runs in its
+			 * place, the others wait on that one. */
+			e->waiters = w->next;
+			w->finish_hook = on_finish;
+			w->finish_ctx = e;
+			pthread_mutex_unlock(&r->lock);
+			r->requeue(r->requeue_ctx, w);
+			return;
+		}
+		/* Nothing applied and nobody waiting: a retry must run. */
 		unlink_entry(r, e);
 		pthread_mutex_unlock(&r->lock);
-		free(reply);
 		free(e);
-		for (; w; w = next) {
-			next = w->next;
-			answer(w, rc, &copy, NULL, 0, false);
-		}
 		return;
 	}
 	e->done = true;

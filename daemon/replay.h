@@ -14,7 +14,8 @@
  *    applied").
  * Only calls that ran are recorded: one refused before running (deadline
  * passed in the queue, cancelled, shutting down, invalid) leaves no entry,
- * so that its retry runs; duplicates waiting on it get the same refusal.
+ * so that its retry runs; a duplicate waiting on it runs in its place
+ * (handed back to the dispatcher through `requeue`).
  *
  * Bounds: at most `max_entries` ids (the oldest recorded ones are forgotten
  * first: a retry older than that window runs again) and `max_bytes` of
@@ -30,7 +31,8 @@
 
 struct replay;
 
-int replay_new(int64_t max_entries, int64_t max_bytes, struct replay **ret);
+int replay_new(int64_t max_entries, int64_t max_bytes,
+	       void (*requeue)(void *ctx, struct job *j), void *ctx, struct replay **ret);
 void replay_free(struct replay *r);   /* accepts NULL; no call may be pending */
 
 enum replay_verdict {

@@ -7,30 +7,45 @@
 
 #include "log.h"
 
-static const char *hold_file;
+static const char *hold_file, *safe_point_file;
+
+static const char *env_path(const char *name)
+{
+	const char *p = getenv(name);
+
+	if (!p || !p[0])
+		return NULL;
+	log_msg(LOG_LVL_WARN, "test hook: %s=%s (never set it in production)", name, p);
+	return p;
+}
 
 void test_hold_init(void)
 {
-	const char *p = getenv("ENGINED_TEST_HOLD_FILE");
-
-	hold_file = p && p[0] ? p : NULL;
-	if (hold_file)
-		log_msg(LOG_LVL_WARN,
-			"test hook: jobs wait while %s exists (ENGINED_TEST_HOLD_FILE; never set it in production)",
-			hold_file);
+	hold_file = env_path("ENGINED_TEST_HOLD_FILE");
+	safe_point_file = env_path("ENGINED_TEST_SAFE_POINT_FILE");
 }
 
-void test_hold_wait(const char *job)
+static void wait_while(const char *file, const char *what)
 {
 	const struct timespec tick = { 0, 1000000 };  /* 1 ms */
 	long waited = 0;
 
-	if (!hold_file || access(hold_file, F_OK) != 0)
+	if (!file || access(file, F_OK) != 0)
 		return;
-	log_msg(LOG_LVL_INFO, "test hook: %s held until %s is removed", job, hold_file);
-	while (access(hold_file, F_OK) == 0 && waited < TEST_HOLD_MAX_S * 1000L) {
+	log_msg(LOG_LVL_INFO, "test hook: %s held until %s is removed", what, file);
+	while (access(file, F_OK) == 0 && waited < TEST_HOLD_MAX_S * 1000L) {
 		nanosleep(&tick, NULL);
 		waited++;
 	}
-	log_msg(LOG_LVL_INFO, "test hook: %s released", job);
+	log_msg(LOG_LVL_INFO, "test hook: %s released", what);
+}
+
+void test_hold_wait(const char *job)
+{
+	wait_while(hold_file, job);
+}
+
+void test_hold_safe_point(void)
+{
+	wait_while(safe_point_file, "safe point");
 }

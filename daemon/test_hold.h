@@ -7,7 +7,10 @@
  * deadline passes, the watchdog held back, a shutdown grace that runs out)
  * hold one instead of sizing it to the machine's speed. A hold lasts at
  * most TEST_HOLD_MAX_S; the daemon logs a warning at start when the hook
- * is set. */
+ * is set.
+ * ENGINED_TEST_SAFE_POINT_FILE=PATH: the same at each safe point of a
+ * running job (between a ForwardBackward's micro-batches), so that a test
+ * can cancel a call part-way, deterministically. */
 #ifndef ENGINED_DAEMON_TEST_HOLD_H
 #define ENGINED_DAEMON_TEST_HOLD_H
 
@@ -17,5 +20,7 @@
 void test_hold_init(void);
 /* Engine thread: wait while the hold file exists (no-op when unset). */
 void test_hold_wait(const char *job);
+/* Engine thread, at a safe point: wait while the safe-point file exists. */
+void test_hold_safe_point(void);
 
 #endif

@@ -149,6 +149,13 @@ struct engine_batch {
 	int64_t max_tokens_per_micro_batch;  /* 0 = engine default */
 	engine_loss_fn loss_fn;     /* may be NULL when forward_only */
 	void *loss_ctx;
+	/* Polled between micro-batches (the call's safe points): true stops
+	 * the call with -ECANCELED and the gradients exactly as they were
+	 * before it (see the README: the cost is one gradient-sized copy when
+	 * the call adds to gradients of earlier calls, none otherwise). A
+	 * call past its last safe point completes. NULL: never. */
+	bool (*cancelled)(void *ctx);
+	void *cancel_ctx;
 };
 
 /* The one validation of a batch: 1 <= n <= ENGINE_MAX_TOKENS, every

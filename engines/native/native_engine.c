@@ -560,6 +560,26 @@ static int run_micro_batch(struct native *n, const struct engine_batch *b,
 	return 0;
 }
 
+/* A training call that failed or was cancelled after some micro-batches:
+ * the gradients back to what they were (zero, or the copy in undo). A
+ * failure here is the device's: the error says the gradients are lost. */
+static void undo_gradients(struct native *n, const float *undo, struct eng_error *err)
+{
+	size_t gbytes = (size_t)n->table.total * sizeof(float);
+	int rc;
+
+	if (undo)
+		rc = n->dev->ops->copy_d2d(n->dev, n->fam[FAM_GRADS].dev, undo, gbytes);
+	else if (n->grad_calls == 0)
+		rc = n->dev->ops->memset0(n->dev, n->fam[FAM_GRADS].dev, gbytes);
+	else
+		return;  /* not cancellable, and not a cancellation: as before */
+	if (rc) {
+		eng_error_clear(err);
+		eng_fail(err, rc, "ForwardBackward: failed and its gradients could not be undone");
+	}
+}
+
 static int native_forward_backward(struct engine *e, const struct engine_batch *b,
 				   struct engine_fb_result *res, struct eng_error *err)
 {
@@ -570,6 +590,8 @@ static int native_forward_backward(struct engine *e, const struct engine_batch *
 	struct mb_plan plan = {0};
 	struct mb_host h;
 	int64_t max_T = 0, max_B = 0;
+	float *undo = NULL;
+	int32_t k;
 	int rc;
 
 	rc = validate_batch(n, b, err);
@@ -597,10 +619,31 @@ static int native_forward_backward(struct engine *e, const struct engine_batch *
 		mb_plan_free(&plan);
 		return rc;
 	}
-	for (int32_t k = 0; k < plan.num_micro_batches && !rc; k++) {
+	/* A training call that may stop part-way keeps what undoes it: nothing
+	 * when the gradients are zero now (undo = zero them), else a copy. */
+	if (!b->forward_only && b->cancelled && n->grad_calls > 0 &&
+	    plan.num_micro_batches > 1) {
+		size_t gbytes = (size_t)n->table.total * sizeof(float);
+
+		undo = dalloc(n, gbytes);
+		rc = undo ? n->dev->ops->copy_d2d(n->dev, undo, n->fam[FAM_GRADS].dev, gbytes) :
+		     eng_fail(err, -ENOMEM, "cancellable call: no memory for a copy of the "
+			      "gradients (%zu bytes)", gbytes);
+	}
+	for (k = 0; k < plan.num_micro_batches && !rc; k++) {
+		if (k > 0 && b->cancelled && b->cancelled(b->cancel_ctx)) {
+			rc = eng_fail(err, -ECANCELED,
+				      "ForwardBackward: cancelled after %d of %d micro-batches (the "
+				      "client went away or its deadline passed); gradients as before",
+				      k, plan.num_micro_batches);
+			break;
+		}
 		mb_gather(b, &plan, k, &h);
 		rc = run_micro_batch(n, b, res, &h, 1.0f / temp, err);
 	}
+	if (rc && !b->forward_only && k > 0)
+		undo_gradients(n, undo, err);
+	dfree(n, undo);
 	res->num_micro_batches = plan.num_micro_batches;
 	if (rc == 0 && !b->forward_only) {
 		n->grad_calls++;

@@ -25,7 +25,7 @@ class Daemon:
     so that proc.pid is the daemon's."""
 
     def __init__(self, *extra_args, bin_path=None, listen="127.0.0.1:0", env=None,
-                 tmp=None, hold=False, wrap=None):
+                 tmp=None, hold=False, wrap=None, safe_points=False):
         self.bin = bin_path or os.environ.get("ENGINED_BIN", "build/daemon/engined")
         self.tmp = tmp or tempfile.mkdtemp(prefix="engined-it-")
         self.ckpt_root = os.path.join(self.tmp, "checkpoints")
@@ -42,6 +42,11 @@ class Daemon:
         self.hold_file = os.path.join(self.tmp, "hold") if hold else None
         if self.hold_file:
             full_env["ENGINED_TEST_HOLD_FILE"] = self.hold_file
+        # safe_points: hold_safe_points() makes running jobs wait at their
+        # safe points (between a ForwardBackward's micro-batches).
+        self.safe_point_file = os.path.join(self.tmp, "safe") if safe_points else None
+        if self.safe_point_file:
+            full_env["ENGINED_TEST_SAFE_POINT_FILE"] = self.safe_point_file
         self.proc = subprocess.Popen(list(wrap or []) + args, stdout=self.log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=full_env)
         deadline = time.time() + 20
@@ -65,6 +70,12 @@ class Daemon:
     def release(self):
         """A held job runs; later jobs run at once."""
         os.unlink(self.hold_file)
+
+    def hold_safe_points(self):
+        open(self.safe_point_file, "w").close()
+
+    def release_safe_points(self):
+        os.unlink(self.safe_point_file)
 
     def log_text(self):
         if not self.log.closed:

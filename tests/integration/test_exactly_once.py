@@ -169,3 +169,59 @@ def test_evicted_reply_answers_already_applied():
         c.close()
     finally:
         assert d.stop() == 0
+
+
+def two_micro_batches(c):
+    """A training ForwardBackward request of 2 micro-batches and its call."""
+    ids, lens = batch()
+    req = pb.ForwardBackwardRequest(
+        input_ids=pb.Tensor(dtype=pb.INT32, shape=[ids.size], data=ids.tobytes()),
+        seq_lens=lens, loss=pb.LossSpec(name="sft"), max_tokens_per_micro_batch=48)
+    call = c.channel.unary_unary("/engined.v1.TrainingEngine/ForwardBackward",
+                                 request_serializer=lambda m: m.SerializeToString(),
+                                 response_deserializer=pb.ForwardBackwardResponse.FromString)
+    return req, call
+
+
+def cancel_midway(d, c, request_id):
+    """A training ForwardBackward of 2 micro-batches, cancelled by its client
+    while it waits at the safe point after the first one."""
+    req, call = two_micro_batches(c)
+    marks = d.log_text().count("safe point held")
+    d.hold_safe_points()
+    fut = call.future(req, timeout=120, metadata=[("engined-request-id", request_id)])
+    wait_for(lambda: d.log_text().count("safe point held") > marks, "the first safe point")
+    fut.cancel()
+    d.release_safe_points()
+    wait_for(lambda: not c.get_status().busy, "the call to stop")
+    assert "cancelled after 1 of 2 micro-batches" in d.log_text()
+
+
+def test_cancelled_forward_backward_leaves_gradients_as_before():
+    """Cancelled part-way, a ForwardBackward leaves the gradients exactly
+    as before it: zero when it was the first since the step (no copy
+    needed), or those of the earlier calls (restored from a copy)."""
+    d = Daemon(safe_points=True)
+    try:
+        c = EngineClient(d.addr, timeout=120)
+        c.initialize(preset="tiny", seed=11, optimizer={"lr": 1e-3})
+        cancel_midway(d, c, "cancel-1")
+        s = c.get_status()
+        assert (s.accumulated_calls, s.accumulated_tokens) == (0, 0), s
+        assert c.optimizer_step().grad_norm == 0.0
+        # Onto an earlier call's gradients: the norm is that call's alone.
+        c.initialize(preset="tiny", seed=11, optimizer={"lr": 1e-3})
+        c.forward_backward(*batch(), loss="sft")
+        cancel_midway(d, c, "cancel-2")
+        assert c.get_status().accumulated_calls == 1
+        norm = c.optimizer_step().grad_norm
+        assert norm == single_step_norm(c), norm
+        # The cancelled call ran: its id keeps its outcome (CANCELLED).
+        req, call = two_micro_batches(c)
+        with pytest.raises(grpc.RpcError) as e:
+            call(req, timeout=60, metadata=[("engined-request-id", "cancel-2")])
+        assert e.value.code() == SC.CANCELLED and "gradients as before" in e.value.details()
+        assert c.get_status().accumulated_calls == 0
+        c.close()
+    finally:
+        assert d.stop() == 0
