@@ -203,7 +203,7 @@ static bool call_gone(void *call)
 /* A ForwardBackward's safe point (between micro-batches). */
 static bool fb_call_gone(void *call)
 {
-	test_hold_safe_point();
+	test_hold_safe_point(call_gone, call);
 	return rpc_call_cancelled(call);
 }
 

@@ -25,15 +25,17 @@ void test_hold_init(void)
 	safe_point_file = env_path("ENGINED_TEST_SAFE_POINT_FILE");
 }
 
-static void wait_while(const char *file, const char *what)
+/* Wait while `file` exists (and, with gone, until gone(ctx)). */
+static void wait_while(const char *file, const char *what, bool (*gone)(void *), void *ctx)
 {
 	const struct timespec tick = { 0, 1000000 };  /* 1 ms */
 	long waited = 0;
 
-	if (!file || access(file, F_OK) != 0)
+	if (!file || access(file, F_OK) != 0 || (gone && gone(ctx)))
 		return;
 	log_msg(LOG_LVL_INFO, "test hook: %s held until %s is removed", what, file);
-	while (access(file, F_OK) == 0 && waited < TEST_HOLD_MAX_S * 1000L) {
+	while (access(file, F_OK) == 0 && !(gone && gone(ctx)) &&
+	       waited < TEST_HOLD_MAX_S * 1000L) {
 		nanosleep(&tick, NULL);
 		waited++;
 	}
@@ -42,10 +44,10 @@ static void wait_while(const char *file, const char *what)
 
 void test_hold_wait(const char *job)
 {
-	wait_while(hold_file, job);
+	wait_while(hold_file, job, NULL, NULL);
 }
 
-void test_hold_safe_point(void)
+void test_hold_safe_point(bool (*gone)(void *ctx), void *ctx)
 {
-	wait_while(safe_point_file, "safe point");
+	wait_while(safe_point_file, "safe point", gone, ctx);
 }

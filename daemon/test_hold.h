@@ -8,11 +8,14 @@
  * hold one instead of sizing it to the machine's speed. A hold lasts at
  * most TEST_HOLD_MAX_S; the daemon logs a warning at start when the hook
  * is set.
- * ENGINED_TEST_SAFE_POINT_FILE=PATH: the same at each safe point of a
- * running job (between a ForwardBackward's micro-batches), so that a test
- * can cancel a call part-way, deterministically. */
+ * ENGINED_TEST_SAFE_POINT_FILE=PATH: at each safe point of a running job
+ * (between a ForwardBackward's micro-batches), wait while PATH exists and
+ * the call is not cancelled: a test cancels a call part-way, and the job
+ * goes on only once the daemon has seen the cancellation. */
 #ifndef ENGINED_DAEMON_TEST_HOLD_H
 #define ENGINED_DAEMON_TEST_HOLD_H
+
+#include <stdbool.h>
 
 #define TEST_HOLD_MAX_S 300
 
@@ -20,7 +23,8 @@
 void test_hold_init(void);
 /* Engine thread: wait while the hold file exists (no-op when unset). */
 void test_hold_wait(const char *job);
-/* Engine thread, at a safe point: wait while the safe-point file exists. */
-void test_hold_safe_point(void);
+/* Engine thread, at a safe point: wait while the safe-point file exists
+ * and gone(ctx) is false. */
+void test_hold_safe_point(bool (*gone)(void *ctx), void *ctx);
 
 #endif

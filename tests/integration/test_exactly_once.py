@@ -191,9 +191,9 @@ def cancel_midway(d, c, request_id):
     d.hold_safe_points()
     fut = call.future(req, timeout=120, metadata=[("engined-request-id", request_id)])
     wait_for(lambda: d.log_text().count("safe point held") > marks, "the first safe point")
-    fut.cancel()
-    d.release_safe_points()
+    fut.cancel()  # the safe point lets the job go once the daemon sees this
     wait_for(lambda: not c.get_status().busy, "the call to stop")
+    d.release_safe_points()
     assert "cancelled after 1 of 2 micro-batches" in d.log_text()
 
 
