@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
+#include <time.h>
 
 #include "grpc/health/v1/health.pb-c.h"
 #include "io/fileio.h"
@@ -19,7 +21,42 @@
 struct ec_client {
 	struct ect_channel *ch;
 	int64_t timeout_ms;
+	int retries;                  /* ec_set_retries */
+	int64_t backoff_ms;
 };
+
+/* The calls that change the engine's state: each carries a fresh request
+ * id, with which it is retried (engine.proto's header). */
+static const char *const state_changing[] = {
+	"Initialize", "SetMode", "ForwardBackward", "OptimizerStep", "ZeroGrad",
+	"LrSchedulerStep", "ToDevice", "SaveCheckpoint", "LoadCheckpoint",
+};
+
+static bool changes_state(const char *name)
+{
+	for (size_t i = 0; i < sizeof(state_changing) / sizeof(state_changing[0]); i++)
+		if (!strcmp(state_changing[i], name))
+			return true;
+	return false;
+}
+
+int ec_new_request_id(char buf[EC_REQUEST_ID_LEN])
+{
+	uint8_t b[16];
+	ssize_t n = getrandom(b, sizeof(b), 0);
+
+	if (n != (ssize_t)sizeof(b))
+		return -EIO;
+	for (int i = 0; i < 16; i++)
+		snprintf(buf + 2 * i, 3, "%02x", b[i]);
+	return 0;
+}
+
+void ec_set_retries(struct ec_client *c, int retries, int64_t backoff_ms)
+{
+	c->retries = retries > 0 ? retries : 0;
+	c->backoff_ms = backoff_ms > 0 ? backoff_ms : 0;
+}
 
 static const char *const code_names[] = {
 	"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
@@ -148,9 +185,29 @@ void ec_free(void *reply)
 int ec_call_raw(struct ec_client *c, const char *method, const void *req, size_t len,
 		uint8_t **ret, size_t *ret_len, struct ec_status *st)
 {
-	char msg[ECT_MSG_MAX] = "";
-	int r = ect_unary(c->ch, method, req, len, c->timeout_ms, ret, ret_len, msg);
+	return ec_call_raw_id(c, method, req, len, NULL, ret, ret_len, st);
+}
 
+int ec_call_raw_id(struct ec_client *c, const char *method, const void *req, size_t len,
+		   const char *request_id, uint8_t **ret, size_t *ret_len, struct ec_status *st)
+{
+	char msg[ECT_MSG_MAX] = "";
+	int64_t delay = c->backoff_ms;
+	int r;
+
+	for (int attempt = 0;; attempt++) {
+		r = ect_unary(c->ch, method, req, len, c->timeout_ms, request_id, ret, ret_len, msg);
+		/* Only a call with an id is safe to send again. */
+		if (!request_id || attempt >= c->retries ||
+		    (r != EC_UNAVAILABLE && r != EC_DEADLINE_EXCEEDED))
+			break;
+		if (delay > 0) {
+			struct timespec ts = { delay / 1000, (delay % 1000) * 1000000L };
+
+			nanosleep(&ts, NULL);
+			delay *= 2;
+		}
+	}
 	return set_st(st, r, msg);
 }
 
@@ -160,7 +217,7 @@ static int call_msg(struct ec_client *c, const ProtobufCServiceDescriptor *svc,
 		    const char *name, const ProtobufCMessage *req, void **ret,
 		    struct ec_status *st)
 {
-	char path[128];
+	char path[128], rid[EC_REQUEST_ID_LEN];
 	const ProtobufCMethodDescriptor *md = service_method(svc, NULL, name, path, sizeof(path));
 	size_t len = protobuf_c_message_get_packed_size(req), rlen = 0;
 	uint8_t *buf, *resp = NULL;
@@ -173,7 +230,12 @@ static int call_msg(struct ec_client *c, const ProtobufCServiceDescriptor *svc,
 	if (!buf)
 		return set_st(st, EC_RESOURCE_EXHAUSTED, "out of memory");
 	protobuf_c_message_pack(req, buf);
-	r = ec_call_raw(c, path, buf, len, &resp, &rlen, st);
+	if (changes_state(name) && ec_new_request_id(rid) < 0) {
+		free(buf);
+		return set_st(st, EC_INTERNAL, "client: no random bytes for a request id");
+	}
+	r = ec_call_raw_id(c, path, buf, len, changes_state(name) ? rid : NULL, &resp, &rlen,
+			   st);
 	free(buf);
 	if (r)
 		return r;

@@ -526,6 +526,8 @@ static const struct ctl_opt global_opts[] = {
 	{ "addr", required_argument, 'a', "ADDR",
 	  "daemon address (default 127.0.0.1:50051; unix:PATH)" },
 	{ "timeout", required_argument, 't', "SEC", "deadline of each call (default: none)" },
+	{ "retries", required_argument, 'r', "N",
+	  "send a call that failed UNAVAILABLE or DEADLINE_EXCEEDED again, with its request id (default 0)" },
 	{ "tls-ca", required_argument, 'C', "PEM", "TLS: check the server's certificate with this CA" },
 	{ "tls-cert", required_argument, 'c', "PEM", "mutual TLS: the client's certificate chain" },
 	{ "tls-key", required_argument, 'k', "PEM", "mutual TLS: its private key" },
@@ -586,6 +588,7 @@ static void parse_global(int argc, char **argv)
 		switch (o) {
 		case 'a': ctl_addr = optarg; break;
 		case 't': ctl_timeout_s = ctl_double_arg("timeout", optarg, 0, 1e9); break;
+		case 'r': ctl_retries = (int)ctl_int_arg("retries", optarg, 0, 100); break;
 		case 'C': ctl_sec.tls_ca_file = optarg; break;
 		case 'c': ctl_sec.tls_cert_file = optarg; break;
 		case 'k': ctl_sec.tls_key_file = optarg; break;

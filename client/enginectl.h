@@ -39,6 +39,7 @@ struct ctl_command {
 /* The global options, set by main before a command runs. */
 extern const char *ctl_addr;
 extern double ctl_timeout_s;
+extern int ctl_retries;
 extern struct ec_options ctl_sec;
 
 /* The command being run (NULL while the global options are parsed):

@@ -17,6 +17,7 @@
 
 const char *ctl_addr = "127.0.0.1:50051";
 double ctl_timeout_s;
+int ctl_retries;
 struct ec_options ctl_sec;
 const struct ctl_command *ctl_cur;
 
@@ -235,5 +236,6 @@ struct ec_client *ctl_connect(void)
 	}
 	if (ctl_timeout_s > 0)
 		ec_set_timeout_ms(c, (int64_t)(ctl_timeout_s * 1000));
+	ec_set_retries(c, ctl_retries, 200);
 	return c;
 }

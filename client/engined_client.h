@@ -82,6 +82,17 @@ int ec_health_check(struct ec_client *c, const char *service, int *ret_serving,
 /* Any method with raw request bytes (tests, tools); *ret is malloc'ed. */
 int ec_call_raw(struct ec_client *c, const char *method, const void *req, size_t len,
 		uint8_t **ret, size_t *ret_len, struct ec_status *st);
+/* The same with a request id (NULL: none), retried as ec_set_retries says. */
+int ec_call_raw_id(struct ec_client *c, const char *method, const void *req, size_t len,
+		   const char *request_id, uint8_t **ret, size_t *ret_len, struct ec_status *st);
+
+/* Exactly-once calls (engine.proto's header): every state-changing call
+ * carries a fresh request id; a call that fails UNAVAILABLE or
+ * DEADLINE_EXCEEDED is sent again with the same id up to `retries` times,
+ * backoff_ms apart (doubling). The default is no retry. */
+#define EC_REQUEST_ID_LEN 33           /* 32 hex digits and the NUL */
+void ec_set_retries(struct ec_client *c, int retries, int64_t backoff_ms);
+int ec_new_request_id(char buf[EC_REQUEST_ID_LEN]);
 
 /* --- weights: GetPerTensorParam as an iterator of whole tensors -------- */
 

@@ -33,10 +33,11 @@ int ect_open_secure(const char *target, int64_t max_recv_bytes,
 		    char msg[ECT_MSG_MAX]);
 void ect_close(struct ect_channel *ch);  /* accepts NULL */
 
-/* One unary call. timeout_ms <= 0: no deadline. On OK *ret_resp is a
- * malloc'ed copy of the reply (caller frees). */
+/* One unary call. timeout_ms <= 0: no deadline. request_id: the
+ * `engined-request-id` metadata, or NULL. On OK *ret_resp is a malloc'ed
+ * copy of the reply (caller frees). */
 int ect_unary(struct ect_channel *ch, const char *method, const void *req, size_t len,
-	      int64_t timeout_ms, uint8_t **ret_resp, size_t *ret_len,
+	      int64_t timeout_ms, const char *request_id, uint8_t **ret_resp, size_t *ret_len,
 	      char msg[ECT_MSG_MAX]);
 
 /* A server stream: open sends the request; next returns 1 with a message

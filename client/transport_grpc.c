@@ -199,9 +199,11 @@ static grpc_call *call_new(struct ect_channel *ch, grpc_completion_queue *cq,
 }
 
 int ect_unary(struct ect_channel *ch, const char *method, const void *req, size_t len,
-	      int64_t timeout_ms, uint8_t **ret_resp, size_t *ret_len,
+	      int64_t timeout_ms, const char *request_id, uint8_t **ret_resp, size_t *ret_len,
 	      char msg[ECT_MSG_MAX])
 {
+	grpc_metadata md[2];
+	size_t n_md = 0;
 	grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
 	grpc_call *call = call_new(ch, cq, method, timeout_ms);
 	grpc_metadata_array md_initial, md_trailing;
@@ -219,10 +221,15 @@ int ect_unary(struct ect_channel *ch, const char *method, const void *req, size_
 	grpc_metadata_array_init(&md_trailing);
 	memset(ops, 0, sizeof(ops));
 	ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-	if (ch->has_auth) {
-		ops[0].data.send_initial_metadata.count = 1;
-		ops[0].data.send_initial_metadata.metadata = &ch->auth_md;
+	memset(md, 0, sizeof(md));
+	if (ch->has_auth)
+		md[n_md++] = ch->auth_md;
+	if (request_id) {
+		md[n_md].key = grpc_slice_from_static_string("engined-request-id");
+		md[n_md++].value = grpc_slice_from_copied_string(request_id);
 	}
+	ops[0].data.send_initial_metadata.count = n_md;
+	ops[0].data.send_initial_metadata.metadata = n_md ? md : NULL;
 	ops[1].op = GRPC_OP_SEND_MESSAGE;
 	ops[1].data.send_message.send_message = send_bb;
 	ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -259,6 +266,8 @@ out:
 	grpc_slice_unref(details);
 	grpc_metadata_array_destroy(&md_initial);
 	grpc_metadata_array_destroy(&md_trailing);
+	if (request_id)
+		grpc_slice_unref(md[n_md - 1].value);
 	grpc_call_unref(call);
 	cq_destroy(cq);
 	return r;

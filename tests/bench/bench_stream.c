@@ -322,7 +322,7 @@ static void latency(struct ect_channel *ch, const char *method, int n, double *p
 		size_t rl = 0;
 		double t0 = now_s();
 
-		(void)ect_unary(ch, method, "", 0, 0, &resp, &rl, msg);
+		(void)ect_unary(ch, method, "", 0, 0, NULL, &resp, &rl, msg);
 		t[i] = now_s() - t0;
 		free(resp);
 	}

@@ -288,6 +288,52 @@ static int start_daemon(const char *bin)
 	return 0;
 }
 
+/* Request ids from the C client: a repeat of an id gets the first call's
+ * reply and does not run again; fresh ids are 32 hex digits, distinct. */
+START_TEST(test_request_ids)
+{
+	struct ec_client *c = client();
+	Engined__V1__InitializeRequest ir = ENGINED__V1__INITIALIZE_REQUEST__INIT;
+	Engined__V1__InitializeResponse *ires = NULL;
+	Engined__V1__OptimizerStepRequest q = ENGINED__V1__OPTIMIZER_STEP_REQUEST__INIT;
+	Engined__V1__OptimizerStepResponse *a, *b;
+	Engined__V1__GetStatusResponse *s = NULL;
+	char id1[EC_REQUEST_ID_LEN], id2[EC_REQUEST_ID_LEN];
+	const char *path = "/engined.v1.TrainingEngine/OptimizerStep";
+	uint8_t req[8], *r1 = NULL, *r2 = NULL;
+	size_t len, l1 = 0, l2 = 0;
+	struct ec_status st;
+
+	ir.preset = "tiny";
+	ck_assert_int_eq(ec_initialize(c, &ir, &ires, &st), 0);
+	ec_free(ires);
+	ck_assert_int_eq(ec_new_request_id(id1), 0);
+	ck_assert_int_eq(ec_new_request_id(id2), 0);
+	ck_assert_int_eq((int)strlen(id1), 32);
+	ck_assert_int_eq((int)strspn(id1, "0123456789abcdef"), 32);
+	ck_assert_str_ne(id1, id2);
+	len = protobuf_c_message_pack(&q.base, req);
+	ec_set_retries(c, 2, 10);
+	ck_assert_int_eq(ec_call_raw_id(c, path, req, len, id1, &r1, &l1, &st), 0);
+	ck_assert_int_eq(ec_call_raw_id(c, path, req, len, id1, &r2, &l2, &st), 0);
+	a = engined__v1__optimizer_step_response__unpack(NULL, l1, r1);
+	b = engined__v1__optimizer_step_response__unpack(NULL, l2, r2);
+	ck_assert_ptr_nonnull(a);
+	ck_assert_ptr_nonnull(b);
+	ck_assert_int_eq(a->step, 1);
+	ck_assert_int_eq(b->step, 1);  /* replayed, not run again */
+	ck_assert_int_eq(ec_get_status(c, &s, &st), 0);
+	ck_assert_int_eq(s->step, 1);
+	ck_assert_str_eq(s->last_request_id, id1);
+	ec_free(s);
+	ec_free(a);
+	ec_free(b);
+	free(r1);
+	free(r2);
+	ec_close(c);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
 	const char *bin = argc > 1 ? argv[1] : getenv("ENGINED_BIN");
@@ -308,6 +354,7 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, test_before_init);
 	tcase_add_test(tc, test_full_cycle);
 	tcase_add_test(tc, test_stream_cancel);
+	tcase_add_test(tc, test_request_ids);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_set_fork_status(sr, CK_NOFORK);

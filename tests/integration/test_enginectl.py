@@ -31,7 +31,7 @@ COMMANDS = {
     "demo": ["--preset NAME", "--sft-steps N", "--ppo-steps N", "--checkpoint-root DIR"],
     "help": [],
 }
-GLOBAL = ["--addr ADDR", "--timeout SEC", "--tls-ca PEM", "--tls-cert PEM", "--tls-key PEM",
+GLOBAL = ["--addr ADDR", "--timeout SEC", "--retries N", "--tls-ca PEM", "--tls-cert PEM", "--tls-key PEM",
           "--tls-server-name NAME", "--token-file FILE", "--version", "-h, --help"]
 
 
