@@ -200,7 +200,8 @@ static bool call_gone(void *call)
 	return rpc_call_cancelled(call);
 }
 
-/* A ForwardBackward's safe point (between micro-batches). */
+/* A running call's safe point (between a ForwardBackward's micro-batches,
+ * between a SaveCheckpoint's files). */
 static bool fb_call_gone(void *call)
 {
 	test_hold_safe_point(call_gone, call);
@@ -564,8 +565,12 @@ int h_run_save_checkpoint(struct daemon *d, struct job *j, struct eng_error *err
 	size_t bytes = 0;
 	int r;
 
+	/* Its safe points (between files, before the commit) stop it when the
+	 * client is gone, with nothing saved. */
+	engine_set_cancel(d->engine, fb_call_gone, j->call);
 	r = daemon_save_checkpoint(d, c->rel, q->global_step, q->max_to_keep, c->contents,
 				   &bytes, err);
+	engine_set_cancel(d->engine, NULL, NULL);
 	if (r < 0)
 		return r;
 	j->m_saved = true;

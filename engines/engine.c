@@ -14,6 +14,8 @@ struct engine {
 	bool no_auto_offload;      /* disable_auto_offload of the current mode */
 	bool param_offload;
 	bool optimizer_offload;
+	bool (*cancelled)(void *ctx);   /* engine_set_cancel */
+	void *cancel_ctx;
 };
 
 void engine_init_config_defaults(struct engine_init_config *cfg)
@@ -32,6 +34,17 @@ void engine_init_config_defaults(struct engine_init_config *cfg)
 	cfg->sched.type = LR_SCHEDULE_CONSTANT;
 	cfg->sched.num_cycles = 0.5;
 	cfg->max_tokens_per_micro_batch = 4096;
+}
+
+void engine_set_cancel(struct engine *e, bool (*cancelled)(void *ctx), void *ctx)
+{
+	e->cancelled = cancelled;
+	e->cancel_ctx = ctx;
+}
+
+bool engine_cancelled(struct engine *e)
+{
+	return e->cancelled && e->cancelled(e->cancel_ctx);
 }
 
 void *engine_impl(struct engine *e)

@@ -350,6 +350,13 @@ int engine_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 			   int64_t *ret_global_step, struct eng_error *err);
 void engine_status(struct engine *e, struct engine_status *ret);
 
+/* Cancellation of the calls that follow (SaveCheckpoint's safe points:
+ * between its files and before it commits): true stops the call with
+ * -ECANCELED and nothing of it visible. NULL: never. engine_cancelled
+ * polls it (for implementations). */
+void engine_set_cancel(struct engine *e, bool (*cancelled)(void *ctx), void *ctx);
+bool engine_cancelled(struct engine *e);
+
 /* For engine implementations: the per-engine private pointer and the
  * offload policy the mode context applies. */
 void *engine_impl(struct engine *e);

@@ -51,6 +51,17 @@ static int write_families(struct native *n, struct ckpt_writer *w, const char *f
 	return ckpt_writer_record(w, file, bytes, xxh, err);
 }
 
+/* A safe point of a save: cancelled, the temporary directory goes and
+ * nothing was saved. */
+static int save_cancelled(struct engine *e, const char *after, struct eng_error *err)
+{
+	if (!engine_cancelled(e))
+		return 0;
+	return eng_fail(err, -ECANCELED,
+			"SaveCheckpoint: cancelled after writing %s (the client went away or its "
+			"deadline passed); nothing was saved", after);
+}
+
 int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_step,
 			   int max_to_keep, unsigned contents, size_t *ret_bytes,
 			   struct eng_error *err)
@@ -81,6 +92,8 @@ int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_ste
 		n->dev->ops->host_free(n->dev, owned[0]);
 		owned[0] = NULL;
 	}
+	if (rc == 0 && (contents & CKPT_MODEL))
+		rc = save_cancelled(e, "model.safetensors", err);
 	if (rc == 0 && (contents & CKPT_OPTIMIZER)) {
 		rc = native_family_read(n, FAM_EXP_AVG, &data[0], &owned[0], err);
 		if (rc == 0)
@@ -90,6 +103,8 @@ int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_ste
 		n->dev->ops->host_free(n->dev, owned[0]);
 		n->dev->ops->host_free(n->dev, owned[1]);
 	}
+	if (rc == 0)
+		rc = save_cancelled(e, "the files", err);
 	if (rc) {
 		ckpt_writer_abort(w);
 		return rc;

@@ -225,3 +225,37 @@ def test_cancelled_forward_backward_leaves_gradients_as_before():
         c.close()
     finally:
         assert d.stop() == 0
+
+
+def test_cancelled_save_leaves_the_previous_checkpoint():
+    """A SaveCheckpoint cancelled at a safe point (after its model file)
+    leaves the previous checkpoint and `latest` as they were and no partial
+    directory; the next save works."""
+    import os
+    d = Daemon(safe_points=True)
+    try:
+        c = EngineClient(d.addr, timeout=120)
+        c.initialize(preset="tiny", seed=3)
+        c.save_checkpoint("run/step-1", global_step=1)
+        run = os.path.join(d.ckpt_root, "run")
+        before = sorted(os.listdir(run))
+        latest = open(os.path.join(run, "latest")).read()
+        call = c.channel.unary_unary("/engined.v1.TrainingEngine/SaveCheckpoint",
+                                     request_serializer=lambda m: m.SerializeToString(),
+                                     response_deserializer=pb.SaveCheckpointResponse.FromString)
+        d.hold_safe_points()
+        fut = call.future(pb.SaveCheckpointRequest(path="run/step-2", global_step=2),
+                          timeout=120, metadata=[("engined-request-id", "save-2")])
+        wait_for(lambda: "safe point held" in d.log_text(), "the save's first safe point")
+        fut.cancel()
+        wait_for(lambda: not c.get_status().busy, "the save to stop")
+        d.release_safe_points()
+        assert "SaveCheckpoint: cancelled after writing model.safetensors" in d.log_text()
+        assert sorted(os.listdir(run)) == before, os.listdir(run)
+        assert open(os.path.join(run, "latest")).read() == latest
+        assert c.load_checkpoint("run/step-1") == 1
+        r = c.save_checkpoint("run/step-2", global_step=2)
+        assert r.path == "run/step-2" and c.load_checkpoint("run/step-2") == 2
+        c.close()
+    finally:
+        assert d.stop() == 0
