@@ -618,7 +618,9 @@ int h_run_load_checkpoint(struct daemon *d, struct job *j, struct eng_error *err
 	if (r < 0)
 		return r;
 	stream_wait_released(d);
+	engine_set_cancel(d->engine, fb_call_gone, j->call);
 	r = engine_load_checkpoint(d->engine, pin.path, c->contents, &step, err);
+	engine_set_cancel(d->engine, NULL, NULL);
 	r = paths_pin_result(&pin, r, err);
 	paths_unpin(&pin);
 	if (r < 0)

@@ -351,8 +351,9 @@ int engine_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 void engine_status(struct engine *e, struct engine_status *ret);
 
 /* Cancellation of the calls that follow (SaveCheckpoint's safe points:
- * between its files and before it commits): true stops the call with
- * -ECANCELED and nothing of it visible. NULL: never. engine_cancelled
+ * between its files and before it commits; LoadCheckpoint's: once the
+ * checkpoint is checked, before any state changes): true stops the call
+ * with -ECANCELED and nothing of it visible. NULL: never. engine_cancelled
  * polls it (for implementations). */
 void engine_set_cancel(struct engine *e, bool (*cancelled)(void *ctx), void *ctx);
 bool engine_cancelled(struct engine *e);

@@ -217,6 +217,11 @@ int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 		if (rc == 0)
 			rc = check_shapes(n, &files[f], err);
 	}
+	/* The load's one safe point: everything is checked, nothing changed. */
+	if (rc == 0 && engine_cancelled(e))
+		rc = eng_fail(err, -ECANCELED,
+			      "LoadCheckpoint: cancelled before it changed anything (the client went "
+			      "away or its deadline passed)");
 	for (int f = 0; f < 3 && !rc; f++)
 		if (want[f] && !native_family_host_ptr(n, files[f].family))
 			staging = true;

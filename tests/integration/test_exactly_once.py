@@ -259,3 +259,32 @@ def test_cancelled_save_leaves_the_previous_checkpoint():
         c.close()
     finally:
         assert d.stop() == 0
+
+
+def test_cancelled_load_changes_nothing():
+    """A LoadCheckpoint cancelled at its safe point (checked, nothing
+    changed) leaves weights and step as they were."""
+    d = Daemon(safe_points=True)
+    try:
+        c = EngineClient(d.addr, timeout=120)
+        c.initialize(preset="tiny", seed=3)
+        c.save_checkpoint("ck", global_step=7)
+        c.forward_backward(*batch(), loss="sft")
+        c.optimizer_step()
+        w = {k: v.copy() for k, v in c.stream_weights()}
+        call = c.channel.unary_unary("/engined.v1.TrainingEngine/LoadCheckpoint",
+                                     request_serializer=lambda m: m.SerializeToString(),
+                                     response_deserializer=pb.LoadCheckpointResponse.FromString)
+        d.hold_safe_points()
+        fut = call.future(pb.LoadCheckpointRequest(path="ck"), timeout=120)
+        wait_for(lambda: "safe point held" in d.log_text(), "the load's safe point")
+        fut.cancel()
+        wait_for(lambda: not c.get_status().busy, "the load to stop")
+        d.release_safe_points()
+        assert "LoadCheckpoint: cancelled before it changed anything" in d.log_text()
+        assert c.get_status().step == 1
+        assert all(np.array_equal(w[k], v) for k, v in c.stream_weights())
+        assert c.load_checkpoint("ck") == 7 and c.get_status().step == 0
+        c.close()
+    finally:
+        assert d.stop() == 0
