@@ -13,8 +13,8 @@ from ._api import Api, _loss_spec, _MODES, _PER_TOKEN, param_request  # noqa: F4
 from ._pb import pb  # noqa: F401
 from ._rpc import (REQUEST_ID_KEY, RETRYABLE, SERVICE, STATE_CHANGING, Attempts,  # noqa: F401
                    EngineError, channel_options, credentials, wrap)
-from .tensors import (DTYPES as _DTYPES, Assembler, _bf16_dtype, np_dtype as _np_dtype,  # noqa: F401
-                      tensor, to_numpy, to_torch)
+from .tensors import DTYPES as _DTYPES, np_dtype as _np_dtype  # noqa: F401
+from .tensors import Assembler, _bf16_dtype, tensor, to_numpy, to_torch  # noqa: F401
 
 # The names this module had before the shared ones moved to _rpc.py.
 _SVC = SERVICE
