@@ -1,6 +1,7 @@
 """Integration tests: the real engined driven through the Python client
 (client/python) — every RPC, the full RL iteration, the bad-input matrix,
-streaming, cancellation, concurrency, shutdown, and grpclib interop.
+streaming (bf16 as ml_dtypes or uint16 bits, torch), cancellation,
+concurrency, the asyncio client, shutdown, and grpclib interop.
 
 The tests share one daemon (the `daemon` and `client` fixtures of
 conftest.py) and run in file order: later ones rely on the engine that
@@ -10,6 +11,9 @@ ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/tests/integratio
 /usr/bin/python3 -m pytest tests/integration/test_daemon.py [-k name]
 (or build/venv-pypi/bin/python without PYTHONPATH: the venv's installed client).
 """
+import asyncio
+import dataclasses
+import inspect
 import json
 import os
 import signal
@@ -23,7 +27,8 @@ import pytest
 
 from daemon_fixture import Daemon
 
-from engined_client import EngineClient, EngineError, pb
+import engined_client
+from engined_client import AsyncEngineClient, EngineClient, EngineError, pb
 
 SC = grpc.StatusCode
 VOCAB = 1024  # preset tiny
@@ -330,6 +335,48 @@ def test_stream_buckets_and_filters(client):
                  field="bucket_bytes")
 
 
+def bf16_rne_bits(a):
+    """float32 a rounded to nearest even bf16: the bit patterns (numpy only)."""
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def test_bf16_weights(client):
+    """stream_weights("bfloat16"): ml_dtypes.bfloat16 arrays where ml_dtypes
+    imports (the PyPI venv must have it: ENGINED_EXPECT_ML_DTYPES=1), else
+    uint16 bit patterns; either way the float32 weights rounded to nearest
+    even. as_torch=True: torch.bfloat16 tensors of the same bits."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        ml_dtypes = None
+    if os.environ.get("ENGINED_EXPECT_ML_DTYPES") == "1":
+        assert ml_dtypes is not None, "ml_dtypes is not installed (a dependency of the package)"
+    assert engined_client.HAVE_ML_DTYPES == (ml_dtypes is not None)
+    w32 = weights(client)
+    bf = weights(client, "bfloat16")
+    assert set(bf) == set(w32)
+    for k, a in w32.items():
+        b = bf[k]
+        assert b.dtype == (ml_dtypes.bfloat16 if ml_dtypes else np.uint16), (k, b.dtype)
+        assert b.shape == a.shape and np.array_equal(b.view(np.uint16), bf16_rne_bits(a)), k
+        if ml_dtypes:
+            assert np.array_equal(a.astype(ml_dtypes.bfloat16).view(np.uint16), b.view(np.uint16))
+    try:
+        import torch
+    except ImportError:
+        return
+    names = ["model.norm.weight", "model.embed_tokens.weight"]
+    tb = dict(client.stream_weights("bfloat16", names=names, as_torch=True))
+    tf = dict(client.stream_weights("float32", names=names, as_torch=True))
+    for k in names:
+        assert tb[k].dtype == torch.bfloat16 and tuple(tb[k].shape) == w32[k].shape
+        assert np.array_equal(tb[k].view(torch.int16).numpy().view(np.uint16),
+                              bf16_rne_bits(w32[k])), k
+        assert tf[k].dtype == torch.float32 and np.array_equal(tf[k].numpy(), w32[k])
+        assert torch.equal(tb[k], torch.from_numpy(w32[k]).to(torch.bfloat16)), k
+
+
 def test_stream_cancel_frees_engine(daemon, client):
     it = client.get_per_tensor_param(bucket_bytes=1024)
     next(it)
@@ -492,6 +539,131 @@ def test_value_model():
         c.close()
     finally:
         d.stop()
+
+
+async def _value(x):
+    return (await x) if inspect.isawaitable(x) else x
+
+
+async def _sequence(c):
+    """Every RPC once, in an order that uses each, through either client
+    (the async client's coroutines are awaited); the last two calls issued
+    together (gather): a forward pass and a GetStatus."""
+    ids, lens = batch(30)
+    out = [await _value(c.health()),
+           await _value(c.initialize(preset="tiny", seed=21, optimizer={"lr": 1e-3},
+                                     lr_scheduler={"type": "cosine", "warmup_steps": 1,
+                                                   "total_steps": 10})),
+           await _value(c.set_mode("train")),
+           await _value(c.forward_backward(ids, lens, loss="sft", return_log_probs=True,
+                                           return_entropy=True)),
+           await _value(c.optimizer_step()),
+           await _value(c.lr_scheduler_step()),
+           await _value(c.forward_backward(ids, lens, loss="sft")),
+           await _value(c.zero_grad()),
+           await _value(c.to_device("cpu")),
+           await _value(c.to_device("device")),
+           await _value(c.save_checkpoint("a/ck", global_step=3)),
+           await _value(c.load_checkpoint("a/ck")),
+           await _value(c.set_mode("eval"))]
+    fb, st = await asyncio.gather(
+        _value(c.forward_backward(ids, lens, forward_only=True, return_log_probs=True)),
+        _value(c.get_status()))
+    final = await _value(c.get_status())
+    return out + [fb], st, final
+
+
+def _stable(st):
+    """A Status without what differs between two daemons or with timing."""
+    return dataclasses.replace(st, uptime=0.0, last_request_id="", busy=False, current_job="",
+                               queued_jobs=0, memory=dataclasses.replace(st.memory, rss_bytes=0))
+
+
+def test_async_client_matches_sync():
+    """The same calls through EngineClient and AsyncEngineClient on two
+    daemons from the same seed: equal typed results (floats and arrays
+    bit for bit), of the same types; the streams give the same weights."""
+    d1, d2 = Daemon(), Daemon()
+    try:
+        with EngineClient(d1.addr, timeout=120) as c:
+            want, want_st, want_final = asyncio.run(_sequence(c))
+            want_w = {k: v.copy() for k, v in c.stream_weights()}
+            want_bf = {k: v.copy() for k, v in c.stream_weights("bfloat16", bucket_bytes=4096)}
+
+        async def main():
+            async with AsyncEngineClient(d2.addr, timeout=120) as c:
+                got = await _sequence(c)
+                w = {k: v.copy() async for k, v in c.stream_weights()}
+                bf = {k: v.copy() async for k, v in c.stream_weights("bfloat16",
+                                                                        bucket_bytes=4096)}
+                st = await c.get_status()
+                return got, w, bf, st
+        (got, got_st, got_final), got_w, got_bf, after = asyncio.run(main())
+    finally:
+        assert d1.stop() == 0 and d2.stop() == 0
+    assert [type(x) for x in got] == [type(x) for x in want]
+    assert got == want
+    types = [str, engined_client.InitializeResult, engined_client.SetModeResult,
+             engined_client.ForwardBackwardResult, engined_client.StepResult,
+             engined_client.LrResult, engined_client.ForwardBackwardResult, type(None),
+             engined_client.Placement, engined_client.Placement, engined_client.SaveResult,
+             engined_client.LoadResult, engined_client.SetModeResult,
+             engined_client.ForwardBackwardResult]
+    assert [type(x) for x in got] == types
+    assert got[0] == "SERVING" and got[11] == 3 and got[10].path == "a/ck"
+    assert got[3]["log_probs"] is not None and got[3].entropy is not None
+    assert got[8] == engined_client.Placement(False, False, False)
+    assert isinstance(got_st, engined_client.Status) and _stable(got_st) == _stable(want_st)
+    assert _stable(got_final) == _stable(want_final)
+    assert got_final.step == 1 and got_final.mode == pb.MODE_EVAL and not got_final.busy
+    assert len(got_final.last_request_id) == 32 and after.initialized
+    assert set(got_w) == set(want_w) and set(got_bf) == set(want_bf)
+    for k in want_w:
+        assert np.array_equal(got_w[k], want_w[k]), k
+        assert got_bf[k].dtype == want_bf[k].dtype and np.array_equal(
+            got_bf[k].view(np.uint16), want_bf[k].view(np.uint16)), k
+
+
+def test_async_next_call_queued_while_one_runs():
+    """With the async client a controller queues its next call while one
+    runs: a held ForwardBackward runs, a second waits in the daemon's queue,
+    GetStatus answers meanwhile; once released both finish with the results
+    the sync client gets for the same calls."""
+    d = Daemon(hold=True)
+    try:
+        ids, lens = batch(31)
+        with EngineClient(d.addr, timeout=120) as c:
+            c.initialize(preset="tiny", seed=5)
+            ref = c.forward_backward(ids, lens, forward_only=True, return_log_probs=True)
+            ref_st = c.get_status()
+
+        async def until(c, cond, what):
+            for _ in range(30000):
+                st = await c.get_status()
+                if cond(st):
+                    return st
+                await asyncio.sleep(0.002)
+            raise AssertionError("timed out waiting for " + what)
+
+        async def main():
+            async with AsyncEngineClient(d.addr, timeout=120) as c:
+                d.hold()
+                first = asyncio.ensure_future(c.forward_backward(
+                    ids, lens, forward_only=True, return_log_probs=True))
+                running = await until(c, lambda s: s.busy, "the first call to run")
+                second = asyncio.ensure_future(c.forward_backward(
+                    ids, lens, forward_only=True, return_log_probs=True))
+                queued = await until(c, lambda s: s.queued_jobs == 1, "the second to queue")
+                assert not first.done() and not second.done()
+                d.release()
+                r1, r2, st = await asyncio.gather(first, second, c.get_status())
+                return running, queued, r1, r2, await c.get_status()
+        running, queued, r1, r2, st = asyncio.run(main())
+    finally:
+        assert d.stop() == 0
+    assert running.current_job == "ForwardBackward" and queued.busy
+    assert r1 == ref and r2 == ref and np.array_equal(r1.log_probs, ref["log_probs"])
+    assert _stable(st) == _stable(ref_st) and not st.busy and st.queued_jobs == 0
 
 
 def test_grpclib_interop(daemon, client):

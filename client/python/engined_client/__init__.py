@@ -1,6 +1,22 @@
-"""engined_client — Python client of engined (see client.py)."""
-from .client import EngineClient, EngineError, pb  # noqa: F401
-from .custom import forward_backward_custom  # noqa: F401
+"""engined_client — Python client of engined.
 
-__all__ = ["EngineClient", "EngineError", "pb", "forward_backward_custom"]
-__version__ = "0.1.0"
+EngineClient (client.py) and AsyncEngineClient (aio.py, asyncio) have one
+method per RPC of engined.v1.TrainingEngine and return the typed results
+of results.py; tensors.py holds the numpy / bfloat16 / torch helpers.
+"""
+from ._pb import pb  # noqa: F401
+from ._rpc import REQUEST_ID_KEY, EngineError  # noqa: F401
+from .aio import AsyncEngineClient  # noqa: F401
+from .client import EngineClient  # noqa: F401
+from .custom import forward_backward_custom  # noqa: F401
+from .results import (ForwardBackwardResult, InitializeResult, LoadResult,  # noqa: F401
+                      LrResult, Memory, Mode, Placement, SaveResult, SetModeResult,
+                      Status, StepResult)
+from .tensors import HAVE_ML_DTYPES, tensor, to_numpy, to_torch  # noqa: F401
+
+__all__ = ["EngineClient", "AsyncEngineClient", "EngineError", "pb", "REQUEST_ID_KEY",
+           "forward_backward_custom",
+           "ForwardBackwardResult", "InitializeResult", "LoadResult", "LrResult",
+           "Memory", "Mode", "Placement", "SaveResult", "SetModeResult", "Status",
+           "StepResult", "HAVE_ML_DTYPES", "tensor", "to_numpy", "to_torch"]
+__version__ = "0.2.0"

@@ -1,2 +1,2 @@
-# Generated protobuf stubs of engine.proto live here (engine_pb2.py, made by
-# setup.py at build time; not committed).
+# The messages of engine.proto live here (engine_pb2.py and engine.proto, put
+# here by setup.py when the package is built; never in the source tree).

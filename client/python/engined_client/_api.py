@@ -1,0 +1,221 @@
+"""The RPC methods of both clients, written once: each builds its request
+and hands it to the client's _rpc(method, request, reply_class, convert,
+timeout, request_id), which sends it (the request id and retries of
+_rpc.Attempts) and returns convert(reply): EngineClient at once, and
+AsyncEngineClient as a coroutine (aio.py wraps each method in `async def`)."""
+import json
+
+import numpy as np
+
+from . import results as R
+from ._pb import pb
+from .tensors import DTYPES, tensor
+
+_MODES = {"idle": pb.MODE_IDLE, "train": pb.MODE_TRAIN, "eval": pb.MODE_EVAL}
+
+# The request's per-token FLOAT32 arrays (the loss library's table,
+# engines/loss/loss.h LOSS_REQUEST_INPUTS): the proto's Tensor fields but the
+# INT32 ones (input_ids, target_ids).
+_PER_TOKEN = tuple(f.name for f in pb.ForwardBackwardRequest.DESCRIPTOR.fields
+                   if f.message_type is not None and f.message_type.name == "Tensor"
+                   and f.name not in ("input_ids", "target_ids"))
+
+
+def _loss_spec(loss, options):
+    if loss is None:
+        return None
+    opts = dict(options or {})
+    if isinstance(loss, dict):
+        loss = dict(loss)
+        name = loss.pop("name")
+        opts.update(loss)
+    else:
+        name = loss
+
+    def text(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, float):
+            return repr(v)
+        return str(v)
+    return pb.LossSpec(name=name, options={k: text(v) for k, v in opts.items()})
+
+
+def _none(_reply):
+    return None
+
+
+def _placement(reply):
+    return R.Placement.from_proto(reply.placement)
+
+
+def _health(raw):
+    status = raw[1] if len(raw) >= 2 and raw[0] == 0x08 else 0
+    return {1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}.get(status, "UNKNOWN")
+
+
+def _health_request(service):
+    """grpc.health.v1.HealthCheckRequest{service} (field 1, a string)."""
+    s = service.encode()
+    if not s:
+        return b""
+    n, size = len(s), bytearray()
+    while True:
+        if n < 0x80:
+            size.append(n)
+            break
+        size.append(n & 0x7F | 0x80)
+        n >>= 7
+    return b"\x0a" + bytes(size) + s
+
+
+def _raw(reply):
+    return reply
+
+
+def param_request(dtype="float32", names=None, bucket_bytes=0):
+    dt = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    return pb.GetPerTensorParamRequest(dtype=dt, names=list(names or []),
+                                       bucket_bytes=bucket_bytes)
+
+
+class Api:
+    """The methods of engined.v1.TrainingEngine (see EngineClient)."""
+
+    # The methods aio.AsyncEngineClient turns into coroutines.
+    RPC_METHODS = ("initialize", "set_mode", "forward_backward", "optimizer_step",
+                   "zero_grad", "lr_scheduler_step", "to_device", "save_checkpoint",
+                   "load_checkpoint", "get_status", "health", "call_raw")
+
+    def initialize(self, *, preset="", hf_config_json="", model_path="",
+                   model_type="", backend="", device="", seed=0, optimizer=None,
+                   lr_scheduler=None, offload=None, max_tokens_per_micro_batch=0,
+                   dist=None, bf16_matmul=False, timeout=None, request_id=None):
+        """Build the engine. Exactly one of preset, hf_config_json (a dict or
+        the JSON text), model_path. optimizer / lr_scheduler / offload / dist:
+        dicts of the proto fields. Returns an InitializeResult (engine_key,
+        num_parameters, num_tensors)."""
+        if isinstance(hf_config_json, dict):
+            hf_config_json = json.dumps(hf_config_json)
+        req = pb.InitializeRequest(
+            preset=preset, hf_config_json=hf_config_json, model_path=model_path,
+            model_type=model_type, backend=backend, device=device, seed=seed,
+            max_tokens_per_micro_batch=max_tokens_per_micro_batch,
+            bf16_matmul=bf16_matmul)
+        if optimizer:
+            req.optimizer.CopyFrom(pb.OptimizerConfig(**optimizer))
+        if lr_scheduler:
+            req.lr_scheduler.CopyFrom(pb.LrSchedulerConfig(**lr_scheduler))
+        if offload:
+            req.offload.CopyFrom(pb.OffloadConfig(**offload))
+        if dist:
+            req.dist.CopyFrom(pb.DistConfig(**dist))
+        return self._rpc("Initialize", req, pb.InitializeResponse,
+                         R.InitializeResult.from_proto, timeout, request_id)
+
+    def set_mode(self, mode, disable_auto_offload=False, timeout=None, request_id=None):
+        """mode: "idle" | "train" | "eval" (or a Mode / pb.Mode value).
+        Returns a SetModeResult (mode, placement)."""
+        m = _MODES[mode] if isinstance(mode, str) else int(mode)
+        return self._rpc("SetMode", pb.SetModeRequest(
+            mode=m, disable_auto_offload=disable_auto_offload),
+            pb.SetModeResponse, R.SetModeResult.from_proto, timeout, request_id)
+
+    def forward_backward(self, input_ids, seq_lens, *, loss=None, loss_options=None,
+                         forward_only=False, temperature=1.0,
+                         return_log_probs=False, return_entropy=False,
+                         return_values=False, max_tokens_per_micro_batch=0,
+                         target_ids=None, timeout=None, request_id=None, **per_token):
+        """input_ids: int32 [N] (packed); seq_lens: sum N. loss: a name
+        ("sft", "ppo", ...) or a dict {"name": ..., option: value}; options
+        are stringified. Per-token float32 [N] arrays by keyword: loss_mask,
+        old_log_probs, ref_log_probs, advantages, returns, old_values,
+        is_weights, token_weights; grad_log_probs, grad_entropy,
+        grad_values with loss="custom" (see forward_backward_custom).
+        target_ids: int32 [N], the token each entry's log-prob is of
+        (default: the next token). request_id: this call's id (default: a
+        fresh one). Returns a ForwardBackwardResult: loss, metrics,
+        num_micro_batches and the numpy outputs asked for (log_probs,
+        entropy, values; None otherwise); r["loss"] works too."""
+        unknown = set(per_token) - set(_PER_TOKEN)
+        if unknown:
+            raise TypeError("unknown per-token arrays: %s" % ", ".join(sorted(unknown)))
+        req = pb.ForwardBackwardRequest(
+            input_ids=tensor(np.asarray(input_ids, dtype=np.int32).reshape(-1), pb.INT32),
+            seq_lens=[int(s) for s in seq_lens], forward_only=forward_only,
+            temperature=temperature, return_log_probs=return_log_probs,
+            return_entropy=return_entropy, return_values=return_values,
+            max_tokens_per_micro_batch=max_tokens_per_micro_batch)
+        if target_ids is not None:
+            req.target_ids.CopyFrom(
+                tensor(np.asarray(target_ids, dtype=np.int32).reshape(-1), pb.INT32))
+        spec = _loss_spec(loss, loss_options)
+        if spec is not None:
+            req.loss.CopyFrom(spec)
+        for k, v in per_token.items():
+            if v is not None:
+                getattr(req, k).CopyFrom(
+                    tensor(np.asarray(v, dtype=np.float32).reshape(-1), pb.FLOAT32))
+        return self._rpc("ForwardBackward", req, pb.ForwardBackwardResponse,
+                         R.ForwardBackwardResult.from_proto, timeout, request_id)
+
+    def optimizer_step(self, timeout=None, request_id=None, **params):
+        """Clip, AdamW, zero the gradients. params: this step's lr, beta1,
+        beta2, eps, weight_decay, clip_grad in place of the configured ones
+        (0 is a value: lr=0.0 applies only the weight decay). Returns a
+        StepResult (grad_norm, skipped, lr, step)."""
+        return self._rpc("OptimizerStep", pb.OptimizerStepRequest(**params),
+                         pb.OptimizerStepResponse, R.StepResult.from_proto, timeout,
+                         request_id)
+
+    def zero_grad(self, timeout=None, request_id=None):
+        """Drop the gradients accumulated since the last step. Returns None."""
+        return self._rpc("ZeroGrad", pb.ZeroGradRequest(), pb.ZeroGradResponse, _none,
+                         timeout, request_id)
+
+    def lr_scheduler_step(self, timeout=None, request_id=None):
+        """Advance the schedule. Returns the new lr: an LrResult (a float)."""
+        return self._rpc("LrSchedulerStep", pb.LrSchedulerStepRequest(),
+                         pb.LrSchedulerStepResponse, R.LrResult.from_proto, timeout,
+                         request_id)
+
+    def to_device(self, device, model=True, optimizer=True, grad=True, timeout=None,
+                  request_id=None):
+        """device: "cpu"/"host" (offload) or "cuda"/"device". Returns the
+        Placement after the move."""
+        return self._rpc("ToDevice", pb.ToDeviceRequest(
+            device=device, model=model, optimizer=optimizer, grad=grad),
+            pb.ToDeviceResponse, _placement, timeout, request_id)
+
+    def save_checkpoint(self, path, global_step=0, max_to_keep=0, contents=None,
+                        timeout=None, request_id=None):
+        """path: relative to the daemon's checkpoint root. contents: any of
+        "model", "optimizer", "extra" (empty: all). Returns a SaveResult
+        (path as saved, bytes)."""
+        return self._rpc("SaveCheckpoint", pb.SaveCheckpointRequest(
+            path=path, global_step=global_step, max_to_keep=max_to_keep,
+            contents=list(contents or [])), pb.SaveCheckpointResponse,
+            R.SaveResult.from_proto, timeout, request_id)
+
+    def load_checkpoint(self, path, contents=None, timeout=None, request_id=None):
+        """Returns the checkpoint's global step: a LoadResult (an int)."""
+        return self._rpc("LoadCheckpoint", pb.LoadCheckpointRequest(
+            path=path, contents=list(contents or [])),
+            pb.LoadCheckpointResponse, R.LoadResult.from_proto, timeout, request_id)
+
+    def get_status(self, timeout=None):
+        """Returns a Status (every GetStatusResponse field)."""
+        return self._rpc("GetStatus", pb.GetStatusRequest(), pb.GetStatusResponse,
+                         R.Status.from_proto, timeout)
+
+    def health(self, service="", timeout=None):
+        """grpc.health.v1.Health/Check: "SERVING" or "NOT_SERVING"."""
+        return self._rpc_raw("/grpc.health.v1.Health/Check", _health_request(service),
+                             timeout, _health)
+
+    def call_raw(self, method, data, timeout=None):
+        """Any method path with raw request bytes; returns raw reply bytes."""
+        return self._rpc_raw(method, data, timeout, _raw)
+
+    def _timeout(self, timeout):
+        return timeout if timeout is not None else self.timeout

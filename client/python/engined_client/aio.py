@@ -1,0 +1,141 @@
+"""AsyncEngineClient: the asyncio client (grpc.aio). The same methods as
+EngineClient, each a coroutine returning the same typed result, so a
+controller can keep its next call queued on the daemon while one runs:
+
+    async with AsyncEngineClient(addr) as c:
+        fb, st = await asyncio.gather(c.forward_backward(ids, lens, loss="sft"),
+                                      c.get_status())
+        async for name, array in c.stream_weights(dtype="bfloat16"):
+            ...
+
+Request ids and retries are EngineClient's (one definition in _rpc.py).
+Make the client inside the event loop that uses it (grpc.aio binds a
+channel to the loop it first runs in).
+"""
+import asyncio
+import functools
+
+import grpc
+import grpc.aio
+
+from ._api import Api, param_request
+from ._pb import pb
+from ._rpc import (SERVICE, Attempts, auth_metadata, channel_options, credentials,
+                   wrap)
+from .tensors import Assembler
+
+
+class AsyncEngineClient(Api):
+    """An asyncio client; arguments as EngineClient's (channel: a
+    grpc.aio.Channel). Every RPC method is a coroutine with EngineClient's
+    signature and result; stream_weights is an async generator and
+    get_per_tensor_param returns the grpc.aio call (async-iterable,
+    .cancel()). Close with `await c.close()` or `async with`."""
+
+    def __init__(self, target="127.0.0.1:50051", timeout=None,
+                 max_message_bytes=1 << 30, options=None, token=None,
+                 root_certificates=None, certificate_chain=None, private_key=None,
+                 server_name=None, retries=0, retry_backoff=0.2, channel=None):
+        self.target = target
+        self.timeout = timeout
+        if channel is None:
+            opts = channel_options(max_message_bytes, server_name, options)
+            creds = credentials(root_certificates, certificate_chain, private_key)
+            if creds is not None:
+                channel = grpc.aio.secure_channel(target, creds, options=opts)
+            else:
+                channel = grpc.aio.insecure_channel(target, options=opts)
+        self.channel = channel
+        # The token goes into each call's metadata (grpc.aio's interceptors
+        # would do the same, one object per call kind).
+        self._auth = auth_metadata(token)
+        self._unary = {}
+        self.retries = retries
+        self.retry_backoff = retry_backoff
+
+    async def close(self):
+        await self.channel.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    # --- plumbing ---------------------------------------------------------
+
+    async def _call(self, method, req, resp_cls, timeout=None, request_id=None):
+        """Send req to `method` (the request id and retries of
+        _rpc.Attempts); returns the reply message."""
+        f = self._unary.get(method)
+        if f is None:
+            f = self.channel.unary_unary(
+                SERVICE + method, request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=resp_cls.FromString)
+            self._unary[method] = f
+        attempts = Attempts(method, self.retries, self.retry_backoff, request_id, self._auth)
+        while True:
+            try:
+                return await f(req, timeout=self._timeout(timeout),
+                               metadata=attempts.metadata)
+            except grpc.RpcError as e:
+                delay = attempts.retry_delay(e)
+                if delay is None:
+                    raise wrap(e) from None
+            await asyncio.sleep(delay)
+
+    async def _rpc(self, method, req, resp_cls, convert, timeout=None, request_id=None):
+        return convert(await self._call(method, req, resp_cls, timeout, request_id))
+
+    async def _rpc_raw(self, method, data, timeout, convert):
+        f = self.channel.unary_unary(method)
+        try:
+            return convert(await f(data, timeout=self._timeout(timeout),
+                                   metadata=self._auth or None))
+        except grpc.RpcError as e:
+            raise wrap(e) from None
+
+    # --- weights ----------------------------------------------------------
+
+    def get_per_tensor_param(self, dtype="float32", names=None, bucket_bytes=0,
+                             timeout=None):
+        """The raw stream of ParamBucket messages: a grpc.aio call (`async
+        for`; .cancel() stops it)."""
+        f = self.channel.unary_stream(
+            SERVICE + "GetPerTensorParam", request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=pb.ParamBucket.FromString)
+        return f(param_request(dtype, names, bucket_bytes), timeout=self._timeout(timeout),
+                 metadata=self._auth or None)
+
+    async def stream_weights(self, dtype="float32", names=None, bucket_bytes=0,
+                             timeout=None, as_torch=False):
+        """Async generator of (name, array): EngineClient.stream_weights
+        (bfloat16 as ml_dtypes.bfloat16, uint16 bits without ml_dtypes;
+        as_torch for torch tensors). To stop early, close it (`await
+        gen.aclose()`, or `async with contextlib.aclosing(gen)`): that
+        cancels the stream at once."""
+        asm = Assembler(as_torch)
+        call = self.get_per_tensor_param(dtype, names, bucket_bytes, timeout)
+        try:
+            async for bucket in call:
+                for item in asm.feed(bucket):
+                    yield item
+            asm.finish()
+        except grpc.RpcError as e:
+            raise wrap(e) from None
+        finally:
+            call.cancel()
+
+
+def _coroutine(name):
+    impl = getattr(Api, name)
+
+    @functools.wraps(impl)
+    async def method(self, *args, **kwargs):
+        return await impl(self, *args, **kwargs)
+    return method
+
+
+for _name in Api.RPC_METHODS:
+    setattr(AsyncEngineClient, _name, _coroutine(_name))
+del _name

@@ -1,0 +1,267 @@
+"""Typed results of the RPCs: one small frozen dataclass per reply, its
+fields named as the reply message's fields in engine.proto (so code that
+read the protobuf replies, r.step or st.placement.model, reads these
+unchanged). Both clients return the same types.
+
+  initialize        -> InitializeResult
+  set_mode          -> SetModeResult (mode: Mode, placement: Placement)
+  forward_backward  -> ForwardBackwardResult (also a read-only mapping:
+                       r["loss"] is r.loss, as when it was a dict)
+  optimizer_step    -> StepResult
+  zero_grad         -> None
+  lr_scheduler_step -> LrResult (a float, the new lr; also .lr)
+  to_device         -> Placement
+  save_checkpoint   -> SaveResult
+  load_checkpoint   -> LoadResult (an int, the global step; also .global_step)
+  get_status        -> Status (placement: Placement, memory: Memory)
+
+Results compare with == field by field (arrays by shape, dtype and values),
+so two replies of one request id compare equal.
+"""
+import dataclasses
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+import numpy as np
+
+from ._pb import pb
+from .tensors import to_numpy
+
+
+class Mode(enum.IntEnum):
+    """engined.v1.Mode; equal to the protobuf values (Mode.TRAIN == pb.MODE_TRAIN)."""
+    UNSPECIFIED = 0
+    IDLE = 1
+    TRAIN = 2
+    EVAL = 3
+
+
+def _mode(v):
+    try:
+        return Mode(v)
+    except ValueError:  # a mode this client does not know (a newer daemon)
+        return int(v)
+
+
+def _from(cls, msg, **convert):
+    """cls from the protobuf message msg: each field of cls is msg's field
+    of that name, through convert[name] when given."""
+    return cls(**{f.name: convert.get(f.name, _same)(getattr(msg, f.name))
+                  for f in dataclasses.fields(cls)})
+
+
+def _same(v):
+    return v
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where each state family lives: True = on the compute device."""
+    model: bool
+    optimizer: bool
+    grad: bool
+
+    @classmethod
+    def from_proto(cls, m):
+        return _from(cls, m)
+
+
+@dataclass(frozen=True)
+class Memory:
+    device_bytes: int
+    host_bytes: int
+    rss_bytes: int
+
+    @classmethod
+    def from_proto(cls, m):
+        return _from(cls, m)
+
+
+@dataclass(frozen=True)
+class InitializeResult:
+    engine_key: str
+    num_parameters: int
+    num_tensors: int
+
+    @classmethod
+    def from_proto(cls, m):
+        return _from(cls, m)
+
+
+@dataclass(frozen=True)
+class SetModeResult:
+    mode: Mode
+    placement: Placement
+
+    @classmethod
+    def from_proto(cls, m):
+        return _from(cls, m, mode=_mode, placement=Placement.from_proto)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """OptimizerStep: grad_norm before clipping; skipped: non-finite norm,
+    no update; lr used; step: optimizer steps taken so far."""
+    grad_norm: float
+    skipped: bool
+    lr: float
+    step: int
+
+    @classmethod
+    def from_proto(cls, m):
+        return _from(cls, m)
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    path: str    # relative to the daemon's checkpoint root
+    bytes: int
+
+    @classmethod
+    def from_proto(cls, m):
+        return _from(cls, m)
+
+
+@dataclass(frozen=True)
+class Status:
+    """GetStatus: every field of GetStatusResponse."""
+    engine_key: str
+    mode: Mode
+    placement: Placement
+    step: int
+    lr: float
+    num_parameters: int
+    memory: Memory
+    version: str
+    uptime: float
+    busy: bool
+    initialized: bool
+    sched_step: int
+    current_job: str
+    queued_jobs: int
+    accumulated_calls: int
+    accumulated_tokens: int
+    last_request_id: str
+
+    @classmethod
+    def from_proto(cls, m):
+        return _from(cls, m, mode=_mode, placement=Placement.from_proto,
+                     memory=Memory.from_proto)
+
+
+class LrResult(float):
+    """LrSchedulerStep: the new learning rate. A float (what
+    lr_scheduler_step always returned) that also has .lr."""
+    __slots__ = ()
+
+    @property
+    def lr(self):
+        return float(self)
+
+    def __repr__(self):
+        return "LrResult(lr=%r)" % float(self)
+
+    @classmethod
+    def from_proto(cls, m):
+        return cls(m.lr)
+
+
+class LoadResult(int):
+    """LoadCheckpoint: the loaded checkpoint's global step. An int (what
+    load_checkpoint always returned) that also has .global_step."""
+    __slots__ = ()
+
+    @property
+    def global_step(self):
+        return int(self)
+
+    def __repr__(self):
+        return "LoadResult(global_step=%d)" % int(self)
+
+    @classmethod
+    def from_proto(cls, m):
+        return cls(m.global_step)
+
+
+def _array(t):
+    return to_numpy(t)
+
+
+def _equal(a, b):
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+                and a.dtype == b.dtype and np.array_equal(a, b))
+    return a == b
+
+
+@dataclass(frozen=True, eq=False)
+class ForwardBackwardResult(Mapping):
+    """ForwardBackward: loss, metrics (name -> float), num_micro_batches,
+    and the per-token float32 [N] outputs asked for (log_probs, entropy,
+    values; None when not asked). Also a read-only mapping of those six
+    keys (r["loss"], r["log_probs"], dict(r)), as the dict it replaced."""
+    loss: float
+    metrics: Dict[str, float]
+    num_micro_batches: int
+    log_probs: Optional[np.ndarray] = None
+    entropy: Optional[np.ndarray] = None
+    values: Optional[np.ndarray] = None
+
+    @classmethod
+    def from_proto(cls, m):
+        return cls(loss=m.loss, metrics=dict(m.metrics), num_micro_batches=m.num_micro_batches,
+                   log_probs=_array(m.log_probs) if m.HasField("log_probs") else None,
+                   entropy=_array(m.entropy) if m.HasField("entropy") else None,
+                   values=_array(m.values) if m.HasField("values") else None)
+
+    # Mapping: the fields by name.
+    def __getitem__(self, key):
+        if key in _FB_KEYS:
+            return getattr(self, key)
+        raise KeyError(key)
+
+    def __iter__(self):
+        return iter(_FB_KEYS)
+
+    def __len__(self):
+        return len(_FB_KEYS)
+
+    def __eq__(self, other):
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return set(other.keys()) == set(_FB_KEYS) and all(
+            _equal(self[k], other[k]) for k in _FB_KEYS)
+
+    def __ne__(self, other):
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    __hash__ = None
+
+    def __repr__(self):
+        def show(v):
+            if isinstance(v, np.ndarray):
+                return "array(%s, shape=%s)" % (v.dtype, v.shape)
+            return repr(v)
+        return "ForwardBackwardResult(%s)" % ", ".join(
+            "%s=%s" % (k, show(getattr(self, k))) for k in _FB_KEYS)
+
+
+_FB_KEYS = tuple(f.name for f in dataclasses.fields(ForwardBackwardResult))
+
+# Each typed result and the reply message it stands for (tests check that
+# every field of the message is there).
+REPLY_TYPES = {
+    InitializeResult: pb.InitializeResponse,
+    SetModeResult: pb.SetModeResponse,
+    ForwardBackwardResult: pb.ForwardBackwardResponse,
+    StepResult: pb.OptimizerStepResponse,
+    LrResult: pb.LrSchedulerStepResponse,
+    Placement: pb.Placement,
+    SaveResult: pb.SaveCheckpointResponse,
+    LoadResult: pb.LoadCheckpointResponse,
+    Status: pb.GetStatusResponse,
+    Memory: pb.Memory,
+}

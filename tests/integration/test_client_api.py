@@ -1,0 +1,379 @@
+"""The Python client without a daemon: typed results against engine.proto,
+both clients' method sets, request ids and retries through fake channels
+(deterministic: scripted failures, no timing), weight reassembly, bf16 and
+torch conversions. Run with Debian's python (source tree) and with the PyPI
+venv (the installed package), like test_daemon.py:
+PYTHONPATH=client/python:build/tests/integration /usr/bin/python3 -m pytest
+tests/integration/test_client_api.py
+"""
+import asyncio
+import dataclasses
+import inspect
+import os
+import re
+
+import grpc
+import numpy as np
+import pytest
+
+import engined_client
+from engined_client import (AsyncEngineClient, EngineClient, EngineError, ForwardBackwardResult,
+                            LoadResult, LrResult, Mode, StepResult, pb, results, tensors)
+from engined_client import _api, _rpc, aio, client as client_mod
+
+SC = grpc.StatusCode
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROTO = os.path.join(HERE, "..", "..", "proto", "engined", "v1", "engine.proto")
+
+
+def snake(name):
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+# --- typed results against the contract ---------------------------------------
+
+def test_every_reply_field_is_in_its_result():
+    for cls, msg in results.REPLY_TYPES.items():
+        proto_fields = [f.name for f in msg.DESCRIPTOR.fields]
+        if dataclasses.is_dataclass(cls):
+            assert sorted(f.name for f in dataclasses.fields(cls)) == sorted(proto_fields), cls
+        else:  # LrResult / LoadResult: a number standing for the one field
+            assert len(proto_fields) == 1 and hasattr(cls(0), proto_fields[0]), cls
+
+
+def test_results_from_replies():
+    st = pb.GetStatusResponse(engine_key="k", mode=pb.MODE_TRAIN, step=3, lr=0.5, busy=True,
+                              queued_jobs=2, accumulated_calls=4, last_request_id="id-1",
+                              placement=pb.Placement(model=True, grad=True),
+                              memory=pb.Memory(device_bytes=7, host_bytes=8, rss_bytes=9))
+    s = results.Status.from_proto(st)
+    assert (s.engine_key, s.step, s.lr, s.busy, s.queued_jobs, s.accumulated_calls,
+            s.last_request_id) == ("k", 3, 0.5, True, 2, 4, "id-1")
+    assert s.mode == pb.MODE_TRAIN and s.mode is Mode.TRAIN
+    assert s.placement == results.Placement(model=True, optimizer=False, grad=True)
+    assert s.placement.optimizer is False
+    assert s.memory == results.Memory(7, 8, 9)
+    assert s == results.Status.from_proto(st) and hash(s) == hash(results.Status.from_proto(st))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.step = 4
+    # A mode this client does not know stays a number.
+    assert results.Status.from_proto(pb.GetStatusResponse(mode=9)).mode == 9
+
+
+def test_step_results_compare_by_value():
+    a = StepResult.from_proto(pb.OptimizerStepResponse(grad_norm=1.5, lr=1e-3, step=2))
+    b = StepResult.from_proto(pb.OptimizerStepResponse(grad_norm=1.5, lr=1e-3, step=2))
+    c = StepResult.from_proto(pb.OptimizerStepResponse(grad_norm=1.5, lr=1e-3, step=3))
+    assert a == b and a != c and (a.grad_norm, a.skipped, a.lr, a.step) == (1.5, False, 1e-3, 2)
+
+
+def test_lr_and_load_results_are_numbers():
+    lr = LrResult.from_proto(pb.LrSchedulerStepResponse(lr=0.25))
+    assert lr == 0.25 and lr.lr == 0.25 and isinstance(lr, float) and lr > 0
+    g = LoadResult.from_proto(pb.LoadCheckpointResponse(global_step=7))
+    assert g == 7 and g.global_step == 7 and isinstance(g, int)
+    assert repr(g) == "LoadResult(global_step=7)"
+
+
+def test_forward_backward_result_is_a_mapping():
+    m = pb.ForwardBackwardResponse(loss=2.5, metrics={"num_tokens": 10.0}, num_micro_batches=2)
+    m.log_probs.CopyFrom(engined_client.tensor(np.array([0.0, -1.5, -2.0], np.float32)))
+    r = ForwardBackwardResult.from_proto(m)
+    assert r.loss == r["loss"] == 2.5 and r["metrics"]["num_tokens"] == 10.0
+    assert r.num_micro_batches == 2 and r.entropy is None and r["values"] is None
+    assert r.log_probs.dtype == np.float32 and list(r["log_probs"]) == [0.0, -1.5, -2.0]
+    assert set(r) == {"loss", "metrics", "num_micro_batches", "log_probs", "entropy", "values"}
+    assert "loss" in r and "nope" not in r and r.get("nope") is None
+    with pytest.raises(KeyError):
+        r["nope"]
+    # Equality: arrays by value (as the dict it replaced, compared key by key).
+    again = ForwardBackwardResult.from_proto(pb.ForwardBackwardResponse.FromString(
+        m.SerializeToString()))
+    assert r == again and not (r != again) and r == dict(r)
+    other = dict(r, log_probs=np.array([0.0, -1.5, -2.5], np.float32))
+    assert r != other and r != dict(r, loss=2.0)
+    assert r != dict(r, log_probs=None)
+    with pytest.raises(TypeError):
+        hash(r)
+    assert "shape=(3,)" in repr(r)
+
+
+# --- the two clients' methods ---------------------------------------------------
+
+def test_both_clients_have_every_rpc():
+    svc = pb.DESCRIPTOR.services_by_name["TrainingEngine"]
+    names = {snake(m.name) for m in svc.methods}
+    for cls in (EngineClient, AsyncEngineClient):
+        for n in names:
+            assert callable(getattr(cls, n, None)), (cls, n)
+    assert "stream_weights" in dir(AsyncEngineClient)
+    for n in _api.Api.RPC_METHODS:
+        fn = getattr(AsyncEngineClient, n)
+        assert inspect.iscoroutinefunction(fn), n
+        assert inspect.signature(fn) == inspect.signature(getattr(EngineClient, n)), n
+    assert inspect.isasyncgenfunction(AsyncEngineClient.stream_weights)
+    assert (inspect.signature(AsyncEngineClient.stream_weights)
+            == inspect.signature(EngineClient.stream_weights))
+
+
+def test_request_ids_are_defined_once():
+    assert aio.Attempts is client_mod.Attempts is _rpc.Attempts
+    assert client_mod._STATE_CHANGING is _rpc.STATE_CHANGING
+    assert client_mod._RETRYABLE is _rpc.RETRYABLE
+    assert engined_client.REQUEST_ID_KEY == client_mod.REQUEST_ID_KEY == "engined-request-id"
+    # The state-changing methods are the ones engine.proto's header names.
+    with open(PROTO) as f:
+        text = " ".join(line.lstrip("/ ").strip() for line in f)
+    listed = re.search(r"a state-changing call \(([^)]*)\)", text).group(1)
+    assert set(re.findall(r"\w+", listed)) == set(_rpc.STATE_CHANGING)
+    svc = {m.name for m in pb.DESCRIPTOR.services_by_name["TrainingEngine"].methods}
+    assert _rpc.STATE_CHANGING <= svc
+
+
+def test_backoff_doubles_and_stops():
+    a = _rpc.Attempts("OptimizerStep", retries=3, backoff=0.2)
+    err = FakeRpcError(SC.UNAVAILABLE)
+    assert [a.retry_delay(err) for _ in range(4)] == [0.2, 0.4, 0.8, None]
+    assert _rpc.Attempts("OptimizerStep", 3).retry_delay(FakeRpcError(SC.INTERNAL)) is None
+    g = _rpc.Attempts("GetStatus", 3)
+    assert g.metadata is None and g.retry_delay(err) is None
+
+
+# --- retries through fake channels ------------------------------------------------
+
+class FakeRpcError(grpc.RpcError):
+    def __init__(self, code):
+        super().__init__(code.name)
+        self._code = code
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return "fake " + self._code.name
+
+
+class FakeChannel:
+    """A channel whose unary calls answer from a script (an exception to
+    raise or a reply message per attempt, through the client's serializers)
+    and record (method, request, metadata). aio=True: calls are awaited."""
+
+    def __init__(self, script, aio=False):
+        self.script = list(script)
+        self.calls = []
+        self.aio = aio
+
+    def unary_unary(self, path, request_serializer=None, response_deserializer=None):
+        def attempt(req, metadata):
+            data = request_serializer(req) if request_serializer else req
+            self.calls.append((path.rsplit("/", 1)[-1], data, dict(metadata or ())))
+            out = self.script.pop(0)
+            if isinstance(out, Exception):
+                raise out
+            raw = out.SerializeToString()
+            return response_deserializer(raw) if response_deserializer else raw
+
+        def call(req, timeout=None, metadata=None):
+            if not self.aio:
+                return attempt(req, metadata)
+
+            async def run():
+                await asyncio.sleep(0)
+                return attempt(req, metadata)
+            return run()
+        return call
+
+    def close(self):
+        pass
+
+
+def run_client(kind, script, fn, **kw):
+    """fn(client) through the sync or the async client on a FakeChannel;
+    returns (result or the EngineError raised, the channel)."""
+    ch = FakeChannel(script, aio=(kind == "async"))
+    kw.setdefault("retry_backoff", 0)
+    if kind == "sync":
+        c = EngineClient(channel=ch, **kw)
+        try:
+            return fn(c), ch
+        except EngineError as e:
+            return e, ch
+
+    async def main():
+        c = AsyncEngineClient(channel=ch, **kw)
+        try:
+            return await fn(c)
+        except EngineError as e:
+            return e
+    return asyncio.run(main()), ch
+
+
+STEP = pb.OptimizerStepResponse(grad_norm=0.5, lr=1e-3, step=1)
+KINDS = ["sync", "async"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_retry_sends_the_same_request_id(kind):
+    r, ch = run_client(kind, [FakeRpcError(SC.UNAVAILABLE), FakeRpcError(SC.DEADLINE_EXCEEDED),
+                              STEP], lambda c: c.optimizer_step(lr=1e-3), retries=2)
+    assert r == StepResult(grad_norm=0.5, skipped=False, lr=1e-3, step=1), r
+    ids = [md[engined_client.REQUEST_ID_KEY] for _, _, md in ch.calls]
+    assert len(ids) == 3 and len(set(ids)) == 1 and re.fullmatch(r"[0-9a-f]{32}", ids[0])
+    assert len({data for _, data, _ in ch.calls}) == 1  # the same request bytes too
+    assert [m for m, _, _ in ch.calls] == ["OptimizerStep"] * 3
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_retry_keeps_a_given_request_id(kind):
+    fb = pb.ForwardBackwardResponse(loss=1.25, num_micro_batches=1)
+    r, ch = run_client(kind, [FakeRpcError(SC.UNAVAILABLE), fb],
+                       lambda c: c.forward_backward([1, 2, 3], [3], loss="sft",
+                                                    request_id="fb-7"), retries=1)
+    assert r["loss"] == 1.25 and r.loss == 1.25
+    assert [md[engined_client.REQUEST_ID_KEY] for _, _, md in ch.calls] == ["fb-7", "fb-7"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_retry_beyond_retries_or_for_other_codes(kind):
+    e, ch = run_client(kind, [FakeRpcError(SC.UNAVAILABLE), FakeRpcError(SC.UNAVAILABLE)],
+                       lambda c: c.zero_grad(), retries=1)
+    assert isinstance(e, EngineError) and e.code() == SC.UNAVAILABLE and len(ch.calls) == 2
+    e, ch = run_client(kind, [FakeRpcError(SC.INVALID_ARGUMENT)],
+                       lambda c: c.save_checkpoint("x"), retries=3)
+    assert e.code() == SC.INVALID_ARGUMENT and e.details() == "fake INVALID_ARGUMENT"
+    assert len(ch.calls) == 1
+    e, ch = run_client(kind, [FakeRpcError(SC.UNAVAILABLE)], lambda c: c.optimizer_step())
+    assert e.code() == SC.UNAVAILABLE and len(ch.calls) == 1  # retries=0: the default
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_reads_carry_no_id_and_are_not_retried(kind):
+    e, ch = run_client(kind, [FakeRpcError(SC.UNAVAILABLE)], lambda c: c.get_status(),
+                       retries=3)
+    assert e.code() == SC.UNAVAILABLE and len(ch.calls) == 1
+    assert engined_client.REQUEST_ID_KEY not in ch.calls[0][2]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_call_gets_its_own_id(kind):
+    lr = pb.LrSchedulerStepResponse(lr=0.5)
+
+    def two(c):
+        if kind == "sync":
+            return [c.lr_scheduler_step(), c.lr_scheduler_step()]
+
+        async def both():
+            return [await c.lr_scheduler_step(), await c.lr_scheduler_step()]
+        return both()
+    r, ch = run_client(kind, [lr, lr], two)
+    assert r == [0.5, 0.5] and all(isinstance(x, LrResult) for x in r)
+    ids = [md[engined_client.REQUEST_ID_KEY] for _, _, md in ch.calls]
+    assert len(set(ids)) == 2
+
+
+def test_async_client_sends_the_token():
+    r, ch = run_client("async", [pb.GetStatusResponse(step=5)], lambda c: c.get_status(),
+                       token="s3cret")
+    assert r.step == 5 and ch.calls[0][2]["authorization"] == "Bearer s3cret"
+
+
+# --- weights ---------------------------------------------------------------------
+
+def buckets_of(tensors_, bucket_bytes):
+    """ParamBucket messages of (name, dtype, array) as the daemon cuts them."""
+    out, cur, data = [], [], bytearray()
+    for name, dt, a in tensors_:
+        raw = a.tobytes()
+        off = 0
+        while off < len(raw):
+            if len(data) == bucket_bytes:
+                out.append(pb.ParamBucket(slices=cur, data=bytes(data)))
+                cur, data = [], bytearray()
+            n = min(len(raw) - off, bucket_bytes - len(data))
+            cur.append(pb.TensorSlice(name=name, dtype=dt, shape=list(a.shape),
+                                      tensor_bytes=len(raw), tensor_offset=off,
+                                      data_offset=len(data), length=n))
+            data += raw[off:off + n]
+            off += n
+    out.append(pb.ParamBucket(slices=cur, data=bytes(data), last=True))
+    return out
+
+
+def test_assembler_split_and_shared_buckets():
+    rng = np.random.default_rng(0)
+    ts = [("a", pb.FLOAT32, rng.standard_normal((3, 5)).astype(np.float32)),
+          ("b", pb.FLOAT32, rng.standard_normal(2).astype(np.float32)),
+          ("c", pb.FLOAT16, rng.standard_normal((4, 4)).astype(np.float16))]
+    for bucket_bytes in (8, 24, 1 << 20):
+        asm = tensors.Assembler()
+        got = [x for b in buckets_of(ts, bucket_bytes) for x in asm.feed(b)]
+        asm.finish()
+        assert [n for n, _ in got] == ["a", "b", "c"]
+        for (n, a), (_, _, ref) in zip(got, ts):
+            assert a.dtype == ref.dtype and np.array_equal(a, ref) and a.flags.writeable
+    # A stream that ends inside a tensor, or a slice of another tensor.
+    asm = tensors.Assembler()
+    asm.feed(buckets_of(ts, 8)[0])
+    with pytest.raises(EngineError) as e:
+        asm.finish()
+    assert e.value.code() == SC.DATA_LOSS and "inside a" in e.value.details()
+    bad = pb.ParamBucket(slices=[pb.TensorSlice(name="x", tensor_bytes=8, tensor_offset=4,
+                                                length=4)], data=b"\0" * 4)
+    with pytest.raises(EngineError):
+        tensors.Assembler().feed(bad)
+
+
+def bf16_bits(a):
+    """Round-to-nearest-even bf16 bits of float32 a."""
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def test_bf16_dtype():
+    bits = bf16_bits(np.array([1.0, -2.5, 3.14159, 1e-3], np.float32))
+    asm = tensors.Assembler()
+    [(name, a)] = asm.feed(pb.ParamBucket(slices=[pb.TensorSlice(
+        name="w", dtype=pb.BFLOAT16, shape=[2, 2], tensor_bytes=8, length=8)],
+        data=bits.tobytes(), last=True))
+    assert a.shape == (2, 2) and np.array_equal(a.view(np.uint16).ravel(), bits)
+    try:
+        import ml_dtypes
+    except ImportError:
+        assert not engined_client.HAVE_ML_DTYPES and a.dtype == np.uint16
+        return
+    assert engined_client.HAVE_ML_DTYPES and a.dtype == ml_dtypes.bfloat16
+    assert np.array_equal(a.astype(np.float32).ravel(),
+                          (bits.astype(np.uint32) << 16).view(np.float32))
+    # tensor() sends ml_dtypes arrays as BFLOAT16.
+    t = engined_client.tensor(a)
+    assert t.dtype == pb.BFLOAT16 and t.data == bits.tobytes()
+
+
+def test_to_torch():
+    torch = pytest.importorskip("torch")
+    bits = bf16_bits(np.array([1.0, -2.5, 3.14159, 65504.0], np.float32))
+    t = engined_client.to_torch(bits, bfloat16=True)
+    assert t.dtype == torch.bfloat16 and t.shape == (4,)
+    assert np.array_equal(t.view(torch.int16).numpy().view(np.uint16), bits)
+    assert t[0].item() == 1.0 and t[1].item() == -2.5
+    f = engined_client.to_torch(np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert f.dtype == torch.float32 and f.shape == (2, 3) and f[1, 2].item() == 5.0
+    if engined_client.HAVE_ML_DTYPES:
+        t2 = engined_client.to_torch(bits.view(tensors.BFLOAT16))
+        assert t2.dtype == torch.bfloat16 and torch.equal(t, t2)
+    with pytest.raises(TypeError):
+        engined_client.to_torch(np.zeros(2, np.float32), bfloat16=True)
+    asm = tensors.Assembler(as_torch=True)
+    [(_, w)] = asm.feed(pb.ParamBucket(slices=[pb.TensorSlice(
+        name="w", dtype=pb.BFLOAT16, shape=[4], tensor_bytes=8, length=8)],
+        data=bits.tobytes(), last=True))
+    assert w.dtype == torch.bfloat16 and torch.equal(w, t)
+
+
+def test_health_request_bytes():
+    assert _api._health_request("") == b""
+    assert _api._health_request("ab") == b"\x0a\x02ab"
+    long = "s" * 200
+    assert _api._health_request(long) == b"\x0a\xc8\x01" + long.encode()
+    assert _api._health(b"\x08\x01") == "SERVING" and _api._health(b"") == "UNKNOWN"
+    assert _api._health(b"\x08\x07") == "UNKNOWN"
