@@ -117,6 +117,7 @@ static const struct ctl_opt init_opts[] = {
 	{ "seed", required_argument, 's', "N", "seed of the random initialization (0 to 2^64-1)" },
 	{ "lr", required_argument, 'l', "X", "AdamW's learning rate (default: the daemon's, 1e-5)" },
 	{ "bf16-matmul", no_argument, 'b', NULL, "matmul inputs in bf16, fp32 accumulate" },
+	{ "replace", no_argument, 'r', NULL, "replace an engine that is already initialized" },
 	{ NULL, 0, 0, NULL, NULL },
 };
 
@@ -151,6 +152,7 @@ static int cmd_init(int argc, char **argv)
 			req.optimizer = &opt;
 			break;
 		case 'b': req.bf16_matmul = true; break;
+		case 'r': req.replace = true; break;
 		}
 	}
 	ctl_positionals(argc, argv, 0, 0, NULL);

@@ -176,6 +176,7 @@ static int demo_init(struct demo *d)
 	printf("== engined at %s: %s\n", ctl_addr, serving == 1 ? "SERVING" : "NOT_SERVING");
 
 	ireq.preset = (char *)d->preset;
+	ireq.replace = true;  /* the demo trains an engine of its own */
 	ireq.seed = 42;
 	PB_SET(&opt, lr, 3e-3);
 	PB_SET(&opt, weight_decay, 1e-4);

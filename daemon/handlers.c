@@ -211,6 +211,7 @@ static bool fb_call_gone(void *call)
 int h_run_initialize(struct daemon *d, struct job *j, struct eng_error *err)
 {
 	struct init_prep *ip = j->prep;
+	const Engined__V1__InitializeRequest *q = (const void *)j->req;
 	Engined__V1__InitializeResponse resp = ENGINED__V1__INITIALIZE_RESPONSE__INIT;
 	struct engine_status st;
 	struct engine *e = NULL, *old = d->engine;
@@ -219,6 +220,14 @@ int h_run_initialize(struct daemon *d, struct job *j, struct eng_error *err)
 	/* A failed Initialize leaves the previous engine as it was; on
 	 * success the old one is replaced. Zero-copy slices of a finished
 	 * stream may still point at the old parameters. */
+	if (old && !q->replace) {
+		struct engine_status cur;
+
+		engine_status(old, &cur);
+		return eng_fail(err, -EALREADY,
+				"Initialize: an engine is already initialized (%s, step %lld); set "
+				"replace to replace it", cur.key, (long long)cur.step);
+	}
 	/* A long build stops when its client goes away or its deadline passes. */
 	ip->cfg.cancelled = call_gone;
 	ip->cfg.cancel_ctx = j->call;

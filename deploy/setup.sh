@@ -54,7 +54,7 @@ fi
 werror=false
 [ "${CI:-}" = "true" ] && werror=true
 cuda=${ENGINED_CUDA:-auto}
-if [ -d "$build_dir" ]; then
+if [ -d "$build_dir/meson-private" ]; then
   meson configure "$build_dir" -Dwerror=$werror -Dcuda="$cuda" >/dev/null
 else
   meson setup "$build_dir" -Dwerror=$werror -Dcuda="$cuda"

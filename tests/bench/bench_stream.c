@@ -435,6 +435,7 @@ int main(int argc, char **argv)
 		return 1;
 	if (!ext_addr) {
 		ir.preset = (char *)preset;
+		ir.replace = 1;
 		printf("initializing preset %s ...\n", preset);
 		if (ec_initialize(c, &ir, &ires, &st)) {
 			fprintf(stderr, "Initialize: %s\n", st.message);

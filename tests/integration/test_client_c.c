@@ -305,6 +305,7 @@ START_TEST(test_request_ids)
 	struct ec_status st;
 
 	ir.preset = "tiny";
+	ir.replace = true;
 	ck_assert_int_eq(ec_initialize(c, &ir, &ires, &st), 0);
 	ec_free(ires);
 	ck_assert_int_eq(ec_new_request_id(id1), 0);

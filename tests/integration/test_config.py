@@ -164,7 +164,7 @@ def test_config_file_serves_tcp_and_unix(confdir):
         with EngineClient(d.addr, timeout=30) as c, \
                 EngineClient("unix:%s/engined.sock" % tmp, timeout=30) as u:
             assert c.health() == "SERVING" and u.health() == "SERVING"
-            c.initialize(preset="tiny")
+            c.initialize(replace=True, preset="tiny")
             assert u.get_status().initialized
             # engine.param_offload = yes: leaving TRAIN offloads the parameters.
             c.set_mode("train")
@@ -193,7 +193,7 @@ def test_limits_concurrent_calls_and_default_deadline(confdir):
                "-o", "server.default_deadline_s=0.1", listen=None, tmp=tmp, hold=True)
     try:
         c = EngineClient(d.addr)  # no client deadline
-        c.initialize(preset="tiny")
+        c.initialize(replace=True, preset="tiny")
         ids = np.arange(64, dtype=np.int32)
         out = {}
 
@@ -244,6 +244,6 @@ def test_default_device():
     try:
         with EngineClient(d.addr, timeout=30) as c:
             expect(SC.FAILED_PRECONDITION, c.initialize, preset="tiny", field="tpu")
-            assert c.initialize(preset="tiny", device="cpu").engine_key.endswith("/cpu")
+            assert c.initialize(replace=True, preset="tiny", device="cpu").engine_key.endswith("/cpu")
     finally:
         assert d.stop() == 0

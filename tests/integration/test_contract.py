@@ -44,7 +44,7 @@ def expect(code, fn, *args, field=None, **kw):
 def test_lr_zero_is_a_value(client):
     """lr = 0 (set explicitly): a step with real gradients changes nothing,
     since AdamW's update and the decoupled decay both scale with lr."""
-    client.initialize(preset="tiny", seed=1, optimizer={"lr": 0.0, "weight_decay": 0.1})
+    client.initialize(replace=True, preset="tiny", seed=1, optimizer={"lr": 0.0, "weight_decay": 0.1})
     w0 = weights(client)
     client.forward_backward(*batch(), loss="sft")
     r = client.optimizer_step()
@@ -56,11 +56,11 @@ def test_lr_zero_is_a_value(client):
 def test_weight_decay_zero_is_a_value(client):
     """weight_decay = 0: a step without gradients leaves the weights as they
     were; with the default (0.01) it decays them."""
-    client.initialize(preset="tiny", seed=1, optimizer={"lr": 1e-2, "weight_decay": 0.0})
+    client.initialize(replace=True, preset="tiny", seed=1, optimizer={"lr": 1e-2, "weight_decay": 0.0})
     w0 = weights(client)
     client.optimizer_step()
     assert all(np.array_equal(w0[k], v) for k, v in client.stream_weights())
-    client.initialize(preset="tiny", seed=1, optimizer={"lr": 1e-2})
+    client.initialize(replace=True, preset="tiny", seed=1, optimizer={"lr": 1e-2})
     client.optimizer_step()
     w1 = weights(client)
     k = "model.norm.weight"
@@ -70,7 +70,7 @@ def test_weight_decay_zero_is_a_value(client):
 def test_per_step_parameters_apply_once(client):
     """OptimizerStep(lr=0) skips this step's update only; the next step uses
     the configured lr again; a per-step weight_decay applies to its step."""
-    client.initialize(preset="tiny", seed=2, optimizer={"lr": 1e-3, "weight_decay": 0.0})
+    client.initialize(replace=True, preset="tiny", seed=2, optimizer={"lr": 1e-3, "weight_decay": 0.0})
     w0 = weights(client)
     client.forward_backward(*batch(), loss="sft")
     r = client.optimizer_step(lr=0.0)
@@ -86,7 +86,7 @@ def test_per_step_parameters_apply_once(client):
     expect(SC.INVALID_ARGUMENT, client.optimizer_step, beta1=1.0, field="optimizer.beta1")
     assert client.get_status().step == 2
     # Fresh moments and no gradients: only this step's decay, p *= 1 - 0.1 * 0.5.
-    client.initialize(preset="tiny", seed=2, optimizer={"lr": 1e-3, "weight_decay": 0.0})
+    client.initialize(replace=True, preset="tiny", seed=2, optimizer={"lr": 1e-3, "weight_decay": 0.0})
     r = client.optimizer_step(lr=0.1, weight_decay=0.5)
     w3 = weights(client)
     assert r.lr == pytest.approx(0.1)
@@ -100,7 +100,7 @@ def test_per_step_parameters_apply_once(client):
 def test_zero_grad(client):
     """ZeroGrad drops the accumulated gradients: the next step sees norm 0
     and (weight_decay 0) leaves the weights as they were."""
-    client.initialize(preset="tiny", seed=3, optimizer={"lr": 1e-2, "weight_decay": 0.0})
+    client.initialize(replace=True, preset="tiny", seed=3, optimizer={"lr": 1e-2, "weight_decay": 0.0})
     w0 = weights(client)
     client.forward_backward(*batch(), loss="sft")
     client.zero_grad()
@@ -116,7 +116,7 @@ def test_status_counts_accumulated_calls(client):
     """GetStatus says how many training calls (and tokens) the held
     gradients come from: forward-only calls do not count; a step, ZeroGrad
     and leaving TRAIN reset the count."""
-    client.initialize(preset="tiny")
+    client.initialize(replace=True, preset="tiny")
     ids, lens = batch()
     s = client.get_status()
     assert (s.accumulated_calls, s.accumulated_tokens) == (0, 0)
@@ -140,7 +140,7 @@ def test_status_counts_accumulated_calls(client):
 
 def test_temperature_presence(client):
     """Unset: 1; set to 0: refused (it would divide by zero)."""
-    client.initialize(preset="tiny")
+    client.initialize(replace=True, preset="tiny")
     ids, lens = batch()
     req = pb.ForwardBackwardRequest(
         input_ids=pb.Tensor(dtype=pb.INT32, shape=[ids.size], data=ids.tobytes()),
@@ -193,10 +193,13 @@ print("old client ok: loss %.4f grad_norm %.4f" % (fb.loss, st.grad_norm))
 """
 
 
-def test_client_of_the_first_proto_still_works(daemon, tmp_path):
+def test_client_of_the_first_proto_still_works(tmp_path):
     """A client built from the first engine.proto (its own process, only
-    its own stubs) drives the new daemon: same field numbers, encodings
-    and method paths."""
+    its own stubs) drives a new daemon: same field numbers, encodings and
+    method paths. (It cannot set `replace`, so it can initialize a fresh
+    daemon but no longer replace an engine: that is the point of the flag.)"""
+    from daemon_fixture import Daemon
+    daemon = Daemon()
     protoc = shutil.which("protoc")
     if not protoc:
         pytest.skip("protoc not installed (package protobuf-compiler)")
@@ -206,6 +209,8 @@ def test_client_of_the_first_proto_still_works(daemon, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     p = subprocess.run([sys.executable, str(tmp_path / "old_client.py"), daemon.addr],
                        capture_output=True, text=True, timeout=120, env=env)
+    code = daemon.stop()
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("old client ok"), p.stdout
+    assert code == 0
     print(p.stdout.strip())

@@ -49,7 +49,7 @@ def max_diff(a, b):
 
 
 def init(client, model_type="language_model"):
-    client.initialize(preset="tiny", seed=21, model_type=model_type,
+    client.initialize(replace=True, preset="tiny", seed=21, model_type=model_type,
                       optimizer={"lr": 1e-3, "weight_decay": 0.0, "clip_grad": 0.0})
 
 

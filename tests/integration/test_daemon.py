@@ -167,7 +167,7 @@ def test_initialize_errors(client):
 # --- Initialize and the engine RPCs ----------------------------------------------
 
 def test_initialize(client):
-    r = client.initialize(preset="tiny", seed=7, optimizer={"lr": 1e-3})
+    r = client.initialize(replace=True, preset="tiny", seed=7, optimizer={"lr": 1e-3})
     assert r.engine_key == "language_model/native/cpu"
     assert 800_000 < r.num_parameters < 1_100_000 and r.num_tensors > 10
     s = client.get_status()
@@ -176,6 +176,19 @@ def test_initialize(client):
     w = weights(client)
     assert sum(a.size for a in w.values()) == r.num_parameters
     assert "model.embed_tokens.weight" in w and w["model.embed_tokens.weight"].shape == (VOCAB, 128)
+
+
+def test_reinitialize_needs_replace(client):
+    """A second Initialize without `replace` is refused and changes nothing:
+    a retried or stray Initialize cannot wipe a trained engine."""
+    before = weights(client)
+    e = expect_error(grpc.StatusCode.FAILED_PRECONDITION, client.initialize,
+                     preset="tiny", seed=8, field="set replace")
+    assert "already initialized (language_model/native/cpu, step 0)" in e.details()
+    after = weights(client)
+    assert before.keys() == after.keys()
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+    assert client.get_status().initialized
 
 
 def test_bad_inputs_change_nothing(client):
@@ -495,7 +508,7 @@ def test_sigterm_during_job_finishes_it():
     d = Daemon()
     try:
         c = EngineClient(d.addr, timeout=120)
-        c.initialize(preset="tiny")
+        c.initialize(replace=True, preset="tiny")
         rng = np.random.default_rng(9)
         ids = rng.integers(0, VOCAB, 2048).astype(np.int32)
         out = {}
@@ -527,7 +540,7 @@ def test_value_model():
     d = Daemon()
     try:
         c = EngineClient(d.addr, timeout=120)
-        c.initialize(preset="tiny", model_type="value_model")
+        c.initialize(replace=True, preset="tiny", model_type="value_model")
         ids, lens = batch(10)
         n = ids.size
         r = c.forward_backward(ids, lens, loss="value", return_values=True,
@@ -551,7 +564,7 @@ async def _sequence(c):
     together (gather): a forward pass and a GetStatus."""
     ids, lens = batch(30)
     out = [await _value(c.health()),
-           await _value(c.initialize(preset="tiny", seed=21, optimizer={"lr": 1e-3},
+           await _value(c.initialize(replace=True, preset="tiny", seed=21, optimizer={"lr": 1e-3},
                                      lr_scheduler={"type": "cosine", "warmup_steps": 1,
                                                    "total_steps": 10})),
            await _value(c.set_mode("train")),
@@ -633,7 +646,7 @@ def test_async_next_call_queued_while_one_runs():
     try:
         ids, lens = batch(31)
         with EngineClient(d.addr, timeout=120) as c:
-            c.initialize(preset="tiny", seed=5)
+            c.initialize(replace=True, preset="tiny", seed=5)
             ref = c.forward_backward(ids, lens, forward_only=True, return_log_probs=True)
             ref_st = c.get_status()
 
@@ -686,7 +699,7 @@ def test_grpclib_interop(daemon, client):
             async with ch.request("/engined.v1.TrainingEngine/Initialize",
                                   Cardinality.UNARY_UNARY, pb.InitializeRequest,
                                   pb.InitializeResponse) as st:
-                await st.send_message(pb.InitializeRequest(preset="tiny", seed=3), end=True)
+                await st.send_message(pb.InitializeRequest(preset="tiny", seed=3, replace=True), end=True)
                 ini = await st.recv_message()
             buckets = []
             async with ch.request("/engined.v1.TrainingEngine/GetPerTensorParam",

@@ -35,7 +35,7 @@ def test_sticky_device_failure_restarts():
     d = Daemon(env={"ENGINED_CPU_FAIL_AT_ALLOC": "6"})
     try:
         with EngineClient(d.addr, timeout=30) as c:
-            c.initialize(preset="tiny")
+            c.initialize(replace=True, preset="tiny")
             assert c.health() == "SERVING"
             ids = np.arange(16, dtype=np.int32) % 50
             msg = expect_code(lambda: c.forward_backward(ids, [16], loss="sft"),
@@ -53,7 +53,7 @@ def test_healthy_daemon_exits_zero():
     d = Daemon()
     try:
         with EngineClient(d.addr, timeout=30) as c:
-            c.initialize(preset="tiny")
+            c.initialize(replace=True, preset="tiny")
             ids = np.arange(16, dtype=np.int32) % 50
             c.forward_backward(ids, [16], loss="sft")
     finally:

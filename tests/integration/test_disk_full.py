@@ -74,7 +74,7 @@ def ns_daemon():
 def client(ns_daemon):
     c = EngineClient(ns_daemon.addr, timeout=60)
     try:
-        c.initialize(preset="tiny")
+        c.initialize(replace=True, preset="tiny")
         yield c
     finally:
         c.close()

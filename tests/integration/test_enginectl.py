@@ -22,7 +22,7 @@ CTL = os.environ.get("ENGINECTL_BIN", "build/client/enginectl")
 COMMANDS = {
     "status": [],
     "init": ["--preset NAME", "--config FILE", "--model-path DIR", "--model-type TYPE",
-             "--device DEV", "--seed N", "--lr X", "--bf16-matmul"],
+             "--device DEV", "--seed N", "--lr X", "--bf16-matmul", "--replace"],
     "set-mode": ["--no-auto-offload"],
     "to-device": ["--model", "--optimizer", "--grad"],
     "save": ["--step N", "--keep K"],

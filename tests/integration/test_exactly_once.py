@@ -28,7 +28,7 @@ def batch():
 def held():
     d = Daemon(hold=True)
     c = EngineClient(d.addr, timeout=120)
-    c.initialize(preset="tiny", seed=11, optimizer={"lr": 1e-3})
+    c.initialize(replace=True, preset="tiny", seed=11, optimizer={"lr": 1e-3})
     try:
         yield d, c
     finally:
@@ -38,7 +38,7 @@ def held():
 
 def single_step_norm(c):
     """The gradient norm of one ForwardBackward of batch() from the seed."""
-    c.initialize(preset="tiny", seed=11, optimizer={"lr": 1e-3})
+    c.initialize(replace=True, preset="tiny", seed=11, optimizer={"lr": 1e-3})
     c.forward_backward(*batch(), loss="sft")
     return c.optimizer_step().grad_norm
 
@@ -160,7 +160,7 @@ def test_evicted_reply_answers_already_applied():
     d = Daemon("-o", "server.replay_bytes=0")
     try:
         c = EngineClient(d.addr, timeout=60)
-        c.initialize(preset="tiny")
+        c.initialize(replace=True, preset="tiny")
         c.forward_backward(*batch(), loss="sft", request_id="x")
         with pytest.raises(EngineError) as e:
             c.forward_backward(*batch(), loss="sft", request_id="x")
@@ -204,13 +204,13 @@ def test_cancelled_forward_backward_leaves_gradients_as_before():
     d = Daemon(safe_points=True)
     try:
         c = EngineClient(d.addr, timeout=120)
-        c.initialize(preset="tiny", seed=11, optimizer={"lr": 1e-3})
+        c.initialize(replace=True, preset="tiny", seed=11, optimizer={"lr": 1e-3})
         cancel_midway(d, c, "cancel-1")
         s = c.get_status()
         assert (s.accumulated_calls, s.accumulated_tokens) == (0, 0), s
         assert c.optimizer_step().grad_norm == 0.0
         # Onto an earlier call's gradients: the norm is that call's alone.
-        c.initialize(preset="tiny", seed=11, optimizer={"lr": 1e-3})
+        c.initialize(replace=True, preset="tiny", seed=11, optimizer={"lr": 1e-3})
         c.forward_backward(*batch(), loss="sft")
         cancel_midway(d, c, "cancel-2")
         assert c.get_status().accumulated_calls == 1
@@ -235,7 +235,7 @@ def test_cancelled_save_leaves_the_previous_checkpoint():
     d = Daemon(safe_points=True)
     try:
         c = EngineClient(d.addr, timeout=120)
-        c.initialize(preset="tiny", seed=3)
+        c.initialize(replace=True, preset="tiny", seed=3)
         c.save_checkpoint("run/step-1", global_step=1)
         run = os.path.join(d.ckpt_root, "run")
         before = sorted(os.listdir(run))
@@ -267,7 +267,7 @@ def test_cancelled_load_changes_nothing():
     d = Daemon(safe_points=True)
     try:
         c = EngineClient(d.addr, timeout=120)
-        c.initialize(preset="tiny", seed=3)
+        c.initialize(replace=True, preset="tiny", seed=3)
         c.save_checkpoint("ck", global_step=7)
         c.forward_backward(*batch(), loss="sft")
         c.optimizer_step()

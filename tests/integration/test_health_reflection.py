@@ -68,7 +68,7 @@ def test_health_watch_sees_draining():
     d = Daemon()
     try:
         c = EngineClient(d.addr, timeout=120)
-        c.initialize(preset="tiny")
+        c.initialize(replace=True, preset="tiny")
         ch = grpc.insecure_channel(d.addr)
         seen = []
 

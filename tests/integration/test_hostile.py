@@ -35,7 +35,7 @@ def expect(code, fn, *args, field=None, **kw):
 def still_usable(client):
     """The daemon answers and a real step still runs on the engine."""
     assert client.health() == "SERVING"
-    client.initialize(preset="tiny", seed=1)
+    client.initialize(replace=True, preset="tiny", seed=1)
     ids = np.arange(64, dtype=np.int32)
     out = client.forward_backward(ids, [32, 32], loss="sft")
     assert np.isfinite(out["loss"]) and out["loss"] > 0
@@ -61,7 +61,8 @@ def test_config_too_large_for_memory(client):
     """Within the bounds but 2^38 parameters (1 TiB of fp32): refused for
     memory, not by a crash."""
     cfg = dict(TINY_LLAMA, vocab_size=1 << 22, hidden_size=1 << 16)
-    msg = expect(SC.RESOURCE_EXHAUSTED, client.initialize, hf_config_json=json.dumps(cfg))
+    msg = expect(SC.RESOURCE_EXHAUSTED, client.initialize, hf_config_json=json.dumps(cfg),
+                 replace=True)
     # Refused from the estimate, before anything is allocated.
     assert "parameters need about" in msg and "GiB free" in msg, msg
     still_usable(client)
@@ -70,7 +71,7 @@ def test_config_too_large_for_memory(client):
 def test_micro_batch_budget_out_of_range(client):
     """max_tokens_per_micro_batch = INT64_MAX once overflowed the planner:
     refused by ForwardBackward and by Initialize alike."""
-    client.initialize(preset="tiny")
+    client.initialize(replace=True, preset="tiny")
     ids = np.arange(20, dtype=np.int32)
     for budget in (INT64_MAX, -1, (1 << 30) + 1):
         expect(SC.INVALID_ARGUMENT, client.forward_backward, ids, [5, 15], forward_only=True,
@@ -104,7 +105,7 @@ def test_optimizer_step_without_gradients_is_a_step(client):
     is 0 but the decoupled weight decay applies, p *= 1 - lr * wd, and the
     step counts, as torch.optim.AdamW does."""
     lr, wd = 1e-2, 0.1
-    client.initialize(preset="tiny", seed=3, optimizer={"lr": lr, "weight_decay": wd})
+    client.initialize(replace=True, preset="tiny", seed=3, optimizer={"lr": lr, "weight_decay": wd})
     w0 = {k: v.copy() for k, v in client.stream_weights()}
     r = client.optimizer_step()
     assert r.step == 1 and not r.skipped and r.grad_norm == 0.0, r
@@ -126,7 +127,7 @@ def test_strings_must_be_utf8_without_nul(client, daemon):
     """A NUL once cut a path ('nul\\0/../../evil' saved as 'nul'); a
     non-UTF-8 path was echoed back and broke the client's parse. Both are
     INVALID_ARGUMENT naming the field; nothing is saved."""
-    client.initialize(preset="tiny")
+    client.initialize(replace=True, preset="tiny")
     for path, why in [(b"nul\x00/../../evil", "path: contains a NUL byte"),
                       (b"run/\xff\xfe", "path: is not valid UTF-8")]:
         payload = bytes([0x0A, len(path)]) + path  # SaveCheckpointRequest.path = 1

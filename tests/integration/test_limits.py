@@ -143,7 +143,7 @@ def test_inflight_request_bytes_bounded():
     try:
         port = metrics_port(d)
         with EngineClient(d.addr, timeout=120, options=OWN) as c:
-            c.initialize(preset="tiny", seed=1)
+            c.initialize(replace=True, preset="tiny", seed=1)
             step = c.channel.unary_unary(SVC + "LrSchedulerStep")
             d.hold()
             # One job runs (held), one waits in the queue: 120 MiB in flight.

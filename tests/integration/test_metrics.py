@@ -53,7 +53,7 @@ def test_metrics_after_known_rpcs(daemon):
     t0 = time.time()
     for _ in range(3):
         c.get_status()
-    ini = c.initialize(preset="tiny", seed=2, optimizer={"lr": 2e-3})
+    ini = c.initialize(replace=True, preset="tiny", seed=2, optimizer={"lr": 2e-3})
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 1024, 96).astype(np.int32)
     c.forward_backward(ids, [48, 48], loss="sft")

@@ -40,7 +40,7 @@ def client(daemon):
     """The shared daemon's client, its engine initialized (tiny preset)."""
     c = EngineClient(daemon.addr, timeout=60)
     try:
-        c.initialize(preset="tiny")
+        c.initialize(replace=True, preset="tiny")
         yield c
     finally:
         c.close()
@@ -201,7 +201,7 @@ def test_checkpoint_symlinks_refused(daemon, client):
     os.makedirs(os.path.join(outside, "tmp-target"))
     before = snapshot(outside)
     # Other weights in the engine, so that a followed link would show.
-    client.initialize(preset="tiny", seed=77)
+    client.initialize(replace=True, preset="tiny", seed=77)
     want = weights_digest(client)
 
     # `latest` naming an entry that is a symlink to the outside checkpoint.
@@ -272,7 +272,7 @@ def test_model_path_symlinks_refused(daemon, client):
     a symlink (to a valid copy outside) is PERMISSION_DENIED naming the
     file; the engine stays usable and a valid model_path loads."""
     ckpt, mroot = daemon.ckpt_root, daemon.model_root
-    client.initialize(preset="tiny", seed=5)
+    client.initialize(replace=True, preset="tiny", seed=5)
     client.save_checkpoint("for-model", global_step=1)
     src = os.path.join(ckpt, "for-model")
     outside = tempfile.mkdtemp(prefix="engined-model-outside-")
@@ -304,18 +304,18 @@ def test_model_path_symlinks_refused(daemon, client):
                        ("m-index", "model.safetensors.index.json"),
                        ("m-shard", "model.safetensors")]:
         e = expect(SC.PERMISSION_DENIED, client.initialize, model_path=name,
-                   field="%s/%s" % (name, file))
+                   field="%s/%s" % (name, file), replace=True)
         assert "symlink" in e.details(), e.details()
     assert snapshot(outside) == before
     # A sharded directory of real files loads, and so does the plain one.
     os.unlink(os.path.join(mroot, "m-shard", "model.safetensors"))
     shutil.copy(os.path.join(outside, "model.safetensors"),
                 os.path.join(mroot, "m-shard", "model.safetensors"))
-    client.initialize(model_path="m-shard")
-    client.initialize(model_path="m-good")
+    client.initialize(replace=True, model_path="m-shard")
+    client.initialize(replace=True, model_path="m-good")
     want = weights_digest(client)
     client.save_checkpoint("from-model", global_step=2)
-    client.initialize(preset="tiny", seed=6)
+    client.initialize(replace=True, preset="tiny", seed=6)
     assert client.load_checkpoint("from-model") == 2
     assert weights_digest(client) == want
     shutil.rmtree(outside)

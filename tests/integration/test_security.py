@@ -153,7 +153,7 @@ def test_tokens_full_and_read_only(cert):
         with client(d, token=TOK_RO) as ro, client(d, token=TOK_FULL) as full:
             assert ro.get_status().version and ro.health() == "SERVING"
             expect(SC.PERMISSION_DENIED, ro.initialize, preset="tiny", field="read-only")
-            r = full.initialize(preset="tiny", seed=1)
+            r = full.initialize(replace=True, preset="tiny", seed=1)
             ids = list(range(32))
             expect(SC.PERMISSION_DENIED, ro.forward_backward, ids, [32], loss="sft",
                    field="ForwardBackward")
@@ -268,7 +268,7 @@ def test_reload_on_sighup_while_streaming(cert, tls_client):
     d = Daemon("--tls-cert", crt, "--tls-key", key, "--token-file", tf, tmp=d_dir)
     try:
         c = tls_client(d, token=TOK_FULL)
-        ini = c.initialize(preset="tiny", seed=5)
+        ini = c.initialize(replace=True, preset="tiny", seed=5)
         ref = b"".join(b.data for b in c.get_per_tensor_param(bucket_bytes=1 << 20))
         it = c.get_per_tensor_param(bucket_bytes=4096)
         got = [next(it).data]

@@ -125,7 +125,7 @@ def test_ready_watchdog_status_stopping():
         gaps = np.diff(pings)
         assert gaps.max() < 0.25, gaps
         with EngineClient(d.addr, timeout=30) as c:
-            c.initialize(preset="tiny")
+            c.initialize(replace=True, preset="tiny")
             c.set_mode("train")
         n.wait("STATUS", pred=lambda s: "language_model/native/cpu step 0, mode TRAIN, idle"
                in s)
@@ -146,7 +146,7 @@ def test_watchdog_held_back_while_a_job_is_stuck():
     d = Daemon("-o", "watchdog.stuck_job_s=0.1", env=n.env(watchdog_usec=100000), hold=True)
     try:
         c = EngineClient(d.addr, timeout=120)
-        c.initialize(preset="tiny")
+        c.initialize(replace=True, preset="tiny")
         ids, lens = np.arange(64, dtype=np.int32), [32, 32]
         d.hold()
         t = threading.Thread(target=c.forward_backward, args=(ids, lens),
@@ -175,7 +175,7 @@ def test_sigterm_save_on_stop():
     d = Daemon("-o", "shutdown.save_on_stop=final/on-stop")
     try:
         c = EngineClient(d.addr, timeout=60)
-        c.initialize(preset="tiny", seed=4)
+        c.initialize(replace=True, preset="tiny", seed=4)
         ids, lens = np.arange(64, dtype=np.int32), [32, 32]
         c.forward_backward(ids, lens, loss="sft")
         assert c.optimizer_step().step == 1
@@ -206,7 +206,7 @@ def test_sigterm_grace_runs_out():
     d = Daemon("-o", "shutdown.grace_s=0.05", hold=True)
     try:
         c = EngineClient(d.addr, timeout=120)
-        c.initialize(preset="tiny")
+        c.initialize(replace=True, preset="tiny")
         ids, lens = np.arange(64, dtype=np.int32), [32, 32]
         err = {}
 

@@ -90,9 +90,11 @@ class Api:
     def initialize(self, *, preset="", hf_config_json="", model_path="",
                    model_type="", backend="", device="", seed=0, optimizer=None,
                    lr_scheduler=None, offload=None, max_tokens_per_micro_batch=0,
-                   dist=None, bf16_matmul=False, timeout=None, request_id=None):
+                   dist=None, bf16_matmul=False, replace=False, timeout=None,
+                   request_id=None):
         """Build the engine. Exactly one of preset, hf_config_json (a dict or
-        the JSON text), model_path. optimizer / lr_scheduler / offload / dist:
+        the JSON text), model_path. replace: required to replace an engine
+        that is already initialized (else FAILED_PRECONDITION). optimizer / lr_scheduler / offload / dist:
         dicts of the proto fields. Returns an InitializeResult (engine_key,
         num_parameters, num_tensors)."""
         if isinstance(hf_config_json, dict):
@@ -101,7 +103,7 @@ class Api:
             preset=preset, hf_config_json=hf_config_json, model_path=model_path,
             model_type=model_type, backend=backend, device=device, seed=seed,
             max_tokens_per_micro_batch=max_tokens_per_micro_batch,
-            bf16_matmul=bf16_matmul)
+            bf16_matmul=bf16_matmul, replace=replace)
         if optimizer:
             req.optimizer.CopyFrom(pb.OptimizerConfig(**optimizer))
         if lr_scheduler:
