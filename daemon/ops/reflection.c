@@ -530,6 +530,20 @@ pack:
 	return 0;
 }
 
+int reflection_answer(const struct reflection *rf, const uint8_t *msg, size_t len,
+		      uint8_t **ret, size_t *ret_len)
+{
+	Grpc__Reflection__V1__ServerReflectionRequest *q;
+	int r;
+
+	q = grpc__reflection__v1__server_reflection_request__unpack(NULL, len, msg);
+	if (!q)
+		return -EINVAL;
+	r = answer(rf, q, ret, ret_len);
+	grpc__reflection__v1__server_reflection_request__free_unpacked(q, NULL);
+	return r;
+}
+
 static void release_buf(void *p)
 {
 	free(p);
@@ -548,7 +562,6 @@ static void on_request(void *user, struct rpc_call *c, const uint8_t *msg, size_
 		       bool end)
 {
 	struct refl_call *rc = user;
-	Grpc__Reflection__V1__ServerReflectionRequest *q;
 	struct rpc_piece piece;
 	uint8_t *out = NULL;
 	size_t out_len = 0;
@@ -560,14 +573,12 @@ static void on_request(void *user, struct rpc_call *c, const uint8_t *msg, size_
 		end_call(rc, c, gone ? RPC_CANCELLED : RPC_OK, gone ? "client went away" : NULL);
 		return;
 	}
-	q = grpc__reflection__v1__server_reflection_request__unpack(NULL, len, msg);
-	if (!q) {
+	r = reflection_answer(rc->rf, msg, len, &out, &out_len);
+	if (r == -EINVAL) {
 		end_call(rc, c, RPC_INVALID_ARGUMENT, "request: not a ServerReflectionRequest");
 		return;
 	}
 	rc->requests++;
-	r = answer(rc->rf, q, &out, &out_len);
-	grpc__reflection__v1__server_reflection_request__free_unpacked(q, NULL);
 	if (r < 0) {
 		end_call(rc, c, RPC_RESOURCE_EXHAUSTED, "out of memory");
 		return;

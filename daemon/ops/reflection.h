@@ -13,6 +13,12 @@ struct reflection;
 int reflection_new(const char *const *paths, int n_paths, struct reflection **ret,
 		   struct eng_error *err);
 void reflection_free(struct reflection *rf);
+/* The packed ServerReflectionResponse to one request message (its bytes as
+ * received): what reflection_serve sends for each. *ret is malloc'ed (the
+ * caller frees it). -EINVAL when msg is not a ServerReflectionRequest,
+ * -ENOMEM. */
+int reflection_answer(const struct reflection *rf, const uint8_t *msg, size_t len,
+		      uint8_t **ret, size_t *ret_len);
 /* RUN_OWN: take the job's bidi call over and answer each request. rf NULL:
  * UNIMPLEMENTED. */
 int reflection_serve(const struct reflection *rf, struct job *j, struct eng_error *err);
