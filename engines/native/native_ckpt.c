@@ -212,6 +212,23 @@ static int read_family(struct native *n, struct family_file *f, float *staging,
 	return rc;
 }
 
+/* The step counters a checkpoint restores count up by one per call: at
+ * most 2^53 (exact in any JSON reader), far from int64's end. */
+#define STATE_MAX_STEP (INT64_C(1) << 53)
+
+/* A step of engine_state.json: an integer in [0, max]. */
+static int parse_step(json_t *state, const char *key, int64_t max, int64_t *ret,
+		      struct eng_error *err)
+{
+	json_t *v = json_object_get(state, key);
+
+	if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > max)
+		return eng_fail(err, -EBADMSG, "engine_state.json: %s must be an integer in "
+				"[0, %lld]", key, (long long)max);
+	*ret = json_integer_value(v);
+	return 0;
+}
+
 static int parse_rng(json_t *state, uint64_t s[4], struct eng_error *err)
 {
 	json_t *a = json_object_get(state, "rng_state");
@@ -245,7 +262,7 @@ int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 	bool want[3] = {contents & CKPT_MODEL, contents & CKPT_OPTIMIZER, contents & CKPT_OPTIMIZER};
 	json_t *state = NULL, *key;
 	char *resolved = NULL, path[4200];
-	int64_t gstep, ostep, sstep;
+	int64_t gstep = 0, ostep = 0, sstep = 0;
 	uint64_t rng[4];
 	float *host = NULL;
 	bool staging = false;
@@ -255,14 +272,20 @@ int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 	if (rc)
 		return rc;
 	key = json_object_get(state, "engine_key");
-	gstep = json_integer_value(json_object_get(state, "global_step"));
-	ostep = json_integer_value(json_object_get(state, "optimizer_step"));
-	sstep = json_integer_value(json_object_get(state, "lr_scheduler_step"));
 	if (!json_is_string(key) || strcmp(json_string_value(key), n->key)) {
 		rc = eng_fail(err, -EINVAL, "path: checkpoint is for engine %s, this engine is %s",
 			      json_is_string(key) ? json_string_value(key) : "?", n->key);
 		goto out;
 	}
+	/* global_step is only handed back (SaveCheckpoint takes any >= 0);
+	 * the counters are restored and counted on. */
+	rc = parse_step(state, "global_step", INT64_MAX, &gstep, err);
+	if (rc == 0)
+		rc = parse_step(state, "optimizer_step", STATE_MAX_STEP, &ostep, err);
+	if (rc == 0)
+		rc = parse_step(state, "lr_scheduler_step", STATE_MAX_STEP, &sstep, err);
+	if (rc)
+		goto out;
 	if ((contents & CKPT_MODEL) && !has_content(state, "model"))
 		rc = eng_fail(err, -EINVAL, "contents: checkpoint %s holds no model", resolved);
 	else if ((contents & CKPT_OPTIMIZER) && !has_content(state, "optimizer"))

@@ -1,6 +1,7 @@
 /* test_engine_ckpt.c — engine checkpoints: bit-identical resume, contents
  * flags, corruption and shape errors, and a child process killed during
  * SaveCheckpoint leaving the previous checkpoint and `latest` loadable. */
+#include <jansson.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -163,6 +164,57 @@ START_TEST(contents_and_errors)
 }
 END_TEST
 
+/* engine_state.json's steps are integers >= 0, the restored counters at
+ * most 2^53; anything else is DATA_LOSS before the engine changes (a
+ * negative global_step, a counter near int64's end or a string were taken
+ * as they were, or as 0: tests/fuzz/fuzz_ckpt_state's seeds loaded). */
+START_TEST(state_steps_checked)
+{
+	static const struct { const char *key, *json; } bad[] = {
+		{ "global_step", "-3" },
+		{ "optimizer_step", "4611686018427387904" },   /* 2^62 */
+		{ "lr_scheduler_step", "\"x\"" },
+		{ "optimizer_step", NULL },                      /* missing */
+		{ "global_step", "1.5" },
+	};
+	struct engine *a = make_sched_engine(1), *b = make_sched_engine(2);
+	struct eng_error err = {0};
+	char dir[300], path[400];
+	json_t *orig, *edited;
+	int64_t gstep = -1;
+	uint64_t pb;
+
+	train_step(a, 0);
+	snprintf(dir, sizeof(dir), "%s/steps", root);
+	ck_assert_int_eq(engine_save_checkpoint(a, dir, 4, 0, CKPT_ALL, NULL, &err), 0);
+	snprintf(path, sizeof(path), "%s/engine_state.json", dir);
+	orig = json_load_file(path, 0, NULL);
+	ck_assert_ptr_nonnull(orig);
+	pb = state_digest(b, false);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		edited = json_deep_copy(orig);
+		if (bad[i].json)
+			json_object_set_new(edited, bad[i].key,
+					    json_loads(bad[i].json, JSON_DECODE_ANY, NULL));
+		else
+			json_object_del(edited, bad[i].key);
+		ck_assert_int_eq(json_dump_file(edited, path, 0), 0);
+		json_decref(edited);
+		eng_error_clear(&err);
+		ck_assert_int_eq(engine_load_checkpoint(b, dir, CKPT_ALL, &gstep, &err), -EBADMSG);
+		ck_assert_msg(strstr(err.msg, bad[i].key), "case %zu: %s", i, err.msg);
+		ck_assert_uint_eq(state_digest(b, false), pb);
+	}
+	ck_assert_int_eq(json_dump_file(orig, path, 0), 0);
+	ck_assert_int_eq(engine_load_checkpoint(b, dir, CKPT_ALL, &gstep, &err), 0);
+	ck_assert_int_eq(gstep, 4);
+	ck_assert_uint_eq(state_digest(b, false), state_digest(a, false));
+	json_decref(orig);
+	engine_destroy(a);
+	engine_destroy(b);
+}
+END_TEST
+
 /* A bigger model so that a save takes long enough to be interrupted. */
 static const char *const MEDIUM =
 	"{\"model_type\": \"llama\", \"vocab_size\": 4096, \"hidden_size\": 256,"
@@ -276,6 +328,7 @@ int main(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, resume_is_bit_identical);
 	tcase_add_test(tc, contents_and_errors);
+	tcase_add_test(tc, state_steps_checked);
 	tcase_add_test(tc, killed_during_save);
 	tcase_add_test(tc, critic_from_actor_directory);
 	suite_add_tcase(s, tc);
