@@ -38,6 +38,10 @@ packages=(
   libssl-dev           # OpenSSL: TLS files checked (key matches cert) before gRPC uses them
   openssl              # the TLS tests make their certificates with it
   systemd              # systemd-analyze verify / sysusers / tmpfiles on the unit files in tests
+  # The sanitizer and fuzz build of .ci/run (tests/fuzz/README.md): clang
+  # with libFuzzer and the sanitizer runtimes, LLVM's OpenMP for clang,
+  # llvm-symbolizer for file:line in the sanitizers' reports.
+  clang libclang-rt-dev libomp-dev llvm
 )
 
 missing=()

@@ -137,7 +137,8 @@ static void put(struct page *p, const char *fmt, ...)
 		return;
 	for (;;) {
 		va_start(ap, fmt);
-		n = vsnprintf(p->buf + p->len, p->cap - p->len, fmt, ap);
+		/* The first call has no buffer yet: it measures (NULL, 0). */
+		n = vsnprintf(p->buf ? p->buf + p->len : NULL, p->cap - p->len, fmt, ap);
 		va_end(ap);
 		if (n < 0) {
 			p->oom = true;

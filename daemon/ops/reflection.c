@@ -531,6 +531,23 @@ pack:
 	return 0;
 }
 
+int reflection_answer(const struct reflection *rf, const uint8_t *msg, size_t len,
+		      uint8_t **ret, size_t *ret_len, struct eng_error *err)
+{
+	Grpc__Reflection__V1__ServerReflectionRequest *q;
+	int r;
+
+	if (wire_check_strings(&grpc__reflection__v1__server_reflection_request__descriptor, msg,
+			       len, err) < 0)
+		return -EINVAL;
+	q = grpc__reflection__v1__server_reflection_request__unpack(NULL, len, msg);
+	if (!q)
+		return eng_fail(err, -EINVAL, "request: not a ServerReflectionRequest");
+	r = answer(rf, q, ret, ret_len);
+	grpc__reflection__v1__server_reflection_request__free_unpacked(q, NULL);
+	return r;
+}
+
 static void release_buf(void *p)
 {
 	free(p);
@@ -549,7 +566,6 @@ static void on_request(void *user, struct rpc_call *c, enum rpc_recv_result res,
 		       const uint8_t *msg, size_t len)
 {
 	struct refl_call *rc = user;
-	Grpc__Reflection__V1__ServerReflectionRequest *q;
 	struct eng_error werr = { 0 };
 	struct rpc_piece piece;
 	uint8_t *out = NULL;
@@ -566,19 +582,12 @@ static void on_request(void *user, struct rpc_call *c, enum rpc_recv_result res,
 		end_call(rc, c, gone ? RPC_CANCELLED : RPC_OK, gone ? "client went away" : NULL);
 		return;
 	}
-	if (wire_check_strings(&grpc__reflection__v1__server_reflection_request__descriptor, msg,
-			       len, &werr) < 0) {
+	r = reflection_answer(rc->rf, msg, len, &out, &out_len, &werr);
+	if (r == -EINVAL) {
 		end_call(rc, c, RPC_INVALID_ARGUMENT, werr.msg);
 		return;
 	}
-	q = grpc__reflection__v1__server_reflection_request__unpack(NULL, len, msg);
-	if (!q) {
-		end_call(rc, c, RPC_INVALID_ARGUMENT, "request: not a ServerReflectionRequest");
-		return;
-	}
 	rc->requests++;
-	r = answer(rc->rf, q, &out, &out_len);
-	grpc__reflection__v1__server_reflection_request__free_unpacked(q, NULL);
 	if (r < 0) {
 		end_call(rc, c, RPC_RESOURCE_EXHAUSTED, "out of memory");
 		return;

@@ -13,6 +13,13 @@ struct reflection;
 int reflection_new(const char *const *paths, int n_paths, struct reflection **ret,
 		   struct eng_error *err);
 void reflection_free(struct reflection *rf);
+/* The packed ServerReflectionResponse to one request message (its bytes as
+ * received): what reflection_serve sends for each. *ret is malloc'ed (the
+ * caller frees it). -EINVAL (err says why) when msg is not a
+ * ServerReflectionRequest or a string in it is not UTF-8 without NUL
+ * (wire_check), -ENOMEM. */
+int reflection_answer(const struct reflection *rf, const uint8_t *msg, size_t len,
+		      uint8_t **ret, size_t *ret_len, struct eng_error *err);
 /* RUN_OWN: take the job's bidi call over and answer each request. rf NULL:
  * UNIMPLEMENTED. */
 int reflection_serve(const struct reflection *rf, struct job *j, struct eng_error *err);

@@ -595,7 +595,7 @@ static int rotate(struct ckpt_writer *w, int max_to_keep, struct eng_error *err)
 		e[n++].step = step;
 	}
 	closedir(d);
-	if (!rc)
+	if (!rc && n > 1)   /* e is NULL when no other checkpoint was found */
 		qsort(e, n, sizeof(*e), cmp_rot);
 	for (i = 0; !rc && i < n; i++) {
 		char *aside;

@@ -51,6 +51,21 @@
 /* Largest count handed to one read()/write() (Linux caps at 0x7ffff000). */
 #define ST_IO_MAX ((size_t)1 << 30)
 
+/* qsort and bsearch over tables that may be empty, and then NULL: the C
+ * library declares their pointers nonnull even for zero elements. */
+static void sort_table(void *base, size_t n, size_t size,
+		       int (*cmp)(const void *, const void *))
+{
+	if (n > 1)
+		qsort(base, n, size, cmp);
+}
+
+static void *find_in_table(const void *key, const void *base, size_t n, size_t size,
+			   int (*cmp)(const void *, const void *))
+{
+	return n ? bsearch(key, base, n, size, cmp) : NULL;
+}
+
 size_t st_dtype_size(enum st_dtype dt)
 {
 	switch (dt) {
@@ -331,7 +346,7 @@ static int check_ranges(const char *path, struct st_range *rg, size_t n,
 	uint64_t pos = 0;
 	size_t i;
 
-	qsort(rg, n, sizeof(*rg), cmp_range);
+	sort_table(rg, n, sizeof(*rg), cmp_range);
 	for (i = 0; i < n; i++) {
 		if (rg[i].end > data_len)
 			return eng_fail(err, -EBADMSG,
@@ -534,7 +549,7 @@ static int load_index(struct st_reader *r, int dirfd, const char *dir, const cha
 		}
 		names[n++] = s;
 	}
-	qsort(names, n, sizeof(*names), cmp_str);
+	sort_table(names, n, sizeof(*names), cmp_str);
 	for (i = 0; i < n && !rc; i++) {
 		char *p;
 
@@ -552,8 +567,8 @@ static int load_index(struct st_reader *r, int dirfd, const char *dir, const cha
 	if (rc)
 		goto out;
 	/* Every mapped tensor must be found in the shard the index names. */
-	qsort(r->tensors, (size_t)r->ntensors, sizeof(*r->tensors), cmp_info_name);
-	qsort(r->others, (size_t)r->nothers, sizeof(*r->others), cmp_other_name);
+	sort_table(r->tensors, (size_t)r->ntensors, sizeof(*r->tensors), cmp_info_name);
+	sort_table(r->others, (size_t)r->nothers, sizeof(*r->others), cmp_other_name);
 	json_object_foreach(wm, key, val) {
 		const struct st_tensor_info *t = st_reader_find(r, key);
 		const char *file = NULL, *base;
@@ -563,8 +578,8 @@ static int load_index(struct st_reader *r, int dirfd, const char *dir, const cha
 		} else {
 			struct st_other k = { .name = (char *)key }, *o;
 
-			o = bsearch(&k, r->others, (size_t)r->nothers, sizeof(k),
-				    cmp_other_name);
+			o = find_in_table(&k, r->others, (size_t)r->nothers, sizeof(k),
+					  cmp_other_name);
 			if (o)
 				file = r->files[o->file].path;
 		}
@@ -677,8 +692,8 @@ int st_reader_open_at(int dirfd, const char *rel, const char *shown, struct st_r
 	close(fd);
 	if (rc)
 		goto out;
-	qsort(r->tensors, (size_t)r->ntensors, sizeof(*r->tensors), cmp_info_name);
-	qsort(r->others, (size_t)r->nothers, sizeof(*r->others), cmp_other_name);
+	sort_table(r->tensors, (size_t)r->ntensors, sizeof(*r->tensors), cmp_info_name);
+	sort_table(r->others, (size_t)r->nothers, sizeof(*r->others), cmp_other_name);
 	/* A name in two shards (or once as a supported and once as another
 	 * dtype) is ambiguous. Within one file jansson already refused it. */
 	for (i = 1; i < r->ntensors; i++) {
@@ -723,7 +738,7 @@ const struct st_tensor_info *st_reader_find(const struct st_reader *r, const cha
 {
 	struct st_tensor_info key = { .name = (char *)name };
 
-	return bsearch(&key, r->tensors, (size_t)r->ntensors, sizeof(key), cmp_info_name);
+	return find_in_table(&key, r->tensors, (size_t)r->ntensors, sizeof(key), cmp_info_name);
 }
 
 const char *st_reader_metadata(const struct st_reader *r, const char *key)
@@ -744,7 +759,7 @@ int st_reader_read_f32(struct st_reader *r, const char *name, float *dst,
 	if (!t) {
 		struct st_other key = { .name = (char *)name }, *o;
 
-		o = bsearch(&key, r->others, (size_t)r->nothers, sizeof(key), cmp_other_name);
+		o = find_in_table(&key, r->others, (size_t)r->nothers, sizeof(key), cmp_other_name);
 		if (o)
 			return eng_fail(err, -EINVAL, "%s: tensor '%s': dtype %s is not supported "
 					"(F32, BF16, F16 only)", r->files[o->file].path, name,
@@ -1157,7 +1172,7 @@ static char *build_header(struct st_writer *w)
 				keys[nk++] = k;
 		}
 		if (ok)
-			qsort(keys, nk, sizeof(*keys), cmp_str);
+			sort_table(keys, nk, sizeof(*keys), cmp_str);
 		for (i = 0; ok && i < nk; i++)
 			ok = !json_object_set(meta, keys[i], json_object_get(w->meta, keys[i]));
 		ok = ok && !json_object_set(root, "__metadata__", meta);
@@ -1215,7 +1230,7 @@ int st_writer_finish(struct st_writer *w, uint64_t *ret_bytes,
 	uint64_t xxh = 0;
 	int rc = 0, i;
 
-	qsort(w->e, (size_t)w->n, sizeof(*w->e), cmp_wentry);
+	sort_table(w->e, (size_t)w->n, sizeof(*w->e), cmp_wentry);
 	hdr = build_header(w);
 	o.buf = malloc(ST_WBUF);
 	o.xs = XXH64_createState();

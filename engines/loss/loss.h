@@ -103,10 +103,10 @@ struct loss_spec {
 	int64_t global_num_tokens;       /* N_tok override; 0 = unset */
 	int64_t global_batch_size;       /* N_seq override; 0 = unset */
 	int64_t dp_size;                 /* 1; verl's factor for averaged gradients */
-	double clip_cov_ratio;           /* 0.0002 */
+	double clip_cov_ratio;           /* 0.0002; a fraction of the tokens, in (0, 1] */
 	double clip_cov_lb;              /* 1.0 */
 	double clip_cov_ub;              /* 5.0 */
-	double kl_cov_ratio;             /* 0.0002 */
+	double kl_cov_ratio;             /* 0.0002; a fraction of the tokens, in (0, 1] */
 	double ppo_kl_coef;              /* 0.1 (actor.yaml; the code default is 1.0) */
 	double tau_pos;                  /* 1.0 (sapo) */
 	double tau_neg;                  /* 1.05 (sapo) */

@@ -467,6 +467,15 @@ static int check_pos(const char *key, double v, struct eng_error *err)
 	return 0;
 }
 
+/* A fraction of the tokens (clip_cov / kl_cov choose ratio x tokens). */
+static int check_fraction(const char *key, double v, struct eng_error *err)
+{
+	if (!(v > 0.0 && v <= 1.0))
+		return eng_fail(err, -EINVAL, "loss.%s: %g must be in (0, 1] (a fraction of the tokens)",
+				key, v);
+	return 0;
+}
+
 static int check_ranges(const struct loss_spec *s, struct eng_error *err)
 {
 	bool pg = s->name == LOSS_PPO;
@@ -511,9 +520,10 @@ static int check_ranges(const struct loss_spec *s, struct eng_error *err)
 		return eng_fail(err, -EINVAL,
 				"loss.clip_ratio_c: %g must be > 1 (dual-clip PPO)",
 				s->clip_ratio_c);
-	if (pg && p == LOSS_PG_CLIP_COV && (r = check_pos("clip_cov_ratio", s->clip_cov_ratio, err)))
+	if (pg && p == LOSS_PG_CLIP_COV &&
+	    (r = check_fraction("clip_cov_ratio", s->clip_cov_ratio, err)))
 		return r;
-	if (pg && p == LOSS_PG_KL_COV && (r = check_pos("kl_cov_ratio", s->kl_cov_ratio, err)))
+	if (pg && p == LOSS_PG_KL_COV && (r = check_fraction("kl_cov_ratio", s->kl_cov_ratio, err)))
 		return r;
 	if (pg && p == LOSS_PG_SAPO) {
 		r = check_pos("tau_pos", s->tau_pos, err);

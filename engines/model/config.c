@@ -45,7 +45,10 @@ static json_t *get(json_t *obj, const char *key)
 }
 
 /* Integer `key` of `obj` (reported as prefix+key). Absent: `def`, or
- * -EINVAL when def < 0 (required). Must be an integer in [min, max]. */
+ * -EINVAL when def < 0 (required). Must be an integer in [min, max], the
+ * default too: one derived from other keys (head_dim = hidden_size /
+ * num_attention_heads) can fall outside, and the config written back
+ * (model_config_to_json) states it. */
 static int get_int(json_t *obj, const char *prefix, const char *key, int64_t def,
 		   int64_t min, int64_t max, int64_t *out, struct eng_error *err)
 {
@@ -54,6 +57,10 @@ static int get_int(json_t *obj, const char *prefix, const char *key, int64_t def
 	if (!v) {
 		if (def < 0)
 			return eng_fail(err, -EINVAL, "%s%s: required key missing", prefix, key);
+		if (def < min || def > max)
+			return eng_fail(err, -EINVAL, "%s%s: not given, and its default %lld is "
+					"not in [%lld, %lld]", prefix, key, (long long)def,
+					(long long)min, (long long)max);
 		*out = def;
 		return 0;
 	}

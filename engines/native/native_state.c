@@ -4,7 +4,7 @@
  * required with its JSON type, no unknown key is allowed (besides the
  * checkpoint library's format_version, files, state_xxh64, whose checksum
  * engines/checkpoint verified first), and the values must hold: steps
- * >= 0, 4 non-zero RNG words of 16 hex digits, contents without repeats
+ * >= 0 (the two counters <= 2^53), 4 non-zero RNG words of 16 hex digits, contents without repeats
  * that match the files listed, hyper-parameters in the ranges an init
  * config must have (engine_optim_config_check, lr_schedule_validate).
  * Such a violation is -EBADMSG naming the file and the key. An intact
@@ -21,6 +21,8 @@
 
 #include "../checkpoint/checkpoint.h"
 #include "../optim/schedule.h"
+
+#define STATE_MAX_STEP (INT64_C(1) << 53)
 
 json_t *native_state_json(struct native *n, int64_t global_step, unsigned contents)
 {
@@ -258,10 +260,16 @@ int native_state_check(struct native *n, json_t *state, const char *shown,
 				NKEYS(sched_keys), "lr_scheduler.", false, shown, err);
 	if (rc)
 		return rc;
-	for (size_t i = 0; i < NKEYS(steps); i++)
-		if (int_of(state, steps[i]) < 0)
-			return eng_fail(err, -EBADMSG, "%s: %s: %lld, must be >= 0", shown,
-					steps[i], (long long)int_of(state, steps[i]));
+	/* global_step is only handed back (SaveCheckpoint takes any >= 0); the
+	 * two counters are restored and counted on: at most 2^53 (exact in any
+	 * JSON reader), far from int64's end. */
+	for (size_t i = 0; i < NKEYS(steps); i++) {
+		int64_t v = int_of(state, steps[i]), max = i == 0 ? INT64_MAX : STATE_MAX_STEP;
+
+		if (v < 0 || v > max)
+			return eng_fail(err, -EBADMSG, "%s: %s: %lld, must be in [0, %lld]", shown,
+					steps[i], (long long)v, (long long)max);
+	}
 	if (int_of(state, "world_size") < 1 || int_of(state, "num_parameters") < 1)
 		return eng_fail(err, -EBADMSG, "%s: %s: must be >= 1", shown,
 				int_of(state, "world_size") < 1 ? "world_size" : "num_parameters");

@@ -98,7 +98,7 @@ START_TEST(test_full_cycle)
 	struct st_reader *rd = NULL;
 	struct eng_error err;
 	int32_t ids[N], lens[NSEQ];
-	int64_t n = N, total = 0;
+	int64_t n = N, total = 0, num_parameters;
 	double sum = 0;
 	int done = 0, count = 0, masked = 0;
 	char dir[400];
@@ -108,6 +108,7 @@ START_TEST(test_full_cycle)
 	ck_assert_int_eq(ec_initialize(c, &ir, &ires, &st), 0);
 	ck_assert_str_eq(ires->engine_key, "language_model/native/cpu");
 	ck_assert_int_gt(ires->num_parameters, 800000);
+	num_parameters = ires->num_parameters;
 	ec_free(ires);
 
 	mr.mode = ENGINED__V1__MODE__MODE_TRAIN;
@@ -211,6 +212,7 @@ START_TEST(test_full_cycle)
 		}
 		ck_assert_msg(st.code == 0, "%s", st.message);
 		ck_assert_int_eq(count, st_reader_count(rd));
+		ck_assert_int_eq(total, num_parameters);
 		ec_weights_close(w);
 	}
 	st_reader_close(rd);

@@ -60,7 +60,8 @@ def test_config_dimensions_out_of_range(client):
 def test_config_too_large_for_memory(client):
     """Within the bounds but 2^38 parameters (1 TiB of fp32): refused for
     memory, not by a crash."""
-    cfg = dict(TINY_LLAMA, vocab_size=1 << 22, hidden_size=1 << 16)
+    cfg = dict(TINY_LLAMA, vocab_size=1 << 22, hidden_size=1 << 16, num_attention_heads=512,
+               num_key_value_heads=512)
     msg = expect(SC.RESOURCE_EXHAUSTED, client.initialize, hf_config_json=json.dumps(cfg),
                  replace=True)
     # Refused from the estimate, before anything is allocated.

@@ -350,6 +350,8 @@ static int dump_add(struct dump *d, const char *prefix, const char *name, int nd
 {
 	size_t len = strlen(prefix) + strlen(name) + 1;
 
+	if (ndim < 0 || ndim > 4)
+		return -EINVAL;
 	if (d->count == d->cap)
 		return -ENOSPC;
 	d->names[d->count] = malloc(len);
@@ -362,7 +364,8 @@ static int dump_add(struct dump *d, const char *prefix, const char *name, int nd
 	snprintf(d->names[d->count], len, "%s%s", prefix, name);
 	memcpy(d->data[d->count], src, (size_t)numel * sizeof(float));
 	d->ndim[d->count] = ndim;
-	memcpy(d->shape[d->count], shape, sizeof(d->shape[0]));
+	memset(d->shape[d->count], 0, sizeof(d->shape[0]));
+	memcpy(d->shape[d->count], shape, (size_t)ndim * sizeof(*shape));  /* shape has ndim */
 	d->count++;
 	return 0;
 }

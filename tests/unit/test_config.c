@@ -440,6 +440,10 @@ START_TEST(errors)
 		{ "num_key_value_heads", "0", "num_key_value_heads" },
 		{ "head_dim", "15", "head_dim" },                        /* odd */
 		{ "hidden_size", "66", "hidden_size" },                  /* 66 % 4, no head_dim */
+		/* head_dim's default 5312 / 4 = 1328 > MODEL_MAX_HEAD_DIM, as an
+		 * explicit head_dim would be (tests/fuzz/fuzz_model_config found
+		 * the config accepted, and refused once written back) */
+		{ "hidden_size", "5312", "head_dim: not given, and its default 1328" },
 		{ "rms_norm_eps", "0", "rms_norm_eps" },
 		{ "rope_theta", "-1", "rope_theta" },
 		{ "tie_word_embeddings", "1", "tie_word_embeddings" },

@@ -256,7 +256,6 @@ START_TEST(convert_f16)
 	float *x = tu_falloc(dev, n);
 	uint16_t *out = dev->ops->alloc(dev, n * sizeof(uint16_t));
 	size_t k;
-	int64_t i;
 
 	ck_assert_ptr_nonnull(out);
 	for (k = 0; k < sizeof(cases) / sizeof(cases[0]); k++)
@@ -272,15 +271,16 @@ START_TEST(convert_f16)
 	ck_assert((out[k + 1] & 0x7c00) == 0x7c00 && (out[k + 1] & 0x3ff) != 0);
 	ck_assert((out[k + 2] & 0xfc00) == 0xfc00 && (out[k + 2] & 0x3ff) != 0);
 
+#ifdef __FLT16_MAX__  /* the compiler has _Float16 (GCC; clang 14 on x86 does not) */
 	tu_seed(32);
-	for (i = 0; i < n; i++) {
+	for (int64_t i = 0; i < n; i++) {
 		/* exponents around the half range: 2^-30 .. 2^20 */
 		int e = (int)(tu_u64() % 51) - 30;
 
 		x[i] = ldexpf(tu_uniform(-2.0f, 2.0f), e);
 	}
 	ck_assert_int_eq(dev->k->to_f16(dev, out, x, n), 0);
-	for (i = 0; i < n; i++) {
+	for (int64_t i = 0; i < n; i++) {
 		_Float16 h = (_Float16)x[i];
 		uint16_t want;
 
@@ -288,6 +288,7 @@ START_TEST(convert_f16)
 		ck_assert_msg(out[i] == want, "f16(%a) = 0x%04x want 0x%04x",
 			      (double)x[i], out[i], want);
 	}
+#endif
 	dev->ops->free(dev, x);
 	dev->ops->free(dev, out);
 	tu_close(dev);

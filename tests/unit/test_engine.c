@@ -123,7 +123,7 @@ START_TEST(create_cancelled_and_too_large)
 	engine_init_config_defaults(&cfg);
 	cfg.hf_config_json = "{\"model_type\": \"llama\", \"vocab_size\": 1048576, "
 			     "\"hidden_size\": 16384, \"intermediate_size\": 16, "
-			     "\"num_hidden_layers\": 1, \"num_attention_heads\": 1, "
+			     "\"num_hidden_layers\": 1, \"num_attention_heads\": 128, "
 			     "\"tie_word_embeddings\": true}";
 	ck_assert_int_eq(engine_create(&cfg, &e, &err), -ENOMEM);
 	ck_assert_ptr_eq(e, (struct engine *)0x1);

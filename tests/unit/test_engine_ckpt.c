@@ -167,6 +167,10 @@ START_TEST(contents_and_errors)
 }
 END_TEST
 
+/* engine_state.json's steps are integers >= 0, the restored counters at
+ * most 2^53; anything else is DATA_LOSS before the engine changes (a
+ * negative global_step, a counter near int64's end or a string were taken
+ * as they were, or as 0: tests/fuzz/fuzz_ckpt_state's seeds loaded). */
 /* A bigger model so that a save takes long enough to be interrupted. */
 static const char *const MEDIUM =
 	"{\"model_type\": \"llama\", \"vocab_size\": 4096, \"hidden_size\": 256,"
@@ -585,6 +589,14 @@ START_TEST(state_schema)
 		     "optimizer.lr: must be a real number");
 	expect_state(&c, with(ref, NULL, "optimizer_step", json_integer(-1)), true, -EBADMSG,
 		     "optimizer_step");
+	/* The counters are counted on: at most 2^53; global_step is only
+	 * handed back (any int64 >= 0). */
+	expect_state(&c, with(ref, NULL, "optimizer_step", json_integer(INT64_C(1) << 62)), true,
+		     -EBADMSG, "optimizer_step: 4611686018427387904, must be in [0, 9007199254740992]");
+	expect_state(&c, with(ref, NULL, "lr_scheduler_step", json_integer((INT64_C(1) << 53) + 1)),
+		     true, -EBADMSG, "lr_scheduler_step");
+	expect_state(&c, with(ref, NULL, "global_step", json_integer(-3)), true, -EBADMSG,
+		     "global_step: -3, must be in [0, 9223372036854775807]");
 	expect_state(&c, with(ref, "optimizer", "beta1", json_real(1.5)), true, -EBADMSG,
 		     "optimizer.beta1");
 	expect_state(&c, with(ref, "optimizer", "eps", json_real(0.0)), true, -EBADMSG,

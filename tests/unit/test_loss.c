@@ -647,6 +647,44 @@ START_TEST(spec_validation_names_the_field)
 }
 END_TEST
 
+/* clip_cov's and kl_cov's ratios are fractions of the tokens, in (0, 1]:
+ * a huge one made ratio x tokens overflow the int64 conversion of the
+ * token count (undefined; found by tests/fuzz/fuzz_loss_spec). */
+START_TEST(cov_ratios_are_fractions)
+{
+	static const int ppo_in[] = { LOSS_IN_OLD_LOG_PROBS, LOSS_IN_ADVANTAGES, -1 };
+	static const struct { const char *policy, *key, *val; bool ok; } cases[] = {
+		{ "clip_cov", "clip_cov_ratio", "1", true },
+		{ "clip_cov", "clip_cov_ratio", "1e300", false },
+		{ "clip_cov", "clip_cov_ratio", "1.5", false },
+		{ "kl_cov", "kl_cov_ratio", "1", true },
+		{ "kl_cov", "kl_cov_ratio", "1e300", false },
+		{ "kl_cov", "kl_cov_ratio", "0", false },
+		{ "vanilla", "kl_cov_ratio", "1e300", true },   /* not used by vanilla */
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct loss_inputs_present p;
+		struct loss_spec s;
+		struct eng_error err = {0};
+		int r;
+
+		ck_assert_int_eq(loss_spec_init(&s, "ppo", &err), 0);
+		ck_assert_int_eq(loss_spec_set(&s, "policy_loss", cases[i].policy, &err), 0);
+		ck_assert_int_eq(loss_spec_set(&s, cases[i].key, cases[i].val, &err), 0);
+		loss_inputs_present_init(&p, 4);
+		for (const int *k = ppo_in; *k >= 0; k++)
+			p.len[*k] = 4;
+		r = loss_spec_validate(&s, &p, &err);
+		if (cases[i].ok)
+			ck_assert_msg(r == 0, "case %zu: %s", i, err.msg);
+		else
+			ck_assert_msg(r == -EINVAL && strstr(err.msg, cases[i].key) &&
+				      strstr(err.msg, "(0, 1]"), "case %zu: %d %s", i, r, err.msg);
+	}
+}
+END_TEST
+
 /* Bad batches fail before anything is written. */
 START_TEST(batch_errors_leave_outputs_untouched)
 {
@@ -795,6 +833,7 @@ int main(void)
 	tcase_add_test(tc, metrics_combine_to_full_batch);
 	tcase_add_test(tc, spec_parsing);
 	tcase_add_test(tc, spec_validation_names_the_field);
+	tcase_add_test(tc, cov_ratios_are_fractions);
 	tcase_add_test(tc, batch_errors_leave_outputs_untouched);
 	tcase_add_test(tc, clip_cov_seeded_choice);
 	tcase_add_test(tc, adapter_io_checks_and_forward_only);
