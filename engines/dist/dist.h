@@ -1,0 +1,118 @@
+/* dist.h — collectives between the ranks of one data-parallel group, on
+ * existing libraries only: NCCL for device memory (the CUDA device), Gloo
+ * for host memory (the CPU device). Backends sit in a table like the
+ * devices (dist_table.c): a backend that was not built has a NULL name and
+ * is never found, so callers have no #ifdefs.
+ *
+ * A group is formed in two steps, driven by the controller:
+ *   1. on rank 0's daemon, `create_id` makes a group id (NCCL: the unique
+ *      id of ncclGetUniqueId, whose bootstrap root listens in that process;
+ *      Gloo: a random 128-bit secret naming the group's directory in the
+ *      shared FileStore root);
+ *   2. every rank calls `open` with that id, its rank and the world size;
+ *      open returns once all ranks are connected, or fails at the timeout.
+ * The id is a secret: who holds it can join the group (docs/DISTRIBUTED.md).
+ *
+ * Every collective is blocking, in place where it can be, works on `count`
+ * elements of `dtype`, and returns within the group's timeout: 0, or
+ *   -ETIMEDOUT   a rank did not arrive in time (the message names it when
+ *                the library says which),
+ *   -ECONNRESET  a peer closed its connection (a rank died),
+ *   -ENOTCONN    the group was broken by an earlier failure,
+ *   -EINVAL      a bad argument (count < 0, root out of range),
+ *   -EIO         any other library failure (the message carries its text).
+ * After any failure but -EINVAL the group is broken (NCCL: the communicator
+ * was aborted with ncclCommAbort): every later call returns -ENOTCONN at
+ * once, and only dist_close is left to do. Nothing hangs.
+ */
+#ifndef ENGINED_DIST_H
+#define ENGINED_DIST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../err.h"
+
+/* NCCL_UNIQUE_ID_BYTES; a Gloo id is shorter. */
+#define DIST_GROUP_ID_MAX 128
+#define DIST_MAX_WORLD 4096
+
+enum dist_dtype {
+	DIST_F32 = 0,
+	DIST_F64,
+};
+
+struct dist_group_id {
+	uint8_t bytes[DIST_GROUP_ID_MAX];
+	size_t len;
+};
+
+struct dist_config {
+	int rank, world_size;          /* 0 <= rank < world_size <= DIST_MAX_WORLD */
+	struct dist_group_id id;
+	double timeout_s;              /* > 0: every open and collective */
+	/* Gloo: the FileStore root every rank reaches (same host, or a shared
+	 * file system); the group's store is root/<hex of the id>. */
+	const char *store_root;
+	/* Gloo: the address this rank's TCP pairs listen on (NULL: the host
+	 * name's address). */
+	const char *host;
+	/* NCCL: the CUDA stream (cudaStream_t) the collectives are ordered on,
+	 * and the CUDA device ordinal. */
+	void *stream;
+	int cuda_device;
+};
+
+struct dist;
+
+struct dist_ops {
+	const char *name;       /* "gloo", "nccl"; NULL: not built */
+	const char *device;     /* the device (device.h) whose memory it reduces */
+	/* On rank 0: a new group id (cfg gives the timeout, store_root). */
+	int (*create_id)(const struct dist_config *cfg, struct dist_group_id *ret,
+			 struct eng_error *err);
+	int (*open)(const struct dist_config *cfg, struct dist **ret, struct eng_error *err);
+	void (*close)(struct dist *d);            /* accepts NULL */
+	/* Sum over ranks, in place: buf[count]. */
+	int (*all_reduce)(struct dist *d, void *buf, int64_t count, enum dist_dtype t,
+			  struct eng_error *err);
+	/* Sum over ranks of in[world_size * count]; rank r gets its slice
+	 * [r * count, (r + 1) * count) in out[count]. out may be that slice of in. */
+	int (*reduce_scatter)(struct dist *d, void *out, const void *in, int64_t count,
+			      enum dist_dtype t, struct eng_error *err);
+	/* out[world_size * count] = every rank's in[count], in rank order. in may
+	 * be rank's own slice of out. */
+	int (*all_gather)(struct dist *d, void *out, const void *in, int64_t count,
+			  enum dist_dtype t, struct eng_error *err);
+	int (*broadcast)(struct dist *d, void *buf, int64_t count, enum dist_dtype t, int root,
+			 struct eng_error *err);
+	int (*barrier)(struct dist *d, struct eng_error *err);
+};
+
+/* The common head of every backend's group. */
+struct dist {
+	const struct dist_ops *ops;
+	int rank, world_size;
+	double timeout_s;
+	bool broken;
+};
+
+extern const struct dist_ops gloo_dist_ops;   /* gloo/ or gloo_stub.c */
+extern const struct dist_ops nccl_dist_ops;   /* nccl/ or nccl_stub.c */
+
+/* The backend that serves device `device` ("cpu" -> gloo, "cuda" -> nccl),
+ * or NULL when none was built. */
+const struct dist_ops *dist_for_device(const char *device);
+/* Comma-separated names of the backends built ("gloo,nccl"). */
+const char *dist_names(void);
+/* Check a config against the rules above (ranks, timeout, id length). */
+int dist_config_check(const struct dist_config *cfg, struct eng_error *err);
+
+/* Bytes of one element of t. */
+static inline size_t dist_dtype_size(enum dist_dtype t)
+{
+	return t == DIST_F64 ? 8 : 4;
+}
+
+#endif
