@@ -70,6 +70,12 @@ static const struct key keys[] = {
 	  "SaveCheckpoint / LoadCheckpoint paths are relative to, and confined under, this directory" },
 	{ "paths", "model_root", K_PATH, F(model_root), 0, 0,
 	  "Initialize.model_path is relative to, and confined under, this directory" },
+	{ "dist", "store_root", K_PATH, F(dist_store_root), 0, 0,
+	  "the Gloo FileStore root of data-parallel groups on the CPU: a directory every rank's daemon reaches (same host or a shared file system), mode 0700" },
+	{ "dist", "host", K_STR, F(dist_host), 0, 0,
+	  "the address this daemon's Gloo connections listen on (a private network); unset: the host name's" },
+	{ "dist", "timeout_s", K_MS, F(dist_timeout_ms), 1, 86400000LL,
+	  "joining a group and every collective, when Initialize's dist.timeout_s is unset" },
 	{ "engine", "threads", K_INT, F(threads), 0, 1024,
 	  "engine compute threads; 0: all cores" },
 	{ "engine", "default_device", K_STR, F(default_device), 0, 0,
@@ -151,7 +157,8 @@ int config_init(struct daemon_config *c)
 	c->listen[0] = strdup("127.0.0.1:50051");
 	c->checkpoint_root = strdup("./var/checkpoints");
 	c->model_root = strdup("./var/models");
-	if (!c->listen[0] || !c->checkpoint_root || !c->model_root) {
+	c->dist_store_root = strdup("./var/dist");
+	if (!c->listen[0] || !c->checkpoint_root || !c->model_root || !c->dist_store_root) {
 		config_free(c);
 		return -ENOMEM;
 	}
@@ -164,6 +171,7 @@ int config_init(struct daemon_config *c)
 	c->tls_require_client_cert = true;
 	c->log_level = LOG_LVL_INFO;
 	c->grace_ms = 30000;
+	c->dist_timeout_ms = 300000;
 	c->metrics_idle_timeout_s = 5;
 	return 0;
 }

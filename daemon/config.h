@@ -42,6 +42,11 @@ struct daemon_config {
 	char *checkpoint_root;        /* realpath'ed by main before the start */
 	char *model_root;
 
+	/* [dist] */
+	char *dist_store_root;        /* Gloo FileStore root (realpath'ed by main) */
+	char *dist_host;              /* address Gloo's pairs listen on; NULL: host name */
+	int64_t dist_timeout_ms;      /* collectives when DistConfig gives none */
+
 	/* [engine] */
 	int threads;                  /* engine compute threads; 0: all cores */
 	char *default_device;         /* Initialize.device when empty; NULL: engine's */

@@ -25,6 +25,10 @@ int h_validate_load_checkpoint(struct daemon *d, struct job *j, struct eng_error
 int h_run_load_checkpoint(struct daemon *d, struct job *j, struct eng_error *err);
 int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err);
 
+/* group.c: CreateGroup */
+int h_validate_create_group(struct daemon *d, struct job *j, struct eng_error *err);
+int h_run_create_group(struct daemon *d, struct job *j, struct eng_error *err);
+
 /* stream.c: GetPerTensorParam */
 int h_validate_get_params(struct daemon *d, struct job *j, struct eng_error *err);
 int h_run_get_params(struct daemon *d, struct job *j, struct eng_error *err);

@@ -54,6 +54,7 @@ static void usage(FILE *f)
 		"                           (host:port, [v6]:port, unix:/path; port 0 picks one)\n"
 		"  --checkpoint-root DIR    paths.checkpoint_root (default ./var/checkpoints)\n"
 		"  --model-root DIR         paths.model_root (default ./var/models)\n"
+		"  --dist-store-root DIR    dist.store_root (default ./var/dist)\n"
 		"  --threads N              engine.threads (default: all cores)\n"
 		"  --log-level L            log.level: error, warn, info (default), debug\n"
 		"  --max-request-bytes N    server.max_request_bytes (default 512M)\n"
@@ -75,7 +76,7 @@ struct flag_key {
 };
 
 enum {
-	OPT_CHECK = 1000, OPT_LISTEN, OPT_CKPT, OPT_MODEL, OPT_THREADS, OPT_LEVEL,
+	OPT_CHECK = 1000, OPT_LISTEN, OPT_CKPT, OPT_MODEL, OPT_DIST_STORE, OPT_THREADS, OPT_LEVEL,
 	OPT_MAXREQ, OPT_POLLERS, OPT_PORTFILE, OPT_CERT, OPT_KEY, OPT_CA, OPT_TOKENS,
 	OPT_METRICS, OPT_INSECURE, OPT_VERSION,
 };
@@ -84,6 +85,7 @@ static const struct flag_key flag_keys[] = {
 	{ OPT_LISTEN, "server", "listen" },
 	{ OPT_CKPT, "paths", "checkpoint_root" },
 	{ OPT_MODEL, "paths", "model_root" },
+	{ OPT_DIST_STORE, "dist", "store_root" },
 	{ OPT_THREADS, "engine", "threads" },
 	{ OPT_LEVEL, "log", "level" },
 	{ OPT_MAXREQ, "server", "max_request_bytes" },
@@ -104,6 +106,7 @@ static const struct option opts[] = {
 	{ "listen", required_argument, NULL, OPT_LISTEN },
 	{ "checkpoint-root", required_argument, NULL, OPT_CKPT },
 	{ "model-root", required_argument, NULL, OPT_MODEL },
+	{ "dist-store-root", required_argument, NULL, OPT_DIST_STORE },
 	{ "threads", required_argument, NULL, OPT_THREADS },
 	{ "log-level", required_argument, NULL, OPT_LEVEL },
 	{ "max-request-bytes", required_argument, NULL, OPT_MAXREQ },
@@ -401,7 +404,7 @@ int main(int argc, char **argv)
 	static struct daemon d;
 	static struct main_ctx m;
 	const char *check = NULL;
-	char *ckpt_real = NULL, *model_real = NULL;
+	char *ckpt_real = NULL, *model_real = NULL, *dist_real = NULL;
 	char errbuf[1024];
 	struct eng_error err;
 	struct tls_pem pem;
@@ -436,14 +439,17 @@ int main(int argc, char **argv)
 		have_pem = true;
 	}
 	if (paths_prepare_root(cfg.checkpoint_root, &ckpt_real, &err) < 0 ||
-	    paths_prepare_root(cfg.model_root, &model_real, &err) < 0) {
+	    paths_prepare_root(cfg.model_root, &model_real, &err) < 0 ||
+	    paths_prepare_root(cfg.dist_store_root, &dist_real, &err) < 0) {
 		fprintf(stderr, "engined: %s\n", err.msg);
 		return 1;
 	}
 	free(cfg.checkpoint_root);
 	free(cfg.model_root);
+	free(cfg.dist_store_root);
 	cfg.checkpoint_root = ckpt_real;
 	cfg.model_root = model_real;
+	cfg.dist_store_root = dist_real;
 	for (int i = 0; i < cfg.n_listen; i++) {
 		if (config_addr_is_local(cfg.listen[i]))
 			continue;

@@ -53,6 +53,8 @@ struct method daemon_methods[] = {
 	    h_run_load_checkpoint),
 	{ .service = ENGINE_SVC, .name = "GetStatus", .flags = M_READ_ONLY,
 	  .where = RUN_INLINE, .modes = MODES_ANY, .run = h_run_get_status },
+	{ .service = ENGINE_SVC, .name = "CreateGroup", .where = RUN_INLINE,
+	  .modes = MODES_ANY, .validate = h_validate_create_group, .run = h_run_create_group },
 	{ .service = HEALTH_SVC, .name = "Check", .label = "Health.Check",
 	  .flags = M_READ_ONLY | M_HEALTH, .where = RUN_INLINE, .modes = MODES_ANY,
 	  .run = run_health_check },

@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 
 # The rows of daemon/methods.c's table, in order (fuzz_request's byte 0).
 ROWS = ["Initialize", "SetMode", "ForwardBackward", "OptimizerStep", "ZeroGrad", "LrSchedulerStep",
-        "ToDevice", "GetPerTensorParam", "SaveCheckpoint", "LoadCheckpoint", "GetStatus",
+        "ToDevice", "GetPerTensorParam", "SaveCheckpoint", "LoadCheckpoint", "GetStatus", "CreateGroup",
         "Health.Check", "Health.Watch", "Reflection.v1alpha", "Reflection.v1"]
 VALUE_MODEL = 0x80
 
@@ -153,6 +153,7 @@ def requests(pb):
         path="run/step-2", global_step=2, max_to_keep=3, contents=["model", "optimizer"]))
     req("LoadCheckpoint", pb.LoadCheckpointRequest(path="run/step-1", contents=["extra"]))
     req("GetStatus", pb.GetStatusRequest())
+    req("CreateGroup", pb.CreateGroupRequest(device="cpu", world_size=3))
 
     def s(field, text):   # a length-delimited string field
         b = text.encode()

@@ -85,7 +85,7 @@ class Api:
     # The methods aio.AsyncEngineClient turns into coroutines.
     RPC_METHODS = ("initialize", "set_mode", "forward_backward", "optimizer_step",
                    "zero_grad", "lr_scheduler_step", "to_device", "save_checkpoint",
-                   "load_checkpoint", "get_status", "health", "call_raw")
+                   "load_checkpoint", "get_status", "create_group", "health", "call_raw")
 
     def initialize(self, *, preset="", hf_config_json="", model_path="",
                    model_type="", backend="", device="", seed=0, optimizer=None,
@@ -209,6 +209,16 @@ class Api:
         """Returns a Status (every GetStatusResponse field)."""
         return self._rpc("GetStatus", pb.GetStatusRequest(), pb.GetStatusResponse,
                          R.Status.from_proto, timeout)
+
+    def create_group(self, world_size, device="", timeout=None):
+        """On rank 0's daemon: a new data-parallel group of world_size
+        ranks (docs/DISTRIBUTED.md). Returns a CreateGroupResult; pass its
+        group_id to every rank's initialize(dist={"rank": r, "world_size":
+        world_size, "group_id": id}). Not state-changing: a retry makes a
+        new id, and an unused id costs nothing."""
+        req = pb.CreateGroupRequest(device=device, world_size=world_size)
+        return self._rpc("CreateGroup", req,
+                         pb.CreateGroupResponse, R.CreateGroupResult.from_proto, timeout)
 
     def health(self, service="", timeout=None):
         """grpc.health.v1.Health/Check: "SERVING" or "NOT_SERVING"."""

@@ -13,7 +13,9 @@ unchanged). Both clients return the same types.
   to_device         -> Placement
   save_checkpoint   -> SaveResult
   load_checkpoint   -> LoadResult (an int, the global step; also .global_step)
-  get_status        -> Status (placement: Placement, memory: Memory)
+  get_status        -> Status (placement: Placement, memory: Memory,
+                       dist: DistStatus or None when the engine runs alone)
+  create_group      -> CreateGroupResult (group_id: bytes, backend)
 
 Results compare with == field by field (arrays by shape, dtype and values),
 so two replies of one request id compare equal.
@@ -125,6 +127,33 @@ class SaveResult:
 
 
 @dataclass(frozen=True)
+class DistStatus:
+    """This rank's place in its data-parallel group (GetStatus.dist)."""
+    rank: int
+    world_size: int
+    backend: str
+    optimizer_shard_parameters: int
+    optimizer_bytes: int
+    broken: bool
+
+    @classmethod
+    def from_proto(cls, m):
+        return _from(cls, m)
+
+
+@dataclass(frozen=True)
+class CreateGroupResult:
+    """CreateGroup: the group id (a secret) to pass to every rank's
+    Initialize as dist group_id, and the backend that will run it."""
+    group_id: bytes
+    backend: str
+
+    @classmethod
+    def from_proto(cls, m):
+        return _from(cls, m)
+
+
+@dataclass(frozen=True)
 class Status:
     """GetStatus: every field of GetStatusResponse."""
     engine_key: str
@@ -144,11 +173,13 @@ class Status:
     accumulated_calls: int
     accumulated_tokens: int
     last_request_id: str
+    dist: Optional[DistStatus]
 
     @classmethod
     def from_proto(cls, m):
         return _from(cls, m, mode=_mode, placement=Placement.from_proto,
-                     memory=Memory.from_proto)
+                     memory=Memory.from_proto,
+                     dist=lambda d: DistStatus.from_proto(d) if m.HasField("dist") else None)
 
 
 class LrResult(float):
@@ -264,4 +295,6 @@ REPLY_TYPES = {
     LoadResult: pb.LoadCheckpointResponse,
     Status: pb.GetStatusResponse,
     Memory: pb.Memory,
+    DistStatus: pb.DistStatus,
+    CreateGroupResult: pb.CreateGroupResponse,
 }

@@ -1,0 +1,53 @@
+/* group.c — CreateGroup: a new data-parallel group id on rank 0's daemon
+ * (docs/DISTRIBUTED.md). The id comes from the collective backend of the
+ * group's device (engines/dist/): NCCL's unique id, whose bootstrap root
+ * listens in this process, or a Gloo group in the FileStore root
+ * ([dist] store_root). Each rank's Initialize then joins with it. */
+#include "handlers.h"
+
+#include "dist/dist.h"
+#include "engined/v1/engine.pb-c.h"
+#include "job.h"
+
+static const char *group_device(struct daemon *d, const Engined__V1__CreateGroupRequest *q)
+{
+	if (q->device && q->device[0])
+		return q->device;
+	return d->cfg.default_device ? d->cfg.default_device : "cpu";
+}
+
+int h_validate_create_group(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	const Engined__V1__CreateGroupRequest *q = (const void *)j->req;
+	const char *dev = group_device(d, q);
+
+	if (q->world_size < 2 || q->world_size > DIST_MAX_WORLD)
+		return eng_fail(err, -EINVAL, "world_size: %d, must be in [2, %d]", q->world_size,
+				DIST_MAX_WORLD);
+	if (!dist_for_device(dev))
+		return eng_fail(err, -ENODEV, "device: no collective backend for %s in this build "
+				"(built: %s)", dev, dist_names()[0] ? dist_names() : "none");
+	return 0;
+}
+
+int h_run_create_group(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	const Engined__V1__CreateGroupRequest *q = (const void *)j->req;
+	Engined__V1__CreateGroupResponse resp = ENGINED__V1__CREATE_GROUP_RESPONSE__INIT;
+	const struct dist_ops *ops = dist_for_device(group_device(d, q));
+	struct dist_config cfg = {
+		.rank = 0, .world_size = q->world_size,
+		.timeout_s = (double)d->cfg.dist_timeout_ms / 1000.0,
+		.store_root = d->cfg.dist_store_root, .host = d->cfg.dist_host,
+	};
+	struct dist_group_id id = { .len = 0 };
+	int r;
+
+	r = ops->create_id(&cfg, &id, err);
+	if (r < 0)
+		return r;
+	resp.group_id.data = id.bytes;
+	resp.group_id.len = id.len;
+	resp.backend = (char *)ops->name;
+	return job_set_reply(j, &resp.base);
+}

@@ -1,0 +1,73 @@
+/* dist_table.c — the collective backends built into this binary, found by
+ * the device they serve, and the one check of a group's configuration.
+ *
+ * As in the device table: each entry is defined either by its backend
+ * (engines/dist/gloo/, engines/dist/nccl/) or by a stub (gloo_stub.c,
+ * nccl_stub.c) whose name is NULL, and NULL entries are skipped.
+ */
+#include "dist/dist.h"
+
+#include <pthread.h>
+#include <string.h>
+
+static const struct dist_ops *const backends[] = {
+	&gloo_dist_ops,
+	&nccl_dist_ops,
+};
+
+#define N_BACKENDS (sizeof(backends) / sizeof(backends[0]))
+
+const struct dist_ops *dist_for_device(const char *device)
+{
+	if (!device)
+		return NULL;
+	for (size_t i = 0; i < N_BACKENDS; i++)
+		if (backends[i]->name && strcmp(backends[i]->device, device) == 0)
+			return backends[i];
+	return NULL;
+}
+
+/* At most "gloo,nccl". */
+static char names[64];
+static pthread_once_t names_once = PTHREAD_ONCE_INIT;
+
+static void build_names(void)
+{
+	size_t len = 0;
+
+	for (size_t i = 0; i < N_BACKENDS; i++) {
+		const char *n = backends[i]->name;
+		size_t nl = n ? strlen(n) : 0;
+
+		if (!n || len + nl + 2 > sizeof(names))
+			continue;
+		if (len)
+			names[len++] = ',';
+		memcpy(names + len, n, nl);
+		len += nl;
+	}
+	names[len] = '\0';
+}
+
+const char *dist_names(void)
+{
+	(void)pthread_once(&names_once, build_names);
+	return names;
+}
+
+int dist_config_check(const struct dist_config *cfg, struct eng_error *err)
+{
+	if (cfg->world_size < 2 || cfg->world_size > DIST_MAX_WORLD)
+		return eng_fail(err, -EINVAL, "dist.world_size: %d, must be in [2, %d]",
+				cfg->world_size, DIST_MAX_WORLD);
+	if (cfg->rank < 0 || cfg->rank >= cfg->world_size)
+		return eng_fail(err, -EINVAL, "dist.rank: %d, must be in [0, %d)", cfg->rank,
+				cfg->world_size);
+	if (!(cfg->timeout_s > 0) || cfg->timeout_s > 86400)
+		return eng_fail(err, -EINVAL, "dist.timeout_s: %g, must be in (0, 86400]",
+				cfg->timeout_s);
+	if (cfg->id.len == 0 || cfg->id.len > DIST_GROUP_ID_MAX)
+		return eng_fail(err, -EINVAL, "dist.group_id: %zu bytes, must be 1 to %d (the "
+				"id CreateGroup returned)", cfg->id.len, DIST_GROUP_ID_MAX);
+	return 0;
+}
