@@ -124,7 +124,9 @@ def test_unauthenticated_bodies_not_read(token_file):
         growth = (hwm1 - max(hwm0, rss0)) * 1024
         print("peak RSS before %d KiB, after %d KiB: growth %.1f MiB for %d x %d MiB sent"
               % (hwm0, hwm1, growth / MiB, n + 1, size // MiB), flush=True)
-        assert growth < size / 4, \
+        # Reading even one body would add 100 MiB; the rest is gRPC's
+        # buffers and, under AddressSanitizer, its allocator (about 26 MiB).
+        assert growth < size / 2, \
             "peak RSS grew %.1f MiB for requests refused without reading them" % (growth / MiB)
         # The daemon goes on serving callers with a token.
         with EngineClient(d.addr, token=TOKEN, options=OWN) as c:
