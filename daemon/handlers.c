@@ -180,13 +180,24 @@ int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err
 		c->max_tokens_per_micro_batch = q->max_tokens_per_micro_batch;
 	else if (d->cfg.default_micro_batch_tokens > 0)
 		c->max_tokens_per_micro_batch = d->cfg.default_micro_batch_tokens;
-	if (q->dist && q->dist->world_size > 1)
-		return eng_fail(err, -ENODEV,
-				"dist.world_size: %d processes requested; this build runs one",
-				q->dist->world_size);
-	if (q->dist && (q->dist->rank < 0 || q->dist->world_size < 0 ||
-			(q->dist->world_size <= 1 && q->dist->rank != 0)))
-		return eng_fail(err, -EINVAL, "dist.rank: must be 0 for a single process");
+	if (q->dist) {
+		const Engined__V1__DistConfig *g = q->dist;
+
+		if (g->group_id.len > DIST_GROUP_ID_MAX)
+			return eng_fail(err, -EINVAL, "dist.group_id: %zu bytes, at most %d (the id "
+					"CreateGroup returned)", g->group_id.len, DIST_GROUP_ID_MAX);
+		if (g->world_size < 0)
+			return eng_fail(err, -EINVAL, "dist.world_size: %d, must be >= 0",
+					g->world_size);
+		c->dist.rank = g->rank;
+		c->dist.world_size = g->world_size;
+		memcpy(c->dist.id.bytes, g->group_id.data, g->group_id.len);
+		c->dist.id.len = g->group_id.len;
+		c->dist.timeout_s = PB_HAS(g, timeout_s) ? g->timeout_s
+			: (double)d->cfg.dist_timeout_ms / 1000.0;
+		c->dist.store_root = d->cfg.dist_store_root;
+		c->dist.host = d->cfg.dist_host;
+	}
 	c->threads = d->cfg.threads;
 	c->bf16_matmul = q->bf16_matmul;
 	r = engine_init_config_check(c, err);
@@ -658,6 +669,7 @@ int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err)
 	Engined__V1__GetStatusResponse resp = ENGINED__V1__GET_STATUS_RESPONSE__INIT;
 	Engined__V1__Placement pl;
 	Engined__V1__Memory mem = ENGINED__V1__MEMORY__INIT;
+	Engined__V1__DistStatus ds = ENGINED__V1__DIST_STATUS__INIT;
 	struct engine_status st;
 	char current[48] = "", last_id[RPC_REQUEST_ID_MAX + 1];
 	struct timespec now;
@@ -696,5 +708,14 @@ int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err)
 	resp.busy = busy;
 	resp.current_job = current;
 	resp.queued_jobs = queued;
+	if (st.initialized && st.dist_world_size > 1) {
+		ds.rank = st.dist_rank;
+		ds.world_size = st.dist_world_size;
+		ds.backend = (char *)(st.dist_backend ? st.dist_backend : "");
+		ds.optimizer_shard_parameters = st.optim_shard_params;
+		ds.optimizer_bytes = (int64_t)st.optim_bytes;
+		ds.broken = st.dist_broken;
+		resp.dist = &ds;
+	}
 	return job_set_reply(j, &resp.base);
 }

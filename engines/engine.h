@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dist/dist.h"
 #include "err.h"
 
 enum engine_mode {
@@ -91,6 +92,11 @@ struct engine_init_config {
 	 * NULL: never. */
 	bool (*cancelled)(void *ctx);
 	void *cancel_ctx;
+	/* Data parallelism (docs/DISTRIBUTED.md): world_size <= 1 runs alone.
+	 * Else engine_create joins the group of dist.id (blocking until every
+	 * rank joined or dist.timeout_s passed) on the device's collective
+	 * backend; device fields of dist (stream) are the engine's to set. */
+	struct dist_config dist;
 };
 
 /* Defaults used when a field is left 0: lr 1e-5, betas (0.9, 0.999),
@@ -219,6 +225,12 @@ struct engine_status {
 	 * CUDA error) the error's name: every later call fails and the process
 	 * should answer, report NOT_SERVING and exit for a restart. */
 	const char *failed;
+	/* Data parallelism: world_size 1 when alone (the rest then 0). */
+	int dist_rank, dist_world_size;
+	const char *dist_backend;   /* "gloo" | "nccl" */
+	int64_t optim_shard_params; /* AdamW moments held by this rank */
+	size_t optim_bytes;
+	bool dist_broken;           /* a collective failed: re-initialize */
 };
 
 /* One parameter tensor, in Hugging Face naming, borrowed from the engine:

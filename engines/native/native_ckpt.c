@@ -62,6 +62,16 @@ static int save_cancelled(struct engine *e, const char *after, struct eng_error 
 			"deadline passed); nothing was saved", after);
 }
 
+/* Checkpoints of a data-parallel engine (the optimizer shards of every
+ * rank, resharding) are not built yet: refused before anything is
+ * touched. */
+static int not_in_group(const struct native *n, const char *what, struct eng_error *err)
+{
+	return eng_fail(err, -ENOSYS, "%s: not available for a data-parallel engine yet (rank %d "
+			"of %d); checkpoint a single-process engine", what, n->dist->rank,
+			n->dist->world_size);
+}
+
 int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_step,
 			   int max_to_keep, unsigned contents, size_t *ret_bytes,
 			   struct eng_error *err)
@@ -77,6 +87,8 @@ int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_ste
 	char *cfg;
 	int rc;
 
+	if (n->dist)
+		return not_in_group(n, "SaveCheckpoint", err);
 	rc = ckpt_writer_begin(dir, &w, err);
 	if (rc)
 		return rc;
@@ -195,6 +207,8 @@ int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 	bool staging = false;
 	int rc, ckfd = -1;
 
+	if (n->dist)
+		return not_in_group(n, "LoadCheckpoint", err);
 	rc = ckpt_open(dir, (void *)&state, &resolved, &ckfd, err);
 	if (rc)
 		return rc;

@@ -99,6 +99,7 @@ static void native_destroy(struct engine *e)
 		return;
 	if (n->model_fd >= 0)
 		close(n->model_fd);
+	native_dist_leave(n);
 	if (n->dev) {
 		llama_release(&n->model);
 		native_io_release(n);
@@ -187,10 +188,15 @@ static int init_cancelled(const struct native *n, const struct engine_init_confi
 static int check_fits(const struct native *n, const struct engine_init_config *cfg,
 		      struct eng_error *err)
 {
-	size_t per = cfg->bf16_matmul ? 18 : 16, need, avail;
+	/* Weights, gradients (and bf16 copy) of every parameter; in a group,
+	 * the moments of this rank's slice only (ZeRO-1). */
+	size_t per = cfg->bf16_matmul ? 10 : 8, need, moments, avail;
 
-	if (!ck_mul_size((size_t)n->table.total, per, &need))
+	if (!ck_mul_size((size_t)n->padded_total, per, &need) ||
+	    !ck_mul_size((size_t)n->shard_len, 8, &moments) || need > SIZE_MAX - moments)
 		need = SIZE_MAX;
+	else
+		need += moments;
 	avail = n->dev->ops->mem_free ? n->dev->ops->mem_free(n->dev) : SIZE_MAX;
 	if (need <= avail)
 		return 0;
@@ -308,7 +314,11 @@ static int native_initialize(struct engine *e, const struct engine_init_config *
 				: rc == -ELIBACC ? ": a device library is missing" : "");
 	}
 	bytes = n->table.total * sizeof(float);
-	rc = check_fits(n, cfg, err);
+	rc = native_dist_shape(n, cfg, err);
+	if (rc == 0)
+		rc = check_fits(n, cfg, err);
+	if (rc == 0)
+		rc = native_dist_join(n, cfg, err);
 	if (rc)
 		return rc;
 	n->wl = calloc(n->cfg.num_layers, sizeof(*n->wl));
@@ -339,6 +349,9 @@ static int native_initialize(struct engine *e, const struct engine_init_config *
 		rc = native_family_write(n, FAM_PARAMS, host, err);
 	if (host != native_family_host_ptr(n, FAM_PARAMS))
 		free(host);
+	/* Every rank starts from rank 0's parameters. */
+	if (rc == 0)
+		rc = native_dist_sync_params(n, err);
 	if (rc)
 		return rc;
 
@@ -677,6 +690,8 @@ static int native_optimizer_step(struct engine *e, const struct engine_step_para
 	rc = native_require_placed(n, true, true, err);
 	if (rc)
 		return rc;
+	if (n->dist)
+		return native_dist_step(n, &o, lr, ret, err);
 	rc = k->sumsq(n->dev, &sumsq, n->fam[FAM_GRADS].dev, n->table.total);
 	if (rc)
 		return eng_fail(err, rc, "optimizer: gradient norm failed");
@@ -853,7 +868,13 @@ static void native_status(struct engine *e, struct engine_status *ret)
 	ret->host_memory = 0;
 	for (int f = 0; f < FAM_COUNT; f++)
 		if (n->fam[f].host)
-			ret->host_memory += n->table.total * sizeof(float);
+			ret->host_memory += (size_t)native_family_len(n, f) * sizeof(float);
+	ret->dist_world_size = n->dist ? n->dist->world_size : 1;
+	ret->dist_rank = n->dist ? n->dist->rank : 0;
+	ret->dist_backend = n->dist ? n->dist->ops->name : NULL;
+	ret->dist_broken = n->dist && n->dist->broken;
+	ret->optim_shard_params = n->shard_len;
+	ret->optim_bytes = 2 * (size_t)n->shard_len * sizeof(float);
 }
 
 #define NATIVE_OPS(mt, dv)                                      \

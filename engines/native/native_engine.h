@@ -69,6 +69,13 @@ struct native {
 	int64_t default_budget;
 	struct engine_placement place;
 	int model_fd;                  /* model_path while initializing, else -1 */
+	/* Data parallelism (native_dist.c). Alone: dist NULL, shard_len =
+	 * padded_total = table.total, shard_off 0. In a group of W ranks the
+	 * parameter and gradient families hold padded_total = W * shard_len
+	 * floats (the tail past table.total stays 0) and the two moments
+	 * shard_len: this rank's slice [shard_off, shard_off + shard_len). */
+	struct dist *dist;
+	int64_t shard_len, shard_off, padded_total;
 };
 
 /* native_engine.c */
@@ -80,8 +87,10 @@ void native_families_free(struct native *n);
 int native_to(struct engine *e, bool to_device, bool model, bool optimizer,
 	      bool grad, struct eng_error *err);
 int native_zero_grad(struct engine *e, struct eng_error *err);
-/* Host-readable view of family f: the family itself when host-readable,
- * else a staged copy returned in *ret_owned (caller frees). */
+int native_zero_grads(struct native *n, struct eng_error *err);
+/* Host-readable view of family f (the table's parameters; this rank's
+ * slice of the moments): the family itself when host-readable, else a
+ * staged copy returned in *ret_owned (caller frees). */
 int native_family_read(struct native *n, enum native_fam f, const float **ret,
 		       float **ret_owned, struct eng_error *err);
 /* Replace family f's values with host[total]. */
@@ -95,6 +104,24 @@ int native_require_placed(struct native *n, bool grads, bool optimizer,
 			  struct eng_error *err);
 /* Point the model at the families' current memory; bump param_version. */
 void native_rebind(struct native *n);
+
+/* native_dist.c: the data-parallel group (ZeRO-1). */
+/* Shard geometry for cfg->dist (alone too). */
+int native_dist_shape(struct native *n, const struct engine_init_config *cfg,
+		      struct eng_error *err);
+/* In a group, join it (blocks until all ranks joined or the timeout) and
+ * check that every rank built the same model. Alone: nothing. */
+int native_dist_join(struct native *n, const struct engine_init_config *cfg,
+		     struct eng_error *err);
+/* Rank 0's parameters to every rank (after init or load). */
+int native_dist_sync_params(struct native *n, struct eng_error *err);
+/* OptimizerStep in a group: reduce-scatter the gradients, global norm,
+ * AdamW on this rank's shard, all-gather the parameters. */
+int native_dist_step(struct native *n, const struct engine_optim_config *o, double lr,
+		     struct engine_step_result *ret, struct eng_error *err);
+void native_dist_leave(struct native *n);
+/* Floats of family f's allocation / of its meaningful part. */
+int64_t native_family_len(const struct native *n, enum native_fam f);
 
 /* native_ckpt.c */
 int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_step,

@@ -14,25 +14,31 @@
 
 #include <string.h>
 
-static size_t family_bytes(const struct native *n)
+/* The bytes of family f's allocation: every parameter, or this rank's
+ * slice of the moments in a data-parallel group (native_dist.c). */
+static size_t family_bytes(const struct native *n, enum native_fam f)
 {
-	return n->table.total * sizeof(float);
+	return (size_t)native_family_len(n, f) * sizeof(float);
 }
 
 int native_families_alloc(struct native *n, struct eng_error *err)
 {
-	size_t bytes = family_bytes(n);
 	int rc;
 
 	for (int f = 0; f < FAM_COUNT; f++) {
+		size_t bytes = family_bytes(n, f);
+
 		n->fam[f].dev = n->dev->ops->alloc(n->dev, bytes ? bytes : 1);
 		if (!n->fam[f].dev)
 			return eng_fail(err, -ENOMEM,
-					"parameters: cannot allocate 4 x %zu MiB for %lld parameters",
+					"parameters: cannot allocate %zu MiB for %lld parameters",
 					bytes >> 20, (long long)n->table.total);
-	}
-	for (int f = FAM_GRADS; f < FAM_COUNT; f++) {
-		rc = n->dev->ops->memset0(n->dev, n->fam[f].dev, bytes);
+		/* Everything but the parameters starts at 0, and so does the
+		 * parameters' padding past the table in a group. */
+		size_t skip = f == FAM_PARAMS ? (size_t)n->table.total * sizeof(float) : 0;
+
+		rc = bytes > skip ? n->dev->ops->memset0(n->dev, (char *)n->fam[f].dev + skip,
+							 bytes - skip) : 0;
 		if (rc)
 			return eng_fail(err, rc, "device: memset failed");
 	}
@@ -63,7 +69,7 @@ static int move(struct native *n, enum native_fam f, bool to_device,
 {
 	const struct device_ops *o = n->dev->ops;
 	struct native_family *F = &n->fam[f];
-	size_t bytes = family_bytes(n);
+	size_t bytes = family_bytes(n, f);
 	void *p;
 	int rc;
 
@@ -154,22 +160,33 @@ static void drop_activations(struct native *n)
 	native_io_release(n);
 }
 
-int native_zero_grad(struct engine *e, struct eng_error *err)
+int native_zero_grads(struct native *n, struct eng_error *err)
 {
-	struct native *n = engine_impl(e);
 	struct native_family *G = &n->fam[FAM_GRADS];
 	int rc;
 
 	if (G->host) {
-		memset(G->host, 0, family_bytes(n));
-		rc = 0;
+		memset(G->host, 0, family_bytes(n, FAM_GRADS));
 	} else {
-		rc = n->dev->ops->memset0(n->dev, G->dev, family_bytes(n));
+		rc = n->dev->ops->memset0(n->dev, G->dev, family_bytes(n, FAM_GRADS));
 		if (rc)
 			return eng_fail(err, rc, "device: zeroing gradients failed");
 	}
 	n->grad_calls = n->grad_tokens = 0;
 	return 0;
+}
+
+int native_zero_grad(struct engine *e, struct eng_error *err)
+{
+	return native_zero_grads(engine_impl(e), err);
+}
+
+/* What family_read / family_write move: the table's parameters (not the
+ * padding of a group), or this rank's slice of the moments. */
+static size_t meaningful_bytes(const struct native *n, enum native_fam f)
+{
+	return (size_t)(f == FAM_PARAMS || f == FAM_GRADS ? n->table.total : n->shard_len) *
+	       sizeof(float);
 }
 
 float *native_family_host_ptr(struct native *n, enum native_fam f)
@@ -190,10 +207,10 @@ int native_family_read(struct native *n, enum native_fam f, const float **ret,
 		*ret = h;
 		return 0;
 	}
-	h = n->dev->ops->host_alloc(n->dev, family_bytes(n));
+	h = n->dev->ops->host_alloc(n->dev, meaningful_bytes(n, f));
 	if (!h)
 		return eng_fail(err, -ENOMEM, "%s: out of host memory for staging", family_name(f));
-	rc = n->dev->ops->copy_d2h(n->dev, h, n->fam[f].dev, family_bytes(n));
+	rc = n->dev->ops->copy_d2h(n->dev, h, n->fam[f].dev, meaningful_bytes(n, f));
 	if (rc == 0)
 		rc = n->dev->ops->sync(n->dev);
 	if (rc) {
@@ -213,10 +230,10 @@ int native_family_write(struct native *n, enum native_fam f, const float *host,
 
 	if (h) {
 		if (h != host)
-			memcpy(h, host, family_bytes(n));
+			memcpy(h, host, meaningful_bytes(n, f));
 		return 0;
 	}
-	rc = n->dev->ops->copy_h2d(n->dev, n->fam[f].dev, host, family_bytes(n));
+	rc = n->dev->ops->copy_h2d(n->dev, n->fam[f].dev, host, meaningful_bytes(n, f));
 	if (rc == 0)
 		rc = n->dev->ops->sync(n->dev);
 	return rc ? eng_fail(err, rc, "%s: copy to device failed", family_name(f)) : 0;

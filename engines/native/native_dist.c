@@ -1,0 +1,212 @@
+/* native_dist.c — the native engine in a data-parallel group of W ranks
+ * (docs/DISTRIBUTED.md), with a ZeRO-1 optimizer: every rank holds the
+ * full parameters and gradients, and the AdamW moments of its slice
+ * [shard_off, shard_off + shard_len) of the flat parameter table, where
+ * shard_len = ceil(total / W). An OptimizerStep
+ *   1. reduce-scatters the gradients (sum): rank r gets the sum of slice r;
+ *   2. all-reduces the sum of squares of the slices: the global norm of the
+ *      MEAN gradient (the sum / W) is reported and clipped against;
+ *   3. runs AdamW on its slice with grad_scale = clip coefficient / W (the
+ *      mean, folded into the kernel's scale: no extra pass);
+ *   4. all-gathers the parameter slices, so that every rank ends with the
+ *      same parameters.
+ * With each rank's loss scaled by dp_size / global counts (the loss
+ * library's global_num_tokens, global_batch_size, dp_size, as verl does),
+ * the mean gradient over W ranks is the gradient of the whole batch. The
+ * sums are reordered (per-rank partial sums, then the library's reduction
+ * order), so results match one engine on the whole batch to rounding.
+ * The collectives come from engines/dist (Gloo on the CPU, NCCL on CUDA).
+ *
+ * Failure: a collective that fails breaks the group (dist.h). A failure in
+ * steps 1-2 leaves the parameters and moments as they were and zeroes the
+ * gradients (they were partly reduced); one in step 4 leaves this rank's
+ * slice updated and the others as far as they arrived: the ranks may then
+ * disagree, and GetStatus says the group is broken (re-initialize or load
+ * a checkpoint). */
+#include "native_engine.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "../checked.h"
+
+int64_t native_family_len(const struct native *n, enum native_fam f)
+{
+	return f == FAM_EXP_AVG || f == FAM_EXP_AVG_SQ ? n->shard_len : n->padded_total;
+}
+
+/* Sum a host double over the ranks (through a device scratch where the
+ * device has its own memory). */
+static int sum_scalar(struct native *n, double *v, struct eng_error *err)
+{
+	const struct device_ops *o = n->dev->ops;
+	double *d;
+	int rc;
+
+	if (n->dev->host_memory)
+		return n->dist->ops->all_reduce(n->dist, v, 1, DIST_F64, err);
+	d = o->alloc(n->dev, sizeof(*d));
+	if (!d)
+		return eng_fail(err, -ENOMEM, "dist: out of device memory");
+	rc = o->copy_h2d(n->dev, d, v, sizeof(*d));
+	if (rc == 0)
+		rc = o->sync(n->dev);
+	if (rc == 0)
+		rc = n->dist->ops->all_reduce(n->dist, d, 1, DIST_F64, err);
+	if (rc == 0 && (rc = o->copy_d2h(n->dev, v, d, sizeof(*d))) == 0)
+		rc = o->sync(n->dev);
+	o->free(n->dev, d);
+	return rc < 0 ? eng_fail(err, rc, "dist: scalar reduction failed") : 0;
+}
+
+/* Every rank must hold the same model: compare (parameters, tensors,
+ * value model) across the group with an all-gather of small integers
+ * (exact in F64). */
+static int check_same_model(struct native *n, struct eng_error *err)
+{
+	enum { K = 3 };
+	int W = n->dist->world_size, rc;
+	double mine[K] = { (double)n->table.total, (double)n->table.count, n->value_model };
+	double *all = calloc((size_t)W * K, sizeof(double));
+
+	if (!all)
+		return eng_fail(err, -ENOMEM, "dist: out of memory");
+	/* The CPU device only: a device with its own memory gathers through
+	 * the parameters' first bytes would be wrong; use a scratch. */
+	if (n->dev->host_memory) {
+		rc = n->dist->ops->all_gather(n->dist, all, mine, K, DIST_F64, err);
+	} else {
+		const struct device_ops *o = n->dev->ops;
+		double *d = o->alloc(n->dev, (size_t)(W + 1) * K * sizeof(double));
+
+		rc = d ? o->copy_h2d(n->dev, d + (size_t)W * K, mine, sizeof(mine)) : -ENOMEM;
+		if (rc == 0 && (rc = o->sync(n->dev)) == 0)
+			rc = n->dist->ops->all_gather(n->dist, d, d + (size_t)W * K, K, DIST_F64,
+						      err);
+		if (rc == 0 && (rc = o->copy_d2h(n->dev, all, d, (size_t)W * K * sizeof(double))) == 0)
+			rc = o->sync(n->dev);
+		if (d)
+			o->free(n->dev, d);
+		if (rc < 0)
+			rc = eng_fail(err, rc, "dist: model check failed");
+	}
+	for (int r = 0; r < W && rc == 0; r++)
+		if (memcmp(all + (size_t)r * K, mine, sizeof(mine)))
+			rc = eng_fail(err, -EINVAL, "dist: rank %d built another model (%.0f "
+				      "parameters in %.0f tensors%s) than rank %d (%lld in %lld%s)",
+				      r, all[r * K], all[r * K + 1],
+				      all[r * K + 2] != 0 ? ", value model" : "", n->dist->rank,
+				      (long long)n->table.total, (long long)n->table.count,
+				      n->value_model ? ", value model" : "");
+	free(all);
+	return rc;
+}
+
+int native_dist_shape(struct native *n, const struct engine_init_config *cfg,
+		      struct eng_error *err)
+{
+	int64_t W = cfg->dist.world_size > 1 ? cfg->dist.world_size : 1;
+
+	n->shard_len = (n->table.total + W - 1) / W;
+	n->shard_off = W > 1 ? (int64_t)cfg->dist.rank * n->shard_len : 0;
+	if (!ck_mul_i64(n->shard_len, W, &n->padded_total))
+		return eng_fail(err, -EINVAL, "dist: %lld parameters over %lld ranks overflow",
+				(long long)n->table.total, (long long)W);
+	return 0;
+}
+
+int native_dist_join(struct native *n, const struct engine_init_config *cfg,
+		     struct eng_error *err)
+{
+	const struct dist_ops *ops;
+	struct dist_config dc = cfg->dist;
+	int rc;
+
+	if (dc.world_size <= 1)
+		return 0;
+	ops = dist_for_device(cfg->device);
+	if (!ops)
+		return eng_fail(err, -ENODEV, "dist: no collective backend for device %s",
+				cfg->device);
+	rc = ops->open(&dc, &n->dist, err);
+	if (rc) {
+		n->dist = NULL;
+		return rc;
+	}
+	return check_same_model(n, err);
+}
+
+int native_dist_sync_params(struct native *n, struct eng_error *err)
+{
+	int rc;
+
+	if (!n->dist)
+		return 0;
+	rc = n->dev->ops->sync(n->dev);
+	if (rc == 0)
+		rc = n->dist->ops->broadcast(n->dist, n->fam[FAM_PARAMS].dev, n->table.total,
+					     DIST_F32, 0, err);
+	if (rc == 0)
+		n->dev->param_version++;
+	return rc;
+}
+
+int native_dist_step(struct native *n, const struct engine_optim_config *o, double lr,
+		     struct engine_step_result *ret, struct eng_error *err)
+{
+	const struct kernel_table *k = n->dev->k;
+	struct dist *d = n->dist;
+	float *g = n->fam[FAM_GRADS].dev, *p = n->fam[FAM_PARAMS].dev;
+	double sumsq = 0, norm;
+	float coef = 1.0f;
+	int rc;
+
+	rc = n->dev->ops->sync(n->dev);
+	if (rc == 0)
+		rc = d->ops->reduce_scatter(d, g + n->shard_off, g, n->shard_len, DIST_F32, err);
+	if (rc == 0 && (rc = k->sumsq(n->dev, &sumsq, g + n->shard_off, n->shard_len)) != 0)
+		rc = eng_fail(err, rc, "optimizer: gradient norm failed");
+	if (rc == 0)
+		rc = sum_scalar(n, &sumsq, err);
+	if (rc) {
+		(void)native_zero_grads(n, NULL);
+		return rc;
+	}
+	/* The norm of the mean gradient: sqrt(sum of squares of the sum) / W. */
+	norm = sqrt(sumsq) / d->world_size;
+	memset(ret, 0, sizeof(*ret));
+	ret->grad_norm = norm;
+	ret->lr = lr;
+	if (!isfinite(norm)) {
+		ret->skipped = true;
+		ret->step = n->optim_step;
+		return native_zero_grads(n, err);
+	}
+	if (o->clip_grad > 0) {
+		float c = (float)o->clip_grad / ((float)norm + 1e-6f);
+
+		coef = c < 1.0f ? c : 1.0f;
+	}
+	n->optim_step++;
+	rc = k->adamw(n->dev, p + n->shard_off, g + n->shard_off, n->fam[FAM_EXP_AVG].dev,
+		      n->fam[FAM_EXP_AVG_SQ].dev, n->shard_len, lr, o->beta1, o->beta2, o->eps,
+		      o->weight_decay, n->optim_step, coef / (float)d->world_size);
+	if (rc) {
+		n->optim_step--;
+		(void)native_zero_grads(n, NULL);
+		return eng_fail(err, rc, "optimizer: AdamW kernel failed");
+	}
+	if ((rc = n->dev->ops->sync(n->dev)) == 0)
+		rc = d->ops->all_gather(d, p, p + n->shard_off, n->shard_len, DIST_F32, err);
+	n->dev->param_version++;
+	ret->step = n->optim_step;
+	(void)native_zero_grads(n, NULL);
+	return rc;
+}
+
+void native_dist_leave(struct native *n)
+{
+	if (n->dist)
+		n->dist->ops->close(n->dist);
+	n->dist = NULL;
+}
