@@ -1,0 +1,320 @@
+/* test_engine_dist.c — the native engine in a data-parallel group on the
+ * CPU's collective backend (Gloo), with forked processes as ranks:
+ * W = 2 and 3 ranks, each on its shard of a packed batch with per-token
+ * gradients scaled by W (the dp_size convention), match one engine on the
+ * whole batch after 3 steps (grad norm and parameters, clipping engaged);
+ * all ranks end bit-identical; each holds 1/W of the moments; a rank that
+ * never arrives times out Initialize; a rank that dies makes the step fail
+ * fast, leaves the parameters as they were and the group broken (-ENOTCONN
+ * after), and the engine still serves forward passes. Exit 77 when the
+ * build has no CPU backend. */
+#include <math.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "test_helpers.h"
+
+#define NSEQ 5
+#define NTOK 24
+static const int32_t LENS[NSEQ] = {5, 3, 7, 4, 5};
+
+static char root[256];
+
+static void setup(void)
+{
+	snprintf(root, sizeof(root), "/tmp/engined-dist-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(root));
+}
+
+static void teardown(void)
+{
+	char cmd[300];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+/* The batch of `step`: token ids and upstream gradients (log-prob, entropy). */
+static void make_batch(int step, int32_t *ids, float *gl, float *ge)
+{
+	uint32_t s = 77u + (uint32_t)step * 7919u;
+
+	for (int i = 0; i < NTOK; i++) {
+		s = s * 1664525u + 1013904223u;
+		ids[i] = (int32_t)((s >> 8) % 97);
+		gl[i] = (float)((s >> 4) & 0xff) / 64.0f - 2.0f;
+		ge[i] = (float)((s >> 12) & 0xff) / 512.0f - 0.25f;
+	}
+}
+
+static void init_config(struct engine_init_config *cfg)
+{
+	engine_init_config_defaults(cfg);
+	cfg->hf_config_json = TINY_QWEN2;
+	cfg->seed = 11;
+	cfg->optim.lr = 1e-2;
+	cfg->optim.clip_grad = 0.5;   /* the norms below are larger: clipping on */
+	cfg->threads = 1;
+	cfg->max_tokens_per_micro_batch = 8;
+}
+
+static void dist_config(struct engine_init_config *cfg, const struct dist_group_id *id,
+			int rank, int W, double timeout_s)
+{
+	cfg->dist.rank = rank;
+	cfg->dist.world_size = W;
+	cfg->dist.id = *id;
+	cfg->dist.timeout_s = timeout_s;
+	cfg->dist.store_root = root;
+}
+
+/* Forward-backward over sequences [s0, s1) of the batch of `step`, the
+ * upstream gradients times `scale`. */
+static int fb_range(struct engine *e, int step, int s0, int s1, float scale, bool fwd_only,
+		    struct eng_error *err)
+{
+	int32_t ids[NTOK];
+	float gl[NTOK], ge[NTOK];
+	int t0 = 0, n = 0;
+
+	make_batch(step, ids, gl, ge);
+	for (int s = 0; s < s0; s++)
+		t0 += LENS[s];
+	for (int s = s0; s < s1; s++)
+		n += LENS[s];
+	for (int i = 0; i < NTOK; i++) {
+		gl[i] *= scale;
+		ge[i] *= scale;
+	}
+	struct given_grads gg = {.g_logp = gl + t0, .g_ent = ge + t0};
+	struct engine_batch b = {.n = n, .input_ids = ids + t0, .num_seqs = s1 - s0,
+				 .seq_lens = LENS + s0, .temperature = 1.0f,
+				 .loss_fn = given_loss, .loss_ctx = &gg, .forward_only = fwd_only,
+				 .max_tokens_per_micro_batch = 8};
+	struct engine_fb_result r = {0};
+
+	return engine_forward_backward(e, &b, &r, err);
+}
+
+static double max_abs_diff(struct engine *a, struct engine *b)
+{
+	struct engine_param_view va, vb;
+	double m = 0;
+
+	for (int64_t i = 0; i < engine_num_params(a); i++) {
+		ck_assert_int_eq(engine_param(a, i, &va, NULL), 0);
+		ck_assert_int_eq(engine_param(b, i, &vb, NULL), 0);
+		for (int64_t j = 0; j < va.numel; j++) {
+			double d = fabs((double)va.host_data[j] - vb.host_data[j]);
+
+			if (d > m || d != d)
+				m = d != d ? INFINITY : d;
+		}
+	}
+	return m;
+}
+
+#define CHILD_CHECK(cond, ...)                                                   \
+	do {                                                                     \
+		if (!(cond)) {                                                   \
+			fprintf(stderr, "rank %d: %s:%d: ", rank, __FILE__, __LINE__); \
+			fprintf(stderr, __VA_ARGS__);                            \
+			fputc('\n', stderr);                                     \
+			_exit(1);                                                \
+		}                                                                \
+	} while (0)
+
+/* One rank of the equivalence test: 3 steps on its shard, then checks
+ * against one engine on the whole batch; its parameter digest to a file. */
+static void run_rank(const struct dist_group_id *id, int rank, int W)
+{
+	struct engine_init_config cfg;
+	struct engine *e = NULL, *ref = NULL;
+	struct engine_status st;
+	struct eng_error err = {0};
+	int s0 = rank * NSEQ / W, s1 = (rank + 1) * NSEQ / W;
+	char path[300];
+	FILE *f;
+
+	init_config(&cfg);
+	dist_config(&cfg, id, rank, W, 60);
+	CHILD_CHECK(engine_create(&cfg, &e, &err) == 0, "engine_create: %s", err.msg);
+	init_config(&cfg);
+	CHILD_CHECK(engine_create(&cfg, &ref, &err) == 0, "reference: %s", err.msg);
+	engine_status(e, &st);
+	CHILD_CHECK(st.dist_world_size == W && st.dist_rank == rank && st.dist_backend &&
+		    !strcmp(st.dist_backend, "gloo") && !st.dist_broken, "status");
+	CHILD_CHECK(st.optim_shard_params == (st.num_parameters + W - 1) / W,
+		    "shard %lld of %lld", (long long)st.optim_shard_params,
+		    (long long)st.num_parameters);
+	CHILD_CHECK(st.optim_bytes == 8 * (size_t)st.optim_shard_params, "optimizer bytes");
+	/* Rank 0's initial parameters everywhere: equal to the reference's. */
+	CHILD_CHECK(max_abs_diff(e, ref) == 0, "initial parameters differ");
+	for (int step = 0; step < 3; step++) {
+		struct engine_step_result a, b;
+
+		CHILD_CHECK(fb_range(e, step, s0, s1, (float)W, false, &err) == 0, "fb: %s",
+			    err.msg);
+		CHILD_CHECK(fb_range(ref, step, 0, NSEQ, 1.0f, false, &err) == 0, "ref fb: %s",
+			    err.msg);
+		CHILD_CHECK(engine_optimizer_step(e, &a, &err) == 0, "step: %s", err.msg);
+		CHILD_CHECK(engine_optimizer_step(ref, &b, &err) == 0, "ref step: %s", err.msg);
+		CHILD_CHECK(!a.skipped && a.step == step + 1, "step result");
+		CHILD_CHECK(b.grad_norm > 1.0, "clipping engaged (norm %g)", b.grad_norm);
+		CHILD_CHECK(fabs(a.grad_norm - b.grad_norm) <= 1e-5 * b.grad_norm,
+			    "step %d: grad norm %.9g, one engine %.9g", step, a.grad_norm,
+			    b.grad_norm);
+	}
+	double d = max_abs_diff(e, ref);
+
+	CHILD_CHECK(d <= 1e-6, "parameters differ from one engine by %g", d);
+	snprintf(path, sizeof(path), "%s/digest-%d", root, rank);
+	f = fopen(path, "w");
+	CHILD_CHECK(f && fprintf(f, "%016llx\n", (unsigned long long)state_digest(e, false)) > 0,
+		    "digest");
+	fclose(f);
+	fprintf(stderr, "rank %d of %d: max |param - one engine| = %.3g\n", rank, W, d);
+	engine_destroy(ref);
+	engine_destroy(e);
+	_exit(0);
+}
+
+static void new_group(int W, struct dist_group_id *id)
+{
+	const struct dist_ops *ops = dist_for_device("cpu");
+	struct dist_config c = {.rank = 0, .world_size = W, .timeout_s = 60, .store_root = root};
+	struct eng_error err = {0};
+
+	ck_assert_int_eq(ops->create_id(&c, id, &err), 0);
+}
+
+static void equivalence(int W)
+{
+	struct dist_group_id id;
+	pid_t pids[4];
+	char first[32] = "", buf[32], path[300];
+
+	new_group(W, &id);
+	for (int r = 0; r < W; r++) {
+		pids[r] = fork();
+		ck_assert_int_ge(pids[r], 0);
+		if (pids[r] == 0)
+			run_rank(&id, r, W);
+	}
+	for (int r = 0; r < W; r++) {
+		int status;
+
+		ck_assert_int_eq(waitpid(pids[r], &status, 0), pids[r]);
+		ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank %d failed", r);
+	}
+	/* Every rank ends with the same parameters, bit for bit. */
+	for (int r = 0; r < W; r++) {
+		FILE *f;
+
+		snprintf(path, sizeof(path), "%s/digest-%d", root, r);
+		f = fopen(path, "r");
+		ck_assert_ptr_nonnull(f);
+		ck_assert_ptr_nonnull(fgets(buf, sizeof(buf), f));
+		fclose(f);
+		if (r == 0)
+			snprintf(first, sizeof(first), "%s", buf);
+		ck_assert_str_eq(buf, first);
+	}
+}
+
+START_TEST(two_ranks_equal_one_engine)
+{
+	equivalence(2);
+}
+END_TEST
+
+START_TEST(three_ranks_equal_one_engine)
+{
+	equivalence(3);
+}
+END_TEST
+
+START_TEST(rank_never_arrives)
+{
+	struct engine_init_config cfg;
+	struct dist_group_id id;
+	struct engine *e = (struct engine *)0x1;
+	struct eng_error err = {0};
+	int rc;
+
+	new_group(2, &id);
+	init_config(&cfg);
+	dist_config(&cfg, &id, 0, 2, 1.5);
+	rc = engine_create(&cfg, &e, &err);
+	ck_assert_msg(rc == -ETIMEDOUT, "rc %d: %s", rc, err.msg);
+	ck_assert_ptr_eq(e, (struct engine *)0x1);
+	ck_assert(err.msg[0]);
+}
+END_TEST
+
+START_TEST(rank_dies)
+{
+	struct engine_init_config cfg;
+	struct dist_group_id id;
+	struct engine *e = NULL;
+	struct engine_step_result sr;
+	struct engine_status st;
+	struct eng_error err = {0};
+	uint64_t before;
+	pid_t pid;
+	int rc, status;
+
+	new_group(2, &id);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		int rank = 1;
+
+		init_config(&cfg);
+		dist_config(&cfg, &id, 1, 2, 60);
+		CHILD_CHECK(engine_create(&cfg, &e, &err) == 0, "engine_create: %s", err.msg);
+		_exit(0);   /* gone without a step: its connections close */
+	}
+	init_config(&cfg);
+	dist_config(&cfg, &id, 0, 2, 5);
+	ck_assert_msg(engine_create(&cfg, &e, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert_int_eq(fb_range(e, 0, 0, 2, 2.0f, false, &err), 0);
+	before = state_digest(e, false);
+	rc = engine_optimizer_step(e, &sr, &err);
+	ck_assert_msg(rc == -ECONNRESET || rc == -ETIMEDOUT, "rc %d: %s", rc, err.msg);
+	engine_status(e, &st);
+	ck_assert(st.dist_broken);
+	ck_assert_uint_eq(state_digest(e, false), before);
+	ck_assert_uint_eq(st.accumulated_calls, 0);
+	eng_error_clear(&err);
+	ck_assert_int_eq(fb_range(e, 1, 0, 2, 2.0f, false, &err), 0);
+	rc = engine_optimizer_step(e, &sr, &err);
+	ck_assert_msg(rc == -ENOTCONN, "rc %d: %s", rc, err.msg);
+	ck_assert_uint_eq(state_digest(e, false), before);
+	/* Forward passes need no group. */
+	eng_error_clear(&err);
+	ck_assert_int_eq(fb_range(e, 1, 0, NSEQ, 1.0f, true, &err), 0);
+	engine_destroy(e);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("engine_dist");
+	TCase *tc = tcase_create("gloo");
+
+	if (!dist_for_device("cpu")) {
+		printf("no collective backend for the CPU in this build (%s)\n", dist_names());
+		return 77;
+	}
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 240);
+	tcase_add_test(tc, two_ranks_equal_one_engine);
+	tcase_add_test(tc, three_ranks_equal_one_engine);
+	tcase_add_test(tc, rank_never_arrives);
+	tcase_add_test(tc, rank_dies);
+	suite_add_tcase(s, tc);
+	return check_run(s);
+}
