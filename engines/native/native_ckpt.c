@@ -62,14 +62,28 @@ static int save_cancelled(struct engine *e, const char *after, struct eng_error 
 			"deadline passed); nothing was saved", after);
 }
 
-/* Checkpoints of a data-parallel engine (the optimizer shards of every
- * rank, resharding) are not built yet: refused before anything is
- * touched. */
-static int not_in_group(const struct native *n, const char *what, struct eng_error *err)
+/* In a group every rank calls SaveCheckpoint; the moment slices are
+ * gathered to rank 0 (a collective, before anything is written), which
+ * alone writes the checkpoint, in the format of one engine with every
+ * moment: any world size loads it. gathered[] are rank 0's full copies;
+ * the other ranks are done once their slices were sent. */
+static int group_save_gather(struct native *n, unsigned contents, float *gathered[2],
+			     struct eng_error *err)
 {
-	return eng_fail(err, -ENOSYS, "%s: not available for a data-parallel engine yet (rank %d "
-			"of %d); checkpoint a single-process engine", what, n->dist->rank,
-			n->dist->world_size);
+	size_t bytes = (size_t)n->padded_total * sizeof(float);
+	enum native_fam fam[2] = {FAM_EXP_AVG, FAM_EXP_AVG_SQ};
+	int rc;
+
+	if (!(contents & CKPT_OPTIMIZER))
+		return 0;
+	rc = native_require_placed(n, false, true, err);
+	for (int i = 0; i < 2 && rc == 0; i++) {
+		if (n->dist->rank == 0 && !(gathered[i] = malloc(bytes)))
+			return eng_fail(err, -ENOMEM, "checkpoint: out of host memory for the "
+					"optimizer state (%zu MiB)", bytes >> 20);
+		rc = native_dist_gather_moments(n, fam[i], gathered[i], err);
+	}
+	return rc;
 }
 
 int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_step,
@@ -85,13 +99,25 @@ int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_ste
 	uint64_t total = 0;
 	json_t *state;
 	char *cfg;
+	float *gathered[2] = {NULL, NULL};
 	int rc;
 
-	if (n->dist)
-		return not_in_group(n, "SaveCheckpoint", err);
+	if (n->dist) {
+		rc = group_save_gather(n, contents, gathered, err);
+		if (rc || n->dist->rank != 0) {
+			free(gathered[0]);
+			free(gathered[1]);
+			if (rc == 0 && ret_bytes)
+				*ret_bytes = 0;
+			return rc;
+		}
+	}
 	rc = ckpt_writer_begin(dir, &w, err);
-	if (rc)
+	if (rc) {
+		free(gathered[0]);
+		free(gathered[1]);
 		return rc;
+	}
 	if (contents & CKPT_MODEL) {
 		cfg = model_config_to_json(&n->cfg);
 		rc = cfg ? ckpt_writer_put(w, "config.json", cfg, strlen(cfg), err)
@@ -107,14 +133,22 @@ int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_ste
 	if (rc == 0 && (contents & CKPT_MODEL))
 		rc = save_cancelled(e, "model.safetensors", err);
 	if (rc == 0 && (contents & CKPT_OPTIMIZER)) {
-		rc = native_family_read(n, FAM_EXP_AVG, &data[0], &owned[0], err);
-		if (rc == 0)
-			rc = native_family_read(n, FAM_EXP_AVG_SQ, &data[1], &owned[1], err);
+		if (gathered[0]) {
+			data[0] = gathered[0];
+			data[1] = gathered[1];
+		} else {
+			rc = native_family_read(n, FAM_EXP_AVG, &data[0], &owned[0], err);
+			if (rc == 0)
+				rc = native_family_read(n, FAM_EXP_AVG_SQ, &data[1], &owned[1],
+							err);
+		}
 		if (rc == 0)
 			rc = write_families(n, w, "optimizer.safetensors", 2, optim_prefix, data, err);
 		n->dev->ops->host_free(n->dev, owned[0]);
 		n->dev->ops->host_free(n->dev, owned[1]);
 	}
+	free(gathered[0]);
+	free(gathered[1]);
 	if (rc == 0)
 		rc = save_cancelled(e, "the files", err);
 	if (rc) {
@@ -190,6 +224,90 @@ static int read_family(struct native *n, struct family_file *f, float *staging,
 	return rc;
 }
 
+/* In a group every rank calls LoadCheckpoint; rank 0 alone reads the
+ * checkpoint (a single engine's format, saved by any world size: the
+ * optimizer is resharded as it is scattered) and sends, in this order,
+ * the header (its verdict, the contents it loads, the steps and RNG),
+ * the slices of exp_avg and exp_avg_sq, then the parameters. */
+struct group_load_header {
+	int64_t rc, contents, global_step, optim_step, sched_step;
+	uint64_t rng[4];
+};
+
+/* What rank 0's load leaves on a rank: steps, RNG, zeroed gradients. */
+static int group_load_apply(struct engine *e, struct native *n,
+			    const struct group_load_header *h, struct eng_error *err)
+{
+	if (h->contents & CKPT_EXTRA) {
+		n->optim_step = h->optim_step;
+		n->sched_step = h->sched_step;
+		(void)rng_set_state(&n->rng, h->rng, NULL);  /* rank 0 checked it */
+	}
+	if (h->contents & CKPT_MODEL) {
+		n->dev->param_version++;
+		return native_zero_grad(e, err);
+	}
+	return 0;
+}
+
+static int group_load_follow(struct engine *e, struct native *n, int64_t *ret_global_step,
+			     struct eng_error *err)
+{
+	struct group_load_header h;
+	int rc;
+
+	rc = native_dist_bcast_words(n, &h, sizeof(h), err);
+	if (rc)
+		return rc;
+	if (h.rc < 0)
+		return eng_fail(err, eng_strerror((int)h.rc)[1] != '?' ? (int)h.rc : -EIO,
+				"LoadCheckpoint: rank 0 refused the checkpoint (%s); rank 0's "
+				"reply says why", eng_strerror((int)h.rc));
+	if (h.contents & CKPT_OPTIMIZER) {
+		rc = native_dist_scatter_moments(n, FAM_EXP_AVG, NULL, err);
+		if (rc == 0)
+			rc = native_dist_scatter_moments(n, FAM_EXP_AVG_SQ, NULL, err);
+	}
+	if (rc == 0 && (h.contents & CKPT_MODEL))
+		rc = native_dist_sync_params(n, err);
+	if (rc == 0)
+		rc = group_load_apply(e, n, &h, err);
+	if (rc == 0 && ret_global_step)
+		*ret_global_step = h.global_step;
+	return rc;
+}
+
+/* Rank 0's half: the header, then the full moments read from their file
+ * into `full` (padded_total floats) and scattered. */
+static int group_load_send(struct native *n, struct family_file *files, const bool want[3],
+			   const struct group_load_header *h, struct eng_error *err)
+{
+	struct group_load_header copy = *h;
+	float *full = NULL;
+	char name[160];
+	int rc;
+
+	rc = native_dist_bcast_words(n, &copy, sizeof(copy), err);
+	if (rc || h->rc)
+		return rc;
+	if (want[1] && !(full = calloc((size_t)n->padded_total, sizeof(float))))
+		rc = eng_fail(err, -ENOMEM, "checkpoint: out of host memory for the optimizer state");
+	for (int f = 1; f < 3 && rc == 0; f++) {
+		if (!want[f])
+			continue;
+		for (int64_t i = 0; i < n->table.count && !rc; i++) {
+			const struct param_entry *p = &n->table.entries[i];
+
+			snprintf(name, sizeof(name), "%s%s", files[f].prefix, p->name);
+			rc = st_reader_read_f32(files[f].r, name, full + p->offset, p->numel, err);
+		}
+		if (rc == 0)
+			rc = native_dist_scatter_moments(n, files[f].family, full, err);
+	}
+	free(full);
+	return rc;
+}
+
 int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 			   int64_t *ret_global_step, struct eng_error *err)
 {
@@ -207,20 +325,25 @@ int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 	bool staging = false;
 	int rc, ckfd = -1;
 
-	if (n->dist)
-		return not_in_group(n, "LoadCheckpoint", err);
+	if (n->dist && n->dist->rank != 0)
+		return group_load_follow(e, n, ret_global_step, err);
 	rc = ckpt_open(dir, (void *)&state, &resolved, &ckfd, err);
+	if (rc && n->dist) {
+		struct group_load_header h = {.rc = rc};
+
+		(void)group_load_send(n, files, want, &h, NULL);
+	}
 	if (rc)
 		return rc;
 	snprintf(path, sizeof(path), "%s/engine_state.json", resolved);
+	memset(&saved, 0, sizeof(saved));
 	rc = native_state_check(n, state, path, &saved, err);
-	if (rc)
-		goto out;
-	if ((contents & CKPT_MODEL) && !(saved.contents & CKPT_MODEL))
+	/* Each refusal below is also rank 0's verdict for its group. */
+	if (rc == 0 && (contents & CKPT_MODEL) && !(saved.contents & CKPT_MODEL))
 		rc = eng_fail(err, -EINVAL, "contents: checkpoint %s holds no model", resolved);
-	else if ((contents & CKPT_OPTIMIZER) && !(saved.contents & CKPT_OPTIMIZER))
+	else if (rc == 0 && (contents & CKPT_OPTIMIZER) && !(saved.contents & CKPT_OPTIMIZER))
 		rc = eng_fail(err, -EINVAL, "contents: checkpoint %s holds no optimizer state", resolved);
-	else if ((contents & CKPT_EXTRA) && !(saved.contents & CKPT_EXTRA))
+	else if (rc == 0 && (contents & CKPT_EXTRA) && !(saved.contents & CKPT_EXTRA))
 		rc = eng_fail(err, -EINVAL, "contents: checkpoint %s holds no engine state", resolved);
 	/* Validate everything before the first byte of engine state changes. */
 	for (int f = 0; f < 3 && !rc; f++) {
@@ -236,6 +359,22 @@ int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 		rc = eng_fail(err, -ECANCELED,
 			      "LoadCheckpoint: cancelled before it changed anything (the client went "
 			      "away or its deadline passed)");
+	if (rc == 0 && n->dist && want[1])
+		rc = native_require_placed(n, false, true, err);
+	if (n->dist) {
+		struct group_load_header h = {
+			.rc = rc, .contents = contents, .global_step = saved.global_step,
+			.optim_step = saved.optim_step, .sched_step = saved.sched_step,
+		};
+		int r2;
+
+		memcpy(h.rng, saved.rng, sizeof(h.rng));
+		r2 = group_load_send(n, files, want, &h, err);
+		if (rc == 0)
+			rc = r2;
+		if (rc == 0)
+			want[1] = want[2] = false;   /* scattered: not read again below */
+	}
 	for (int f = 0; f < 3 && !rc; f++)
 		if (want[f] && !native_family_host_ptr(n, files[f].family))
 			staging = true;
@@ -249,13 +388,14 @@ int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 		n->sched_step = saved.sched_step;
 		(void)rng_set_state(&n->rng, saved.rng, NULL);  /* checked: not all zero */
 	}
+	if (rc == 0 && (contents & CKPT_MODEL) && n->dist)
+		rc = native_dist_sync_params(n, err);
 	if (rc == 0 && (contents & CKPT_MODEL)) {
 		n->dev->param_version++;
 		rc = native_zero_grad(e, err);
 	}
 	if (rc == 0 && ret_global_step)
 		*ret_global_step = saved.global_step;
-out:
 	for (int f = 0; f < 3; f++)
 		st_reader_close(files[f].r);
 	free(host);

@@ -204,6 +204,87 @@ int native_dist_step(struct native *n, const struct engine_optim_config *o, doub
 	return rc;
 }
 
+/* Rank 0's `bytes` (a multiple of 4) at buf to every rank: raw words,
+ * copied bit for bit (a broadcast does no arithmetic). */
+int native_dist_bcast_words(struct native *n, void *buf, size_t bytes, struct eng_error *err)
+{
+	const struct device_ops *o = n->dev->ops;
+	void *d;
+	int rc;
+
+	if (n->dev->host_memory)
+		return n->dist->ops->broadcast(n->dist, buf, (int64_t)(bytes / 4), DIST_F32, 0, err);
+	d = o->alloc(n->dev, bytes);
+	if (!d)
+		return eng_fail(err, -ENOMEM, "dist: out of device memory");
+	rc = o->copy_h2d(n->dev, d, buf, bytes);
+	if (rc == 0 && (rc = o->sync(n->dev)) == 0)
+		rc = n->dist->ops->broadcast(n->dist, d, (int64_t)(bytes / 4), DIST_F32, 0, err);
+	if (rc == 0 && (rc = o->copy_d2h(n->dev, buf, d, bytes)) == 0)
+		rc = o->sync(n->dev);
+	o->free(n->dev, d);
+	return rc < 0 ? eng_fail(err, rc, "dist: broadcast failed") : 0;
+}
+
+/* A slice of shard_len floats between a host buffer and device memory. */
+static int slice_copy(struct native *n, float *dst, const float *src, bool to_host)
+{
+	size_t bytes = (size_t)n->shard_len * sizeof(float);
+	int rc;
+
+	if (n->dev->host_memory) {
+		memcpy(dst, src, bytes);
+		return 0;
+	}
+	rc = to_host ? n->dev->ops->copy_d2h(n->dev, dst, src, bytes)
+		     : n->dev->ops->copy_h2d(n->dev, dst, src, bytes);
+	return rc ? rc : n->dev->ops->sync(n->dev);
+}
+
+/* Moment family f between the ranks' slices and one full host copy on
+ * rank 0 (full[padded_total]; NULL on the others): one broadcast of a
+ * slice per rank, each from (gather) or to (scatter) its owner, received
+ * elsewhere into a slice-sized scratch. */
+static int move_moments(struct native *n, enum native_fam f, float *full, bool gather,
+			struct eng_error *err)
+{
+	struct dist *d = n->dist;
+	float *mine = n->fam[f].dev, *scratch;
+	int rc = 0;
+
+	scratch = n->dev->ops->alloc(n->dev, (size_t)n->shard_len * sizeof(float) + 1);
+	if (!scratch)
+		return eng_fail(err, -ENOMEM, "dist: out of device memory for a %lld-float slice",
+				(long long)n->shard_len);
+	for (int r = 0; r < d->world_size && rc == 0; r++) {
+		/* Slice r travels in its owner's family and in the scratch of
+		 * every other rank (rank 0 included). */
+		float *slice = full ? full + (int64_t)r * n->shard_len : NULL;
+		float *buf = d->rank == r ? mine : scratch;
+
+		if (!gather && d->rank == 0)
+			rc = slice_copy(n, buf, slice, false);
+		if (rc == 0)
+			rc = d->ops->broadcast(d, buf, n->shard_len, DIST_F32, gather ? r : 0, err);
+		if (rc == 0 && gather && d->rank == 0)
+			rc = slice_copy(n, slice, buf, true);
+	}
+	n->dev->ops->free(n->dev, scratch);
+	return rc < 0 ? eng_fail(err, rc, "dist: moving the optimizer slices failed") : 0;
+}
+
+int native_dist_gather_moments(struct native *n, enum native_fam f, float *full,
+			       struct eng_error *err)
+{
+	return move_moments(n, f, full, true, err);
+}
+
+int native_dist_scatter_moments(struct native *n, enum native_fam f, float *full,
+				struct eng_error *err)
+{
+	return move_moments(n, f, full, false, err);
+}
+
 void native_dist_leave(struct native *n)
 {
 	if (n->dist)

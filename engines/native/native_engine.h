@@ -120,6 +120,15 @@ int native_dist_sync_params(struct native *n, struct eng_error *err);
 int native_dist_step(struct native *n, const struct engine_optim_config *o, double lr,
 		     struct engine_step_result *ret, struct eng_error *err);
 void native_dist_leave(struct native *n);
+/* Rank 0's bytes (a multiple of 4) to every rank, bit for bit. */
+int native_dist_bcast_words(struct native *n, void *buf, size_t bytes, struct eng_error *err);
+/* Moment family f: every rank's slice into rank 0's full[padded_total]
+ * (gather), or rank 0's full copy out to the slices (scatter); full is
+ * NULL on the other ranks. The moments must be on the device. */
+int native_dist_gather_moments(struct native *n, enum native_fam f, float *full,
+			       struct eng_error *err);
+int native_dist_scatter_moments(struct native *n, enum native_fam f, float *full,
+				struct eng_error *err);
 /* Floats of family f's allocation / of its meaningful part. */
 int64_t native_family_len(const struct native *n, enum native_fam f);
 

@@ -8,7 +8,8 @@
  * that match the files listed, hyper-parameters in the ranges an init
  * config must have (engine_optim_config_check, lr_schedule_validate).
  * Such a violation is -EBADMSG naming the file and the key. An intact
- * checkpoint of another engine, model size or world size is -EINVAL.
+ * checkpoint of another engine or model size is -EINVAL; any world size
+ * loads (the file holds every moment).
  * optimizer_step and lr_scheduler_step are independent (a skipped step
  * does not count; a controller may call either alone): no rule ties them.
  */
@@ -48,7 +49,7 @@ json_t *native_state_json(struct native *n, int64_t global_step, unsigned conten
 	if (contents & CKPT_EXTRA)
 		json_array_append_new(c, json_string("extra"));
 	json_object_set_new(s, "engine_key", json_string(n->key));
-	json_object_set_new(s, "world_size", json_integer(1));
+	json_object_set_new(s, "world_size", json_integer(n->dist ? n->dist->world_size : 1));
 	json_object_set_new(s, "global_step", json_integer(global_step));
 	json_object_set_new(s, "optimizer_step", json_integer(n->optim_step));
 	json_object_set_new(s, "lr_scheduler_step", json_integer(n->sched_step));
@@ -285,9 +286,9 @@ int native_state_check(struct native *n, json_t *state, const char *shown,
 	if (strcmp(key, n->key))
 		return eng_fail(err, -EINVAL, "path: %s: a checkpoint of engine %s, this engine "
 				"is %s", shown, key, n->key);
-	if (int_of(state, "world_size") != 1)
-		return eng_fail(err, -EINVAL, "path: %s: a checkpoint of %lld ranks, this engine "
-				"runs 1", shown, (long long)int_of(state, "world_size"));
+	/* world_size says how many ranks trained it: the checkpoint itself
+	 * holds every moment (a group's rank 0 gathered them), so any world
+	 * size loads it. */
 	if (int_of(state, "num_parameters") != n->table.total)
 		return eng_fail(err, -EINVAL, "path: %s: a checkpoint of a model with %lld "
 				"parameters, this engine's has %lld", shown,

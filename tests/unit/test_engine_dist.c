@@ -6,7 +6,9 @@
  * all ranks end bit-identical; each holds 1/W of the moments; a rank that
  * never arrives times out Initialize; a rank that dies makes the step fail
  * fast, leaves the parameters as they were and the group broken (-ENOTCONN
- * after), and the engine still serves forward passes. Exit 77 when the
+ * after), and the engine still serves forward passes. Checkpoints: a
+ * group's (rank 0 writes every moment) reloads bit for bit into the same
+ * group and loads into one engine; one engine's loads into a group. Exit 77 when the
  * build has no CPU backend. */
 #include <math.h>
 #include <signal.h>
@@ -180,6 +182,93 @@ static void run_rank(const struct dist_group_id *id, int rank, int W)
 	_exit(0);
 }
 
+/* Steps [from, to) on a group rank (its shard, gradients x W) or alone. */
+static void steps(struct engine *e, int rank, int W, int from, int to)
+{
+	struct engine_step_result sr;
+	struct eng_error err = {0};
+
+	for (int step = from; step < to; step++) {
+		int s0 = W > 1 ? rank * NSEQ / W : 0, s1 = W > 1 ? (rank + 1) * NSEQ / W : NSEQ;
+
+		CHILD_CHECK(fb_range(e, step, s0, s1, (float)W, false, &err) == 0, "fb: %s",
+			    err.msg);
+		CHILD_CHECK(engine_optimizer_step(e, &sr, &err) == 0, "step: %s", err.msg);
+	}
+}
+
+/* One rank of the checkpoint test: a group checkpoint reloads bit for bit
+ * into the same group, loads into one engine (W -> 1), and one engine's
+ * checkpoint loads into the group (1 -> W), both matching one engine. */
+static void run_rank_ckpt(const struct dist_group_id *id, int rank, int W)
+{
+	struct engine_init_config cfg;
+	struct engine *e = NULL, *ref = NULL, *one = NULL;
+	struct eng_error err = {0};
+	char gdir[300], sdir[300];
+	size_t bytes = 1;
+	uint64_t after;
+	int64_t gstep = -1;
+	double d;
+
+	snprintf(gdir, sizeof(gdir), "%s/group", root);
+	snprintf(sdir, sizeof(sdir), "%s/single-%d", root, rank);
+	init_config(&cfg);
+	dist_config(&cfg, id, rank, W, 60);
+	CHILD_CHECK(engine_create(&cfg, &e, &err) == 0, "engine_create: %s", err.msg);
+	init_config(&cfg);
+	CHILD_CHECK(engine_create(&cfg, &ref, &err) == 0, "reference: %s", err.msg);
+	steps(e, rank, W, 0, 2);
+	steps(ref, 0, 1, 0, 2);
+	/* Every rank saves; rank 0 alone writes. */
+	CHILD_CHECK(engine_save_checkpoint(e, gdir, 2, 0, CKPT_ALL, &bytes, &err) == 0,
+		    "group save: %s", err.msg);
+	CHILD_CHECK(rank == 0 ? bytes > 0 : bytes == 0, "bytes %zu", bytes);
+	CHILD_CHECK(engine_save_checkpoint(ref, sdir, 2, 0, CKPT_ALL, NULL, &err) == 0,
+		    "save: %s", err.msg);
+	steps(e, rank, W, 2, 3);
+	steps(ref, 0, 1, 2, 3);
+	after = state_digest(e, false);
+
+	/* W -> W: back to step 2 and on, bit for bit. */
+	CHILD_CHECK(engine_load_checkpoint(e, gdir, CKPT_ALL, &gstep, &err) == 0, "load: %s",
+		    err.msg);
+	CHILD_CHECK(gstep == 2, "global step %lld", (long long)gstep);
+	steps(e, rank, W, 2, 3);
+	CHILD_CHECK(state_digest(e, false) == after, "reloaded group diverged");
+
+	/* W -> 1: the group's checkpoint into one engine of another seed. */
+	init_config(&cfg);
+	cfg.seed = 99;
+	CHILD_CHECK(engine_create(&cfg, &one, &err) == 0, "one: %s", err.msg);
+	CHILD_CHECK(engine_load_checkpoint(one, gdir, CKPT_ALL, &gstep, &err) == 0,
+		    "load into one: %s", err.msg);
+	steps(one, 0, 1, 2, 3);
+	d = max_abs_diff(one, e);
+	CHILD_CHECK(d <= 1e-6, "W -> 1: parameters differ from the group by %g", d);
+
+	/* 1 -> W: rank 0's single-engine checkpoint into the group. */
+	snprintf(sdir, sizeof(sdir), "%s/single-0", root);
+	CHILD_CHECK(engine_load_checkpoint(e, sdir, CKPT_ALL, &gstep, &err) == 0,
+		    "load single: %s", err.msg);
+	steps(e, rank, W, 2, 3);
+	d = max_abs_diff(e, ref);
+	CHILD_CHECK(d <= 1e-6, "1 -> W: parameters differ from one engine by %g", d);
+	/* A refused load (no such checkpoint on rank 0) fails every rank and
+	 * leaves the group usable. */
+	snprintf(sdir, sizeof(sdir), "%s/missing", root);
+	CHILD_CHECK(engine_load_checkpoint(e, sdir, CKPT_ALL, &gstep, &err) == -ENOENT,
+		    "missing: %s", err.msg);
+	eng_error_clear(&err);
+	steps(e, rank, W, 3, 4);
+	fprintf(stderr, "rank %d of %d: checkpoints W->W bit-exact, W->1 and 1->W within %.3g\n",
+		rank, W, d);
+	engine_destroy(one);
+	engine_destroy(ref);
+	engine_destroy(e);
+	_exit(0);
+}
+
 static void new_group(int W, struct dist_group_id *id)
 {
 	const struct dist_ops *ops = dist_for_device("cpu");
@@ -189,18 +278,18 @@ static void new_group(int W, struct dist_group_id *id)
 	ck_assert_int_eq(ops->create_id(&c, id, &err), 0);
 }
 
-static void equivalence(int W)
+/* Fork W ranks running fn; each must exit 0. */
+static void run_group(int W, void (*fn)(const struct dist_group_id *, int, int))
 {
 	struct dist_group_id id;
 	pid_t pids[4];
-	char first[32] = "", buf[32], path[300];
 
 	new_group(W, &id);
 	for (int r = 0; r < W; r++) {
 		pids[r] = fork();
 		ck_assert_int_ge(pids[r], 0);
 		if (pids[r] == 0)
-			run_rank(&id, r, W);
+			fn(&id, r, W);
 	}
 	for (int r = 0; r < W; r++) {
 		int status;
@@ -208,6 +297,13 @@ static void equivalence(int W)
 		ck_assert_int_eq(waitpid(pids[r], &status, 0), pids[r]);
 		ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank %d failed", r);
 	}
+}
+
+static void equivalence(int W)
+{
+	char first[32] = "", buf[32], path[300];
+
+	run_group(W, run_rank);
 	/* Every rank ends with the same parameters, bit for bit. */
 	for (int r = 0; r < W; r++) {
 		FILE *f;
@@ -232,6 +328,18 @@ END_TEST
 START_TEST(three_ranks_equal_one_engine)
 {
 	equivalence(3);
+}
+END_TEST
+
+START_TEST(checkpoints_two_ranks)
+{
+	run_group(2, run_rank_ckpt);
+}
+END_TEST
+
+START_TEST(checkpoints_three_ranks)
+{
+	run_group(3, run_rank_ckpt);
 }
 END_TEST
 
@@ -313,6 +421,8 @@ int main(void)
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, two_ranks_equal_one_engine);
 	tcase_add_test(tc, three_ranks_equal_one_engine);
+	tcase_add_test(tc, checkpoints_two_ranks);
+	tcase_add_test(tc, checkpoints_three_ranks);
 	tcase_add_test(tc, rank_never_arrives);
 	tcase_add_test(tc, rank_dies);
 	suite_add_tcase(s, tc);
