@@ -26,6 +26,7 @@ packages=(
   libgrpc-dev          # gRPC C core: the daemon's server and the C client
   libprotobuf-c-dev protobuf-c-compiler   # C messages generated from proto/ at build time
   libuv1-dev           # the daemon's signal / timer loop
+  libgloo-dev          # Gloo: the collectives of a data-parallel group on the CPU (engines/dist/gloo/)
   protobuf-compiler    # Python stubs of the client package
   check                # unit tests
   python3-grpcio python3-protobuf python3-numpy python3-venv   # Python client, tests

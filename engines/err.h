@@ -36,9 +36,11 @@
 	X(ELIBACC, FAILED_PRECONDITION, "a device library (e.g. cuBLASLt) is missing") \
 	X(EALREADY, FAILED_PRECONDITION, "wrong state: not initialized, wrong mode, state on the host, a read-only file system under a root") \
 	X(ECANCELED, CANCELLED, "the client cancelled the call") \
-	X(ETIMEDOUT, DEADLINE_EXCEEDED, "the call's deadline passed before it ran") \
+	X(ETIMEDOUT, DEADLINE_EXCEEDED, "the call's deadline passed before it ran, or a collective of the data-parallel group did not complete in time (a rank did not arrive)") \
 	X(ENOSYS, UNIMPLEMENTED, "a service or method this daemon does not provide") \
 	X(ESHUTDOWN, UNAVAILABLE, "the daemon is shutting down") \
+	X(ECONNRESET, UNAVAILABLE, "a peer of the data-parallel group closed its connection (a rank died)") \
+	X(ENOTCONN, FAILED_PRECONDITION, "the data-parallel group was broken by an earlier failure: Initialize again (replace) to re-form it") \
 	X(EIO, INTERNAL, "an I/O error or a device failure")
 
 /* One row of ENG_ERROR_CODES. */

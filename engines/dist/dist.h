@@ -108,6 +108,10 @@ const struct dist_ops *dist_for_device(const char *device);
 const char *dist_names(void);
 /* Check a config against the rules above (ranks, timeout, id length). */
 int dist_config_check(const struct dist_config *cfg, struct eng_error *err);
+/* The same rules with world_size >= min_world: the backends' open takes a
+ * group of one (min_world 1: tests, a GPU smoke test); a group the daemon
+ * forms has at least 2 ranks (dist_config_check). */
+int dist_config_check_min(const struct dist_config *cfg, int min_world, struct eng_error *err);
 
 /* Bytes of one element of t. */
 static inline size_t dist_dtype_size(enum dist_dtype t)

@@ -57,9 +57,16 @@ const char *dist_names(void)
 
 int dist_config_check(const struct dist_config *cfg, struct eng_error *err)
 {
-	if (cfg->world_size < 2 || cfg->world_size > DIST_MAX_WORLD)
-		return eng_fail(err, -EINVAL, "dist.world_size: %d, must be in [2, %d]",
-				cfg->world_size, DIST_MAX_WORLD);
+	return dist_config_check_min(cfg, 2, err);
+}
+
+int dist_config_check_min(const struct dist_config *cfg, int min_world, struct eng_error *err)
+{
+	if (!cfg)
+		return eng_fail(err, -EINVAL, "dist: no config");
+	if (cfg->world_size < min_world || cfg->world_size > DIST_MAX_WORLD)
+		return eng_fail(err, -EINVAL, "dist.world_size: %d, must be in [%d, %d]",
+				cfg->world_size, min_world, DIST_MAX_WORLD);
 	if (cfg->rank < 0 || cfg->rank >= cfg->world_size)
 		return eng_fail(err, -EINVAL, "dist.rank: %d, must be in [0, %d)", cfg->rank,
 				cfg->world_size);

@@ -21,6 +21,7 @@
 #         test_gpu_parity   CUDA vs CPU engine: log-probs, gradients, 30 steps
 #         test_gpu_offload  to(host) gives the memory back; training goes on
 #         test_gpu_resume   determinism, checkpoint resume bit-identical
+#         test_dist_nccl    the NCCL backend: a group of one, a missing rank
 #         gpu_bench         Qwen2.5-0.5B and 1.5B: tokens/s and MFU
 #       and prints a summary. Logs go to $ENGINED_GPU_OUT (default
 #       ./gpu-results; under the device tool use $OUT to get them back).
@@ -38,7 +39,7 @@ cd "$(dirname "$0")/../.."
 root=$(pwd)
 pack_dir=build-gpu-pack
 bundle=${ENGINED_GPU_BUNDLE:-$pack_dir/gpu-bundle.tar.xz}
-targets=(test_gpu_kernels test_gpu_parity test_gpu_offload test_gpu_resume gpu_bench)
+targets=(test_gpu_kernels test_gpu_parity test_gpu_offload test_gpu_resume test_dist_nccl gpu_bench)
 
 # ---- packing (build machine) -------------------------------------------
 
@@ -122,12 +123,22 @@ if ! ldconfig -p 2>/dev/null | grep -q "libcublasLt.so.13"; then
     fi
   done
 fi
+# libnccl too (engines/dist/nccl/ dlopens it).
+if ! ldconfig -p 2>/dev/null | grep -q "libnccl.so.2"; then
+  for d in /usr/local/cuda/lib64 \
+           "$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) + "/lib")' 2>/dev/null)"; do
+    if [ -n "$d" ] && [ -e "$d/libnccl.so.2" ]; then
+      export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
+      break
+    fi
+  done
+fi
 for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib; do
   [ -d "$d" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
 done
 
 declare -A limit=([test_gpu_kernels]=90 [test_gpu_parity]=120 [test_gpu_offload]=90
-                  [test_gpu_resume]=90 [gpu_bench]=240)
+                  [test_gpu_resume]=90 [test_dist_nccl]=60 [gpu_bench]=240)
 summary=()
 failed=0
 for t in "${targets[@]}"; do

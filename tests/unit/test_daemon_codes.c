@@ -14,6 +14,10 @@ START_TEST(every_code_maps_to_its_status)
 	ck_assert_int_eq(job_rpc_code(0), RPC_OK);
 	ck_assert_int_eq(job_rpc_code(-EINVAL), RPC_INVALID_ARGUMENT);
 	ck_assert_int_eq(job_rpc_code(-ESHUTDOWN), RPC_UNAVAILABLE);
+	/* The data-parallel group's failures (engines/dist/dist.h). */
+	ck_assert_int_eq(job_rpc_code(-ECONNRESET), RPC_UNAVAILABLE);
+	ck_assert_int_eq(job_rpc_code(-ENOTCONN), RPC_FAILED_PRECONDITION);
+	ck_assert_int_eq(job_rpc_code(-ETIMEDOUT), RPC_DEADLINE_EXCEEDED);
 	ck_assert_int_eq(job_rpc_code(-EXDEV), RPC_INTERNAL);
 	ck_assert_int_eq(job_rpc_code(-12345), RPC_INTERNAL);
 }

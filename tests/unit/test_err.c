@@ -41,6 +41,8 @@ START_TEST(code_list)
 	}
 	ck_assert_str_eq(eng_strerror(0), "OK");
 	ck_assert_str_eq(eng_strerror(-ESHUTDOWN), "ESHUTDOWN");
+	ck_assert_str_eq(eng_strerror(-ECONNRESET), "ECONNRESET");
+	ck_assert_str_eq(eng_strerror(-ENOTCONN), "ENOTCONN");
 	ck_assert_str_eq(eng_strerror(-EXDEV), "E?");
 }
 END_TEST
