@@ -55,7 +55,7 @@ static void init_config(struct engine_init_config *cfg)
 	engine_init_config_defaults(cfg);
 	cfg->hf_config_json = TINY_QWEN2;
 	cfg->seed = 11;
-	cfg->optim.lr = 1e-2;
+	cfg->optim.lr = 1e-3;
 	cfg->optim.clip_grad = 0.5;   /* the norms below are larger: clipping on */
 	cfg->threads = 1;
 	cfg->max_tokens_per_micro_batch = 8;
