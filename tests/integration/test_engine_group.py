@@ -88,6 +88,8 @@ def test_global_loss_options_count_like_the_loss_library():
         "global_num_tokens": 6, "global_batch_size": 3, "loss_scale_factor": 4.0,
         "dp_size": 2}
     mask = np.array([0, 1, 1, 0, 0, 0, 1, 0, 1, 1], np.float32)
+    with pytest.raises(ValueError, match="loss_mask: 9 elements, expected 10"):
+        global_loss_options([3, 2, 4, 1], 2, mask[:9])
     assert global_loss_options([3, 2, 4, 1], 3, mask) == {
         "global_num_tokens": 5, "global_batch_size": 3, "loss_scale_factor": 4.0,
         "dp_size": 3}

@@ -150,16 +150,19 @@ def split_sequences(seq_lens, world_size):
 def _loss_counts(seq_lens, loss_mask):
     """(loss tokens, sequences with a loss token, longest sequence) as the
     loss library counts them (engines/loss/loss_engine.c)."""
-    tokens = seqs = 0
-    off = 0
-    m = None if loss_mask is None else np.asarray(loss_mask, dtype=np.float32).reshape(-1)
-    for s in seq_lens:
-        s = int(s)
-        cnt = int(np.count_nonzero(m[off:off + s])) if m is not None else s - 1
-        tokens += cnt
-        seqs += cnt > 0
-        off += s
-    return tokens, seqs, max((int(s) for s in seq_lens), default=0)
+    lens = np.asarray([int(s) for s in seq_lens], dtype=np.int64)
+    if lens.size == 0:
+        return 0, 0, 0
+    if loss_mask is None:
+        cnt = lens - 1
+    else:
+        m = np.asarray(loss_mask, dtype=np.float32).reshape(-1) != 0
+        if m.size != int(lens.sum()):
+            raise ValueError("loss_mask: %d elements, expected %d (one per token)"
+                             % (m.size, int(lens.sum())))
+        starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+        cnt = np.add.reduceat(m.astype(np.int64), starts)
+    return int(cnt.sum()), int(np.count_nonzero(cnt)), int(lens.max())
 
 
 def global_loss_options(seq_lens, world_size, loss_mask=None):
