@@ -543,6 +543,26 @@ static void ckpt_prep_free(void *p)
 	free(c);
 }
 
+/* A rank other than 0 of a data-parallel group: its Save/LoadCheckpoint
+ * only take part in rank 0's (which alone reads and writes the files),
+ * so the path is not resolved on it. `snap`: from the status snapshot
+ * (the poller), else from the engine (the engine thread). */
+static bool group_follower(struct daemon *d, bool snap)
+{
+	struct engine_status st;
+
+	if (snap) {
+		pthread_mutex_lock(&d->lock);
+		st = d->snap;
+		pthread_mutex_unlock(&d->lock);
+	} else if (d->engine) {
+		engine_status(d->engine, &st);
+	} else {
+		return false;
+	}
+	return st.initialized && st.dist_world_size > 1 && st.dist_rank != 0;
+}
+
 static int ckpt_prep_new(struct job *j, const char *path, char **contents,
 			 size_t n_contents, bool must_exist, struct daemon *d,
 			 struct eng_error *err)
@@ -558,7 +578,8 @@ static int ckpt_prep_new(struct job *j, const char *path, char **contents,
 	r = parse_contents(contents, n_contents, "contents", &c->contents, err);
 	if (r < 0)
 		return r;
-	r = path_confine(d->cfg.checkpoint_root, path, "path", must_exist, &abs, err);
+	r = path_confine(d->cfg.checkpoint_root, path, "path",
+			 must_exist && !group_follower(d, true), &abs, err);
 	if (r < 0)
 		return r;
 	free(abs);
@@ -606,6 +627,9 @@ int daemon_save_checkpoint(struct daemon *d, const char *rel, int64_t global_ste
 	struct paths_pin pin = { .fd = -1 };
 	int r;
 
+	if (group_follower(d, false))
+		return engine_save_checkpoint(d->engine, rel, global_step, max_to_keep, contents,
+					      ret_bytes, err);
 	/* Resolved again now (the tree may have changed since validation)
 	 * and pinned: the writer works through the parent's descriptor, so
 	 * a component swapped for a symlink mid-save cannot redirect it. */
@@ -632,14 +656,16 @@ int h_run_load_checkpoint(struct daemon *d, struct job *j, struct eng_error *err
 	Engined__V1__LoadCheckpointResponse resp = ENGINED__V1__LOAD_CHECKPOINT_RESPONSE__INIT;
 	struct paths_pin pin = { .fd = -1 };
 	int64_t step = 0;
+	bool follower = group_follower(d, false);
 	int r;
 
-	r = paths_pin(d->cfg.checkpoint_root, c->rel, "path", PIN_DIR, &pin, err);
-	if (r < 0)
+	if (!follower && (r = paths_pin(d->cfg.checkpoint_root, c->rel, "path", PIN_DIR, &pin,
+					err)) < 0)
 		return r;
 	stream_wait_released(d);
 	engine_set_cancel(d->engine, fb_call_gone, j->call);
-	r = engine_load_checkpoint(d->engine, pin.path, c->contents, &step, err);
+	r = engine_load_checkpoint(d->engine, follower ? c->rel : pin.path, c->contents, &step,
+				   err);
 	engine_set_cancel(d->engine, NULL, NULL);
 	r = paths_pin_result(&pin, r, err);
 	paths_unpin(&pin);
