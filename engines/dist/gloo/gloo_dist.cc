@@ -373,8 +373,9 @@ static int gloo_open(const struct dist_config *cfg, struct dist **ret, struct en
 		delete g;
 		return eng_fail(err, -ENOMEM, "dist open: out of memory");
 	}
-	if (stat(dir.c_str(), &st) < 0 || !S_ISDIR(st.st_mode)) {
-		r = errno == ENOENT ? -ENOENT : eng_errno_code(errno);
+	const int e = stat(dir.c_str(), &st) < 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+	if (e) {
+		r = e == ENOENT || e == ENOTDIR ? -ENOENT : eng_errno_code(e);
 		delete g;
 		return eng_fail(err, r, "dist.group_id: no such group under dist.store_root %s "
 				"(an id from CreateGroup with this store_root forms one group, "
@@ -382,13 +383,25 @@ static int gloo_open(const struct dist_config *cfg, struct dist **ret, struct en
 	}
 
 	const auto deadline = clock_type::now() + g->timeout;
-	std::string missing;
-	r = guarded(g, "open", err, [&] {
+	std::shared_ptr<gloo::transport::Device> dev;
+	try {
 		gloo::transport::tcp::attr attr;
 
 		if (cfg->host && cfg->host[0])
 			attr.hostname = cfg->host;
-		auto dev = gloo::transport::tcp::CreateDevice(attr);
+		dev = gloo::transport::tcp::CreateDevice(attr);
+	} catch (const std::exception &e) {
+		delete g;
+		return eng_fail(err, -EIO, "dist.host %s: Gloo cannot listen there: %s",
+				cfg->host && cfg->host[0] ? cfg->host : "(unset: the host name)",
+				e.what());
+	} catch (...) {
+		delete g;
+		return eng_fail(err, -EIO, "dist.host: Gloo cannot create its TCP device");
+	}
+
+	std::string missing;
+	r = guarded(g, "open", err, [&] {
 		gloo::rendezvous::FileStore file_store(dir);
 		gloo::rendezvous::PrefixStore prefix("world" + std::to_string(cfg->world_size),
 						     file_store);
