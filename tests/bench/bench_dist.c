@@ -25,7 +25,7 @@
 #include "dist/dist.h"
 
 #define WORLD 2
-#define ROUNDS 7
+#define ROUNDS 15
 
 static const struct {
 	size_t mib;
