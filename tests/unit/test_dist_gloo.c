@@ -423,6 +423,51 @@ START_TEST(rank_killed)
 }
 END_TEST
 
+/* Rank 1 of 2 is alive but never calls the collective: rank 0's returns
+ * -ETIMEDOUT after the group's timeout, then -ENOTCONN. Rank 1 waits on a
+ * pipe until rank 0 is done, so no step depends on timing. */
+static int done_pipe[2];
+
+static void rank_stalled_peer(const struct group *g, int rank)
+{
+	struct eng_error err = { 0 };
+	struct dist *d = NULL;
+	float buf[256] = { 0 };
+	char c = 0;
+	int r;
+
+	want(open_rank(g, rank, 2.0, &d, &err) == 0, "open rank %d: %s", rank, err.msg);
+	if (rank == 1) {
+		want(read(done_pipe[0], &c, 1) == 1, "read the pipe");
+		ops->close(d);
+		return;
+	}
+	r = ops->all_reduce(d, buf, 256, DIST_F32, &err);
+	want(r == -ETIMEDOUT, "all_reduce with a stalled peer: %s (%s)", eng_strerror(r),
+	     err.msg);
+	fprintf(stderr, "rank %d: %s: %s\n", rank, eng_strerror(r), err.msg);
+	want(ops->barrier(d, &err) == -ENOTCONN, "then -ENOTCONN");
+	want(write(done_pipe[1], "x", 1) == 1, "write the pipe");
+	ops->close(d);
+}
+
+START_TEST(collective_times_out)
+{
+	struct group g;
+	pid_t pids[2];
+	int status[2];
+
+	ck_assert_int_eq(pipe(done_pipe), 0);
+	make_group(&g, 2);
+	spawn(&g, 2, rank_stalled_peer, pids);
+	reap(pids, 2, status);
+	drop_group(&g);
+	for (int r = 0; r < 2; r++)
+		ck_assert_msg(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0,
+			      "rank %d failed (status 0x%x)", r, status[r]);
+}
+END_TEST
+
 /* create_id and open refuse bad configurations before anything connects. */
 START_TEST(bad_configs)
 {
@@ -520,6 +565,7 @@ int main(void)
 	tcase_add_test(tc, collectives_world_3);
 	tcase_add_test(tc, rank_never_arrives);
 	tcase_add_test(tc, rank_killed);
+	tcase_add_test(tc, collective_times_out);
 	suite_add_tcase(s, tc);
 	return check_run(s);
 }
