@@ -113,16 +113,18 @@ static void pause_poll(void)
  * communicator and breaks the group. */
 static int fail_nccl(struct nccl_dist *n, const char *op, ncclResult_t res, struct eng_error *err)
 {
-	const char *last = n->comm ? nccl.last_error(n->comm) : "";
+	const char *last = nccl.last_error(n->comm);
 	int code = res == ncclRemoteError || res == ncclSystemError ? -ECONNRESET : -EIO;
 
+	/* The message first: NCCL's last-error text may not outlive the abort. */
+	code = eng_fail(err, code, "dist %s (nccl, rank %d of %d): %s%s%s", op, n->base.rank,
+			n->base.world_size, nccl.error_string(res), last && last[0] ? ": " : "",
+			last ? last : "");
 	if (n->comm)
 		(void)nccl.abort(n->comm);
 	n->comm = NULL;
 	n->base.broken = true;
-	return eng_fail(err, code, "dist %s (nccl, rank %d of %d): %s%s%s", op, n->base.rank,
-			n->base.world_size, nccl.error_string(res), last && last[0] ? ": " : "",
-			last ? last : "");
+	return code;
 }
 
 static int fail_timeout(struct nccl_dist *n, const char *op, struct eng_error *err)
