@@ -198,8 +198,8 @@ static void check_reduce_scatter(struct dist *d, int rank, int world)
 	want(ops->reduce_scatter(d, xout, xin, N, DIST_F64, &err) == 0, "reduce_scatter f64: %s",
 	     err.msg);
 	for (int k = 0; k < N; k++) {
-		want(out[k] == (float)(rank_sum(world) * (rank * N + k)), "reduce_scatter [%d] = %g",
-		     k, out[k]);
+		want(out[k] == (float)(rank_sum(world) * (rank * N + k)),
+		     "reduce_scatter [%d] = %g", k, out[k]);
 		want(xout[k] == (double)rank_sum(world) * (double)(rank * N + k),
 		     "reduce_scatter f64 [%d] = %g", k, xout[k]);
 	}

@@ -177,7 +177,8 @@ int fail_io(struct gloo_dist *g, const char *op, const char *what, struct eng_er
 				"answer within %g s: %s", op, g->base.rank, g->base.world_size,
 				g->base.timeout_s, what);
 	return eng_fail(err, -ECONNRESET, "dist %s (gloo, rank %d of %d): a peer closed its "
-			"connection (a rank died?): %s", op, g->base.rank, g->base.world_size, what);
+			"connection (a rank died?): %s", op, g->base.rank, g->base.world_size,
+			what);
 }
 
 int fail_other(struct gloo_dist *g, const char *op, int code, const char *what,
@@ -474,7 +475,8 @@ static int gloo_reduce_scatter(struct dist *d, void *out, const void *in, int64_
 	if (r < 0 || count == 0)
 		return r;
 	if (!out || !in)
-		return eng_fail(err, -EINVAL, "dist reduce_scatter: %s is NULL", out ? "in" : "out");
+		return eng_fail(err, -EINVAL, "dist reduce_scatter: %s is NULL",
+				out ? "in" : "out");
 	return guarded(g, "reduce_scatter", err, [&] {
 		reduce_scatter_chunks(g, static_cast<uint8_t *>(out),
 				      static_cast<const uint8_t *>(in), (size_t)count, tv);

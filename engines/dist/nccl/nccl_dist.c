@@ -265,8 +265,9 @@ static int nccl_open(const struct dist_config *cfg, struct dist **ret, struct en
 	if (r < 0)
 		return r;
 	if (cfg->id.len != sizeof(id))
-		return eng_fail(err, -EINVAL, "dist.group_id: %zu bytes, not an NCCL id (%zu bytes; "
-				"CreateGroup on a cuda daemon makes one)", cfg->id.len, sizeof(id));
+		return eng_fail(err, -EINVAL, "dist.group_id: %zu bytes, not an NCCL id (%zu "
+				"bytes; CreateGroup on a cuda daemon makes one)", cfg->id.len,
+				sizeof(id));
 	r = need_nccl(err);
 	if (r < 0)
 		return r;
@@ -339,7 +340,8 @@ static int nccl_reduce_scatter(struct dist *d, void *out, const void *in, int64_
 	if (r < 0 || count == 0)
 		return r;
 	if (!out || !in)
-		return eng_fail(err, -EINVAL, "dist reduce_scatter: %s is NULL", out ? "in" : "out");
+		return eng_fail(err, -EINVAL, "dist reduce_scatter: %s is NULL",
+				out ? "in" : "out");
 	/* out == in + rank * count is NCCL's in-place form. */
 	return finish(n, "reduce_scatter", nccl.reduce_scatter(in, out, (size_t)count,
 							       nccl_type(t), ncclSum, n->comm,
