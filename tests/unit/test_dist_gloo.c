@@ -521,6 +521,7 @@ START_TEST(bad_configs)
 	cfg.store_root = NULL;
 	ck_assert_int_eq(ops->open(&cfg, &d, &err), -EINVAL);
 	ck_assert_ptr_null(d);
+	ck_assert_ptr_nonnull(strstr(dist_names(), "gloo"));
 	/* The daemon's groups have two ranks or more. */
 	cfg.store_root = g.root;
 	cfg.world_size = 1;
