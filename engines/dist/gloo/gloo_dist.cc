@@ -420,6 +420,8 @@ static int gloo_open(const struct dist_config *cfg, struct dist **ret, struct en
 		 * rank 0 removes the group's files. */
 		gloo::BarrierOptions opts(g->ctx);
 		opts.setTag(g->tag++);
+		opts.setTimeout(std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(
+						 deadline - clock_type::now())));
 		gloo::barrier(opts);
 	});
 	if (r == -ETIMEDOUT && !missing.empty()) {
