@@ -76,6 +76,23 @@ struct gloo_dist {
 };
 static_assert(std::is_standard_layout<gloo_dist>::value, "struct dist must lead gloo_dist");
 
+/* The dtype as an int, read without loading it as the enum: C callers may
+ * pass any int (enter() refuses the unknown ones), and in C++ a value
+ * outside an unfixed enum's range is undefined. */
+int dtype_value(const enum dist_dtype *t)
+{
+	int v;
+
+	static_assert(sizeof(v) == sizeof(*t), "enum dist_dtype is an int");
+	memcpy(&v, t, sizeof(v));
+	return v;
+}
+
+size_t dtype_size(int t)
+{
+	return t == DIST_F64 ? 8 : 4;
+}
+
 milliseconds timeout_ms(double s)
 {
 	return milliseconds(std::max<int64_t>(1, (int64_t)(s * 1000.0)));
@@ -160,7 +177,8 @@ int fail_io(struct gloo_dist *g, const char *op, const char *what, struct eng_er
 				"answer within %g s: %s", op, g->base.rank, g->base.world_size,
 				g->base.timeout_s, what);
 	return eng_fail(err, -ECONNRESET, "dist %s (gloo, rank %d of %d): a peer closed its "
-			"connection (a rank died?): %s", op, g->base.rank, g->base.world_size, what);
+			"connection (a rank died?): %s", op, g->base.rank, g->base.world_size,
+			what);
 }
 
 int fail_other(struct gloo_dist *g, const char *op, int code, const char *what,
@@ -191,7 +209,7 @@ int guarded(struct gloo_dist *g, const char *op, struct eng_error *err, F &&fn)
 
 /* The checks every collective makes first: the group, its state, count and
  * dtype; *ret_bytes = count elements of t times `slices`. */
-int enter(struct dist *d, const char *op, int64_t count, enum dist_dtype t, size_t slices,
+int enter(struct dist *d, const char *op, int64_t count, int t, size_t slices,
 	  size_t *ret_bytes, struct eng_error *err)
 {
 	size_t bytes = 0;
@@ -204,8 +222,8 @@ int enter(struct dist *d, const char *op, int64_t count, enum dist_dtype t, size
 	if (count < 0)
 		return eng_fail(err, -EINVAL, "dist %s: count %lld < 0", op, (long long)count);
 	if (t != DIST_F32 && t != DIST_F64)
-		return eng_fail(err, -EINVAL, "dist %s: unknown dtype %d", op, (int)t);
-	if (!ck_mul_size((size_t)count, dist_dtype_size(t), &bytes) ||
+		return eng_fail(err, -EINVAL, "dist %s: unknown dtype %d", op, t);
+	if (!ck_mul_size((size_t)count, dtype_size(t), &bytes) ||
 	    !ck_mul_size(bytes, slices, &bytes) || bytes > (size_t)INT64_MAX)
 		return eng_fail(err, -EINVAL, "dist %s: count %lld is too large", op,
 				(long long)count);
@@ -229,7 +247,7 @@ void remove_group_dir(const std::string &dir)
 	(void)rmdir(dir.c_str());
 }
 
-gloo::AllreduceOptions::Func sum_fn(enum dist_dtype t)
+gloo::AllreduceOptions::Func sum_fn(int t)
 {
 	using fn = void (*)(void *, const void *, const void *, size_t);
 
@@ -238,7 +256,7 @@ gloo::AllreduceOptions::Func sum_fn(enum dist_dtype t)
 	return static_cast<fn>(&gloo::sum<float>);
 }
 
-void all_reduce_sum(struct gloo_dist *g, void *buf, size_t count, enum dist_dtype t)
+void all_reduce_sum(struct gloo_dist *g, void *buf, size_t count, int t)
 {
 	gloo::AllreduceOptions opts(g->ctx);
 
@@ -258,9 +276,9 @@ void all_reduce_sum(struct gloo_dist *g, void *buf, size_t count, enum dist_dtyp
  * buffers) leaves a pair stalled after it at world size 3 (the next
  * all-reduce took 16 s here). Twice the traffic of a reduce-scatter. */
 void reduce_scatter_chunks(struct gloo_dist *g, uint8_t *out, const uint8_t *in, size_t count,
-			   enum dist_dtype t)
+			   int t)
 {
-	const size_t es = dist_dtype_size(t), world = (size_t)g->base.world_size;
+	const size_t es = dtype_size(t), world = (size_t)g->base.world_size;
 	const size_t rank = (size_t)g->base.rank;
 	const size_t chunk = std::min(count, std::max<size_t>(1, RS_CHUNK_BYTES / (world * es)));
 	std::vector<uint8_t> scratch(world * chunk * es);       /* [world, chunk] */
@@ -356,8 +374,9 @@ static int gloo_open(const struct dist_config *cfg, struct dist **ret, struct en
 		delete g;
 		return eng_fail(err, -ENOMEM, "dist open: out of memory");
 	}
-	if (stat(dir.c_str(), &st) < 0 || !S_ISDIR(st.st_mode)) {
-		r = errno == ENOENT ? -ENOENT : eng_errno_code(errno);
+	const int e = stat(dir.c_str(), &st) < 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+	if (e) {
+		r = e == ENOENT || e == ENOTDIR ? -ENOENT : eng_errno_code(e);
 		delete g;
 		return eng_fail(err, r, "dist.group_id: no such group under dist.store_root %s "
 				"(an id from CreateGroup with this store_root forms one group, "
@@ -365,13 +384,25 @@ static int gloo_open(const struct dist_config *cfg, struct dist **ret, struct en
 	}
 
 	const auto deadline = clock_type::now() + g->timeout;
-	std::string missing;
-	r = guarded(g, "open", err, [&] {
+	std::shared_ptr<gloo::transport::Device> dev;
+	try {
 		gloo::transport::tcp::attr attr;
 
 		if (cfg->host && cfg->host[0])
 			attr.hostname = cfg->host;
-		auto dev = gloo::transport::tcp::CreateDevice(attr);
+		dev = gloo::transport::tcp::CreateDevice(attr);
+	} catch (const std::exception &e) {
+		delete g;
+		return eng_fail(err, -EIO, "dist.host %s: Gloo cannot listen there: %s",
+				cfg->host && cfg->host[0] ? cfg->host : "(unset: the host name)",
+				e.what());
+	} catch (...) {
+		delete g;
+		return eng_fail(err, -EIO, "dist.host: Gloo cannot create its TCP device");
+	}
+
+	std::string missing;
+	r = guarded(g, "open", err, [&] {
 		gloo::rendezvous::FileStore file_store(dir);
 		gloo::rendezvous::PrefixStore prefix("world" + std::to_string(cfg->world_size),
 						     file_store);
@@ -389,6 +420,8 @@ static int gloo_open(const struct dist_config *cfg, struct dist **ret, struct en
 		 * rank 0 removes the group's files. */
 		gloo::BarrierOptions opts(g->ctx);
 		opts.setTag(g->tag++);
+		opts.setTimeout(std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(
+						 deadline - clock_type::now())));
 		gloo::barrier(opts);
 	});
 	if (r == -ETIMEDOUT && !missing.empty()) {
@@ -423,13 +456,14 @@ static int gloo_all_reduce(struct dist *d, void *buf, int64_t count, enum dist_d
 {
 	struct gloo_dist *g = reinterpret_cast<struct gloo_dist *>(d);
 	size_t bytes = 0;
-	int r = enter(d, "all_reduce", count, t, 1, &bytes, err);
+	const int tv = dtype_value(&t);
+	int r = enter(d, "all_reduce", count, tv, 1, &bytes, err);
 
 	if (r < 0 || count == 0)
 		return r;
 	if (!buf)
 		return eng_fail(err, -EINVAL, "dist all_reduce: buf is NULL");
-	return guarded(g, "all_reduce", err, [&] { all_reduce_sum(g, buf, (size_t)count, t); });
+	return guarded(g, "all_reduce", err, [&] { all_reduce_sum(g, buf, (size_t)count, tv); });
 }
 
 static int gloo_reduce_scatter(struct dist *d, void *out, const void *in, int64_t count,
@@ -437,15 +471,17 @@ static int gloo_reduce_scatter(struct dist *d, void *out, const void *in, int64_
 {
 	struct gloo_dist *g = reinterpret_cast<struct gloo_dist *>(d);
 	size_t bytes = 0;
-	int r = enter(d, "reduce_scatter", count, t, d ? (size_t)d->world_size : 1, &bytes, err);
+	const int tv = dtype_value(&t);
+	int r = enter(d, "reduce_scatter", count, tv, d ? (size_t)d->world_size : 1, &bytes, err);
 
 	if (r < 0 || count == 0)
 		return r;
 	if (!out || !in)
-		return eng_fail(err, -EINVAL, "dist reduce_scatter: %s is NULL", out ? "in" : "out");
+		return eng_fail(err, -EINVAL, "dist reduce_scatter: %s is NULL",
+				out ? "in" : "out");
 	return guarded(g, "reduce_scatter", err, [&] {
 		reduce_scatter_chunks(g, static_cast<uint8_t *>(out),
-				      static_cast<const uint8_t *>(in), (size_t)count, t);
+				      static_cast<const uint8_t *>(in), (size_t)count, tv);
 	});
 }
 
@@ -454,7 +490,8 @@ static int gloo_all_gather(struct dist *d, void *out, const void *in, int64_t co
 {
 	struct gloo_dist *g = reinterpret_cast<struct gloo_dist *>(d);
 	size_t bytes = 0;
-	int r = enter(d, "all_gather", count, t, d ? (size_t)d->world_size : 1, &bytes, err);
+	const int tv = dtype_value(&t);
+	int r = enter(d, "all_gather", count, tv, d ? (size_t)d->world_size : 1, &bytes, err);
 
 	if (r < 0 || count == 0)
 		return r;
@@ -489,7 +526,8 @@ static int gloo_broadcast(struct dist *d, void *buf, int64_t count, enum dist_dt
 {
 	struct gloo_dist *g = reinterpret_cast<struct gloo_dist *>(d);
 	size_t bytes = 0;
-	int r = enter(d, "broadcast", count, t, 1, &bytes, err);
+	const int tv = dtype_value(&t);
+	int r = enter(d, "broadcast", count, tv, 1, &bytes, err);
 
 	if (r < 0)
 		return r;

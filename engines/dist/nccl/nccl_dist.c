@@ -113,16 +113,18 @@ static void pause_poll(void)
  * communicator and breaks the group. */
 static int fail_nccl(struct nccl_dist *n, const char *op, ncclResult_t res, struct eng_error *err)
 {
-	const char *last = n->comm ? nccl.last_error(n->comm) : "";
+	const char *last = nccl.last_error(n->comm);
 	int code = res == ncclRemoteError || res == ncclSystemError ? -ECONNRESET : -EIO;
 
+	/* The message first: NCCL's last-error text may not outlive the abort. */
+	code = eng_fail(err, code, "dist %s (nccl, rank %d of %d): %s%s%s", op, n->base.rank,
+			n->base.world_size, nccl.error_string(res), last && last[0] ? ": " : "",
+			last ? last : "");
 	if (n->comm)
 		(void)nccl.abort(n->comm);
 	n->comm = NULL;
 	n->base.broken = true;
-	return eng_fail(err, code, "dist %s (nccl, rank %d of %d): %s%s%s", op, n->base.rank,
-			n->base.world_size, nccl.error_string(res), last && last[0] ? ": " : "",
-			last ? last : "");
+	return code;
 }
 
 static int fail_timeout(struct nccl_dist *n, const char *op, struct eng_error *err)
@@ -263,8 +265,9 @@ static int nccl_open(const struct dist_config *cfg, struct dist **ret, struct en
 	if (r < 0)
 		return r;
 	if (cfg->id.len != sizeof(id))
-		return eng_fail(err, -EINVAL, "dist.group_id: %zu bytes, not an NCCL id (%zu bytes; "
-				"CreateGroup on a cuda daemon makes one)", cfg->id.len, sizeof(id));
+		return eng_fail(err, -EINVAL, "dist.group_id: %zu bytes, not an NCCL id (%zu "
+				"bytes; CreateGroup on a cuda daemon makes one)", cfg->id.len,
+				sizeof(id));
 	r = need_nccl(err);
 	if (r < 0)
 		return r;
@@ -337,7 +340,8 @@ static int nccl_reduce_scatter(struct dist *d, void *out, const void *in, int64_
 	if (r < 0 || count == 0)
 		return r;
 	if (!out || !in)
-		return eng_fail(err, -EINVAL, "dist reduce_scatter: %s is NULL", out ? "in" : "out");
+		return eng_fail(err, -EINVAL, "dist reduce_scatter: %s is NULL",
+				out ? "in" : "out");
 	/* out == in + rank * count is NCCL's in-place form. */
 	return finish(n, "reduce_scatter", nccl.reduce_scatter(in, out, (size_t)count,
 							       nccl_type(t), ncclSum, n->comm,
