@@ -174,19 +174,9 @@ int native_dist_step(struct native *n, const struct engine_optim_config *o, doub
 	}
 	/* The norm of the mean gradient: sqrt(sum of squares of the sum) / W. */
 	norm = sqrt(sumsq) / d->world_size;
-	memset(ret, 0, sizeof(*ret));
-	ret->grad_norm = norm;
-	ret->lr = lr;
-	if (!isfinite(norm)) {
-		ret->skipped = true;
-		ret->step = n->optim_step;
-		return native_zero_grads(n, err);
-	}
-	if (o->clip_grad > 0) {
-		float c = (float)o->clip_grad / ((float)norm + 1e-6f);
-
-		coef = c < 1.0f ? c : 1.0f;
-	}
+	rc = native_step_norm(n, norm, lr, o->clip_grad, ret, &coef, err);
+	if (rc)
+		return rc < 0 ? rc : 0;
 	n->optim_step++;
 	rc = k->adamw(n->dev, p + n->shard_off, g + n->shard_off, n->fam[FAM_EXP_AVG].dev,
 		      n->fam[FAM_EXP_AVG_SQ].dev, n->shard_len, lr, o->beta1, o->beta2, o->eps,

@@ -669,13 +669,39 @@ static int native_forward_backward(struct engine *e, const struct engine_batch *
 
 /* --- optimizer --------------------------------------------------------- */
 
+int native_step_norm(struct native *n, double norm, double lr, double clip,
+		     struct engine_step_result *ret, float *coef, struct eng_error *err)
+{
+	int rc;
+
+	memset(ret, 0, sizeof(*ret));
+	ret->grad_norm = norm;
+	ret->lr = lr;
+	if (!isfinite(norm)) {
+		/* verl: a non-finite norm skips the update and drops the grads. */
+		ret->skipped = true;
+		ret->step = n->optim_step;
+		rc = native_zero_grads(n, err);
+		return rc ? rc : 1;
+	}
+	/* torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6),
+	 * clamped to 1, computed in fp32. */
+	*coef = 1.0f;
+	if (clip > 0) {
+		float c = (float)clip / ((float)norm + 1e-6f);
+
+		*coef = c < 1.0f ? c : 1.0f;
+	}
+	return 0;
+}
+
 static int native_optimizer_step(struct engine *e, const struct engine_step_params *p,
 				 struct engine_step_result *ret, struct eng_error *err)
 {
 	struct native *n = N(e);
 	const struct kernel_table *k = n->dev->k;
 	struct engine_optim_config o = n->optim;  /* this step's */
-	double sumsq = 0, norm, lr = p && p->has_lr ? p->lr : native_current_lr(n);
+	double sumsq = 0, lr = p && p->has_lr ? p->lr : native_current_lr(n);
 	float coef = 1.0f;
 	int rc;
 
@@ -695,23 +721,9 @@ static int native_optimizer_step(struct engine *e, const struct engine_step_para
 	rc = k->sumsq(n->dev, &sumsq, n->fam[FAM_GRADS].dev, n->table.total);
 	if (rc)
 		return eng_fail(err, rc, "optimizer: gradient norm failed");
-	norm = sqrt(sumsq);
-	memset(ret, 0, sizeof(*ret));
-	ret->grad_norm = norm;
-	ret->lr = lr;
-	if (!isfinite(norm)) {
-		/* verl: a non-finite norm skips the update and drops the grads. */
-		ret->skipped = true;
-		ret->step = n->optim_step;
-		return native_zero_grad(e, err);
-	}
-	/* torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6),
-	 * clamped to 1, computed in fp32. */
-	if (o.clip_grad > 0) {
-		float c = (float)o.clip_grad / ((float)norm + 1e-6f);
-
-		coef = c < 1.0f ? c : 1.0f;
-	}
+	rc = native_step_norm(n, sqrt(sumsq), lr, o.clip_grad, ret, &coef, err);
+	if (rc)
+		return rc < 0 ? rc : 0;
 	n->optim_step++;
 	rc = k->adamw(n->dev, n->fam[FAM_PARAMS].dev, n->fam[FAM_GRADS].dev,
 		      n->fam[FAM_EXP_AVG].dev, n->fam[FAM_EXP_AVG_SQ].dev, n->table.total,

@@ -152,6 +152,12 @@ json_t *native_state_json(struct native *n, int64_t global_step, unsigned conten
 int native_state_check(struct native *n, json_t *state, const char *shown,
 		       struct native_saved_state *ret, struct eng_error *err);
 
+/* The start of a step, alone or in a group, once the gradient norm is
+ * known: ret gets the norm and lr; a non-finite norm skips the update and
+ * drops the gradients (1); else *coef is the clip coefficient (0). */
+int native_step_norm(struct native *n, double norm, double lr, double clip,
+		     struct engine_step_result *ret, float *coef, struct eng_error *err);
+
 /* Current lr = peak lr * schedule factor at sched_step. */
 double native_current_lr(const struct native *n);
 
