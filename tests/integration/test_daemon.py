@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import struct
+import tempfile
 import threading
 import time
 
@@ -410,9 +411,12 @@ def test_stream_cancel_frees_engine(daemon, client):
 
 
 def test_checkpoint_paths(daemon, client):
-    os.symlink("/tmp", os.path.join(daemon.ckpt_root, "escape"))
+    # Targets outside the root that no other process uses: the test checks
+    # that nothing was written there.
+    outside = tempfile.mkdtemp(prefix="engined-outside-")
+    os.symlink(outside, os.path.join(daemon.ckpt_root, "escape"))
     expect_error(SC.PERMISSION_DENIED, client.save_checkpoint, "../x", field="path")
-    expect_error(SC.PERMISSION_DENIED, client.save_checkpoint, "/tmp/x", field="path")
+    expect_error(SC.PERMISSION_DENIED, client.save_checkpoint, outside + "/x", field="path")
     expect_error(SC.PERMISSION_DENIED, client.save_checkpoint, "a/../../x", field="path")
     expect_error(SC.PERMISSION_DENIED, client.save_checkpoint, "escape/x", field="path")
     expect_error(SC.PERMISSION_DENIED, client.load_checkpoint, "escape", field="path")
@@ -420,7 +424,8 @@ def test_checkpoint_paths(daemon, client):
     expect_error(SC.INVALID_ARGUMENT, client.save_checkpoint, "ok", contents=["model", "x"],
                  field="contents[1]")
     expect_error(SC.INVALID_ARGUMENT, client.save_checkpoint, "", field="path")
-    assert not os.path.exists("/tmp/x")
+    assert os.listdir(outside) == []
+    assert not os.path.exists(os.path.join(os.path.dirname(daemon.ckpt_root), "x"))
     r = client.save_checkpoint("./nested//dir/ck", global_step=9, contents=["model"])
     assert r.path == "nested/dir/ck"
 
