@@ -168,11 +168,13 @@ struct kernel_table {
 	 *   m = beta1 * m + (1 - beta1) * g
 	 *   v = beta2 * v + (1 - beta2) * g * g
 	 *   p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+	 *   grad = 0   (the step consumes the gradients: zeroing them in the same
+	 *              pass saves a second sweep over 4 bytes a parameter)
 	 * step >= 1 is the step count after this update; weight decay applies to
 	 * every element. The hyper-parameters are doubles, as torch's Python
 	 * floats are: scalars such as 1 - beta2 are formed in double and rounded
 	 * to fp32 once, so passing the config's doubles reproduces torch. */
-	int (*adamw)(struct device *dev, float *p, const float *grad, float *m,
+	int (*adamw)(struct device *dev, float *p, float *grad, float *m,
 		     float *v, int64_t n, double lr, double beta1, double beta2,
 		     double eps, double weight_decay, int64_t step, float grad_scale);
 

@@ -190,7 +190,15 @@ int native_dist_step(struct native *n, const struct engine_optim_config *o, doub
 		rc = d->ops->all_gather(d, p, p + n->shard_off, n->shard_len, DIST_F32, err);
 	n->dev->param_version++;
 	ret->step = n->optim_step;
-	(void)native_zero_grads(n, NULL);
+	/* AdamW zeroed this rank's slice of the gradients; the rest (the other
+	 * ranks' slices, reduced there) is dropped here. */
+	if (n->shard_off > 0)
+		(void)n->dev->ops->memset0(n->dev, g, (size_t)n->shard_off * sizeof(float));
+	if (n->shard_off + n->shard_len < n->padded_total)
+		(void)n->dev->ops->memset0(n->dev, g + n->shard_off + n->shard_len,
+					   (size_t)(n->padded_total - n->shard_off - n->shard_len) *
+					   sizeof(float));
+	n->grad_calls = n->grad_tokens = 0;
 	return rc;
 }
 

@@ -52,6 +52,9 @@ START_TEST(adamw_two_steps)
 		ck_assert_msg(tu_err_f(p, want_p[step - 1], 5, 1e-12, 2e-7) <= 1.0, "p step %d", step);
 		ck_assert_msg(tu_err_f(m, want_m[step - 1], 5, 1e-12, 2e-7) <= 1.0, "m step %d", step);
 		ck_assert_msg(tu_err_f(v, want_v[step - 1], 5, 1e-12, 2e-7) <= 1.0, "v step %d", step);
+		/* the step consumes the gradients (zero_grad fused) */
+		for (int i = 0; i < 5; i++)
+			ck_assert_msg(g[i] == 0.0f && !signbit(g[i]), "g[%d] = %g", i, g[i]);
 	}
 	ck_assert_int_eq(dev->k->adamw(dev, p, g, m, v, 5, 0.1, 0.9, 0.99, 1e-8,
 				       0.01, 0, 1.0f), -EINVAL);

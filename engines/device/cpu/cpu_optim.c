@@ -4,6 +4,7 @@
  *   p.mul_(1 - lr*wd); m.mul_(b1).add_(g, alpha=1-b1);
  *   v.mul_(b2).addcmul_(g, g, value=1-b2);
  *   denom = (v.sqrt() / sqrt(bc2)).add_(eps); p.addcdiv_(m, denom, value=-lr/bc1)
+ * and then zeroes the gradient it read (optimizer.zero_grad(), fused).
  * The hyper-parameters arrive as doubles (torch's Python floats); scalars
  * such as 1 - beta2 and lr / bc1 are formed in double and rounded to float
  * once, as torch does. Per-element arithmetic is fp32 in torch's order (the
@@ -21,7 +22,7 @@
 
 #define SUMSQ_BLOCK 16384
 
-int cpu_adamw(struct device *dev, float *p, const float *grad, float *m,
+int cpu_adamw(struct device *dev, float *p, float *grad, float *m,
 	      float *v, int64_t n, double lr, double beta1, double beta2,
 	      double eps, double weight_decay, int64_t step, float grad_scale)
 {
@@ -53,6 +54,7 @@ int cpu_adamw(struct device *dev, float *p, const float *grad, float *m,
 		m[i] = mi;
 		v[i] = vi;
 		p[i] = pi + neg_step * (mi / denom);
+		grad[i] = 0.0f;
 	}
 	return 0;
 }

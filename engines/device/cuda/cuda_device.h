@@ -144,7 +144,7 @@ int cuda_logprob_chunk_bwd(struct device *dev, float *logits, const int32_t *tar
 
 int cuda_sumsq(struct device *dev, double *ret, const float *x, int64_t n);
 int cuda_all_finite(struct device *dev, bool *ret, const float *x, int64_t n);
-int cuda_adamw(struct device *dev, float *p, const float *grad, float *m,
+int cuda_adamw(struct device *dev, float *p, float *grad, float *m,
 	       float *v, int64_t n, double lr, double beta1, double beta2,
 	       double eps, double weight_decay, int64_t step, float grad_scale);
 

@@ -16,7 +16,7 @@
 #define SUMSQ_BLOCK 16384
 #define RED_THREADS 256
 
-__global__ void adamw_kernel(float *p, const float *grad, float *m, float *v, int64_t n,
+__global__ void adamw_kernel(float *p, float *grad, float *m, float *v, int64_t n,
 			     float grad_scale, float decay, float b1, float omb1, float b2,
 			     float omb2, float bc2_sqrt, float neg_step, float eps)
 {
@@ -31,10 +31,11 @@ __global__ void adamw_kernel(float *p, const float *grad, float *m, float *v, in
 		m[i] = mi;
 		v[i] = vi;
 		p[i] = pi + neg_step * (mi / denom);
+		grad[i] = 0.0f;
 	}
 }
 
-extern "C" int cuda_adamw(struct device *dev, float *p, const float *grad, float *m,
+extern "C" int cuda_adamw(struct device *dev, float *p, float *grad, float *m,
 			  float *v, int64_t n, double lr, double beta1, double beta2,
 			  double eps, double weight_decay, int64_t step, float grad_scale)
 {
