@@ -14,7 +14,10 @@
 
 #include "enginectl.h"
 
-#define POLL_MS 200
+/* GetStatus polls (each is a line of the daemon's log): often enough for a
+ * bar on a terminal, once a line otherwise. */
+#define POLL_TTY_MS 200
+#define POLL_MS 1000
 #define LINE_EVERY_S 1.0
 
 bool ctl_no_progress;
@@ -116,7 +119,8 @@ struct ctl_progress *ctl_progress_start(struct ec_client *c, const char *label,
 	p->tty = isatty(2);
 	p->t0 = ctl_now();
 	pthread_mutex_init(&p->lock, NULL);
-	if (method && ec_watch_start(c, method, POLL_MS, on_progress, p, &p->watch, &st))
+	if (method && ec_watch_start(c, method, p->tty ? POLL_TTY_MS : POLL_MS, on_progress, p,
+				     &p->watch, &st))
 		p->watch = NULL;        /* no thread: no progress, the call still runs */
 	return p;
 }

@@ -14,7 +14,8 @@ caller's `progress=`:
 Only the progress of a job of the call's own method is reported (a call
 queued behind another client's job reports nothing until it runs)."""
 
-POLL_S = 0.2
+# Seconds between GetStatus polls (each is one line of the daemon's log).
+POLL_S = 0.5
 
 
 class Reporter:
