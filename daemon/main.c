@@ -16,8 +16,9 @@
  * systemd (Type=notify): READY=1 once every address is bound and the
  * pollers run; WATCHDOG=1 from a libuv timer at half WATCHDOG_USEC, held
  * back while one job has run longer than watchdog.stuck_job_s; STATUS=
- * with the engine state; STOPPING=1 on shutdown. Without NOTIFY_SOCKET
- * these are no-ops.
+ * with the engine state and the running job's progress; STOPPING=1 on
+ * shutdown. Without NOTIFY_SOCKET these are no-ops. The same timer ends
+ * Health watches whose client left and logs the [log] slow_job_s lines.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -255,18 +256,21 @@ static void status_line(struct main_ctx *m, char *buf, size_t len)
 	static const char *const modes[] = { "IDLE", "TRAIN", "EVAL" };
 	struct daemon *d = m->d;
 	struct engine_status st;
-	char job[48] = "", run[96] = "idle";
+	struct daemon_job_view jv;
+	char run[160] = "idle";
 	int64_t queued;
-	double job_s = daemon_job_seconds(d);
 
 	pthread_mutex_lock(&d->lock);
 	st = d->snap;
 	queued = d->queued;
-	if (d->current_job)
-		snprintf(job, sizeof(job), "%s", d->current_job);
 	pthread_mutex_unlock(&d->lock);
-	if (job[0])
-		snprintf(run, sizeof(run), "running %s (%.0f s)", job, job_s);
+	daemon_job_view(d, &jv);
+	if (jv.busy && jv.progress.total > 0)
+		snprintf(run, sizeof(run), "running %s (%.0f s, %s %.0f%%)", jv.job, jv.seconds,
+			 jv.progress.phase,
+			 100.0 * (double)jv.progress.done / (double)jv.progress.total);
+	else if (jv.busy)
+		snprintf(run, sizeof(run), "running %s (%.0f s)", jv.job, jv.seconds);
 	if (!st.initialized)
 		snprintf(buf, len, "serving on %s; engine not initialized; %s", m->listen_desc,
 			 run);
