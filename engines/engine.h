@@ -376,8 +376,9 @@ bool engine_cancelled(struct engine *e);
 
 /* Progress of the calls that follow: SaveCheckpoint and LoadCheckpoint
  * report tensor data bytes (headers and JSON files not counted) with the
- * file as the phase, then "commit" (save). NULL: none. engine_progress
- * reports (for implementations). */
+ * file as the phase, then "commit" (save); a load counts the checksums of
+ * every file first ("verify", the files' whole bytes). NULL: none.
+ * engine_progress reports (for implementations). */
 void engine_set_progress(struct engine *e, engine_progress_fn fn, void *ctx);
 void engine_progress(struct engine *e, const char *phase, int64_t done, int64_t total,
 		     const char *unit);

@@ -121,5 +121,9 @@ int file_xxh64(const char *path, uint64_t *ret, struct eng_error *err);
 /* The same from the start of the open descriptor fd (not closed), `shown`
  * in messages. */
 int fd_xxh64(int fd, const char *shown, uint64_t *ret, struct eng_error *err);
+/* The same, calling fn(ctx, bytes hashed so far) after each read (fn may
+ * be NULL). */
+int fd_xxh64_progress(int fd, const char *shown, void (*fn)(void *ctx, uint64_t bytes),
+		      void *ctx, uint64_t *ret, struct eng_error *err);
 
 #endif

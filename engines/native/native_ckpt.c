@@ -210,6 +210,22 @@ static int read_family(struct native *n, struct family_file *f, float *staging,
 	return rc;
 }
 
+/* The verification's part of a load's progress: its bytes, then the
+ * tensor data (pr->total) on top. */
+struct verify_total {
+	struct ckpt_progress *pr;
+	uint64_t total;
+};
+
+static void verify_progress(void *ctx, uint64_t done, uint64_t total)
+{
+	struct verify_total *v = ctx;
+
+	v->total = total;
+	engine_progress(v->pr->e, "verify", (int64_t)done, (int64_t)total + v->pr->total,
+			"bytes");
+}
+
 int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 			   int64_t *ret_global_step, struct eng_error *err)
 {
@@ -226,16 +242,20 @@ int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 	float *host = NULL;
 	bool staging = false;
 	int64_t fam_bytes = n->table.total * (int64_t)sizeof(float);
-	struct ckpt_progress pr = {
+	struct ckpt_progress pr = {     /* total: the tensor data until verified */
 		e, "verify", 0,
 		((contents & CKPT_MODEL) ? fam_bytes : 0) +
 		((contents & CKPT_OPTIMIZER) ? 2 * fam_bytes : 0),
 	};
+	struct verify_total vcount = { &pr, 0 };
+	const struct ckpt_open_progress vp = { verify_progress, &vcount };
 	int rc, ckfd = -1;
 
-	/* ckpt_open reads every file once for its checksum: "verify". */
-	engine_progress(e, "verify", 0, pr.total, "bytes");
-	rc = ckpt_open(dir, (void *)&state, &resolved, &ckfd, err);
+	/* ckpt_open reads every file once for its checksum ("verify"): its
+	 * bytes come first, then the tensor data read. */
+	rc = ckpt_open_progress(dir, &vp, (void *)&state, &resolved, &ckfd, err);
+	pr.base = (int64_t)vcount.total;
+	pr.total += pr.base;
 	if (rc)
 		return rc;
 	snprintf(path, sizeof(path), "%s/engine_state.json", resolved);

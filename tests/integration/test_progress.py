@@ -6,6 +6,7 @@ client's progress= callback and enginectl's plain progress lines.
 Run: ENGINED_BIN=... ENGINECTL_BIN=... /usr/bin/python3 -m pytest
 tests/integration/test_progress.py [-k name]
 """
+import json
 import os
 import subprocess
 import threading
@@ -83,11 +84,17 @@ def test_forward_backward_counts_micro_batches(held):
     assert (p.phase, p.done, p.total, p.unit) == ("forward_backward", 1, 2, "micro-batches"), p
 
 
+def verified_bytes(d, path):
+    """The bytes a load checksums first: every file engine_state.json lists."""
+    with open(os.path.join(d.ckpt_root, path, "engine_state.json")) as f:
+        return sum(v["bytes"] for v in json.load(f)["files"].values())
+
+
 def test_save_and_load_count_tensor_bytes(held):
     """A save held after its model file has written the model's bytes of
     the three families' (weights, two AdamW moments); held after both
     files, all of them. A load held at its safe point has verified the
-    checksums and read nothing yet."""
+    checksums (every listed file's bytes) and read no tensor yet."""
     d, c = held
     c.initialize(preset="tiny", seed=1)
     fam = c.get_status().num_parameters * 4
@@ -115,8 +122,10 @@ def test_save_and_load_count_tensor_bytes(held):
     job, p = held_progress(d, c, marks)
     d.release_safe_points()
     fut.result()
+    v = verified_bytes(d, "a")
+    assert v > 3 * fam
     assert job == "LoadCheckpoint"
-    assert (p.phase, p.done, p.total, p.unit) == ("verify", 0, fam, "bytes"), p
+    assert (p.phase, p.done, p.total, p.unit) == ("verify", v, v + fam, "bytes"), p
 
 
 def test_weight_stream_counts_bytes_sent(held):
@@ -165,7 +174,8 @@ def test_python_progress_callback(held, what):
     run = {"save": lambda: c.save_checkpoint("ck2", progress=cb),
            "load": lambda: c.load_checkpoint("ck", progress=cb),
            "stream": lambda: list(c.stream_weights(bucket_bytes=4096, progress=cb))}[what]
-    held_at = {"save": fam, "load": 0, "stream": 2 * 4096}[what]
+    v = verified_bytes(d, "ck") if what == "load" else 0
+    held_at = {"save": fam, "load": v, "stream": 2 * 4096}[what]
     d.hold_safe_points(after=1 if what == "stream" else 0)
     t = threading.Thread(target=run)
     t.start()
@@ -175,7 +185,7 @@ def test_python_progress_callback(held, what):
     d.release_safe_points()
     t.join(120)
     assert not t.is_alive()
-    total = 3 * fam if what != "stream" else fam
+    total = {"save": 3 * fam, "load": v + 3 * fam, "stream": fam}[what]
     check_reports(calls, total)
 
     # The same call with an object that has update(n).
