@@ -3,6 +3,7 @@
 #include "engined_client.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -318,6 +319,104 @@ int ec_get_status(struct ec_client *c, Engined__V1__GetStatusResponse **ret,
 	Engined__V1__GetStatusRequest req = ENGINED__V1__GET_STATUS_REQUEST__INIT;
 
 	return call_msg(c, ENGINE_SVC, "GetStatus", &req.base, (void **)ret, st);
+}
+
+/* --- progress: a thread polling GetStatus -------------------------------- */
+
+struct ec_watch {
+	struct ec_client *c;
+	char method[64];
+	int64_t interval_ms;
+	ec_progress_fn fn;
+	void *ctx;
+	pthread_t thread;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool stop;                  /* lock */
+};
+
+/* One GetStatus on the channel (its own deadline, no retries: the next
+ * poll is the retry). */
+static void watch_poll(struct ec_watch *w)
+{
+	Engined__V1__GetStatusRequest req = ENGINED__V1__GET_STATUS_REQUEST__INIT;
+	Engined__V1__GetStatusResponse *s;
+	char msg[ECT_MSG_MAX], path[128];
+	uint8_t buf[8], *resp = NULL;
+	size_t len = protobuf_c_message_pack(&req.base, buf), rlen = 0;
+
+	if (!service_method(ENGINE_SVC, NULL, "GetStatus", path, sizeof(path)) ||
+	    ect_unary(w->c->ch, path, buf, len, 10000, NULL, &resp, &rlen, msg) != 0)
+		return;
+	s = engined__v1__get_status_response__unpack(NULL, rlen, resp);
+	free(resp);
+	if (!s)
+		return;
+	if (s->busy && s->progress && !strcmp(s->current_job, w->method))
+		w->fn(w->ctx, s->progress);
+	engined__v1__get_status_response__free_unpacked(s, NULL);
+}
+
+static void *watch_main(void *arg)
+{
+	struct ec_watch *w = arg;
+	struct timespec until;
+
+	pthread_mutex_lock(&w->lock);
+	while (!w->stop) {
+		pthread_mutex_unlock(&w->lock);
+		watch_poll(w);
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_sec += w->interval_ms / 1000;
+		until.tv_nsec += (w->interval_ms % 1000) * 1000000L;
+		if (until.tv_nsec >= 1000000000L) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000L;
+		}
+		pthread_mutex_lock(&w->lock);
+		while (!w->stop && pthread_cond_timedwait(&w->cond, &w->lock, &until) == 0)
+			;
+	}
+	pthread_mutex_unlock(&w->lock);
+	return NULL;
+}
+
+int ec_watch_start(struct ec_client *c, const char *method, int64_t interval_ms,
+		   ec_progress_fn fn, void *ctx, struct ec_watch **ret, struct ec_status *st)
+{
+	struct ec_watch *w = calloc(1, sizeof(*w));
+
+	if (!w)
+		return set_st(st, EC_RESOURCE_EXHAUSTED, "out of memory");
+	w->c = c;
+	snprintf(w->method, sizeof(w->method), "%s", method);
+	w->interval_ms = interval_ms > 0 ? interval_ms : 200;
+	w->fn = fn;
+	w->ctx = ctx;
+	pthread_mutex_init(&w->lock, NULL);
+	pthread_cond_init(&w->cond, NULL);
+	if (pthread_create(&w->thread, NULL, watch_main, w) != 0) {
+		pthread_cond_destroy(&w->cond);
+		pthread_mutex_destroy(&w->lock);
+		free(w);
+		return set_st(st, EC_RESOURCE_EXHAUSTED, "no thread for the progress watch");
+	}
+	*ret = w;
+	return set_st(st, 0, "");
+}
+
+void ec_watch_stop(struct ec_watch *w)
+{
+	if (!w)
+		return;
+	pthread_mutex_lock(&w->lock);
+	w->stop = true;
+	pthread_cond_broadcast(&w->cond);
+	pthread_mutex_unlock(&w->lock);
+	pthread_join(w->thread, NULL);
+	pthread_cond_destroy(&w->cond);
+	pthread_mutex_destroy(&w->lock);
+	free(w);
 }
 
 int ec_health_check(struct ec_client *c, const char *service, int *ret_serving,

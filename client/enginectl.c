@@ -126,10 +126,11 @@ static int cmd_init(int argc, char **argv)
 	Engined__V1__InitializeRequest req = ENGINED__V1__INITIALIZE_REQUEST__INIT;
 	Engined__V1__OptimizerConfig opt = ENGINED__V1__OPTIMIZER_CONFIG__INIT;
 	Engined__V1__InitializeResponse *resp = NULL;
+	struct ctl_progress *prog;
 	struct ec_client *c;
 	struct ec_status st;
 	char *config = NULL;
-	int o;
+	int o, r;
 
 	while ((o = ctl_getopt(argc, argv)) != -1) {
 		switch (o) {
@@ -159,7 +160,10 @@ static int cmd_init(int argc, char **argv)
 	if (!req.preset[0] && !req.hf_config_json[0] && !req.model_path[0])
 		req.preset = "tiny";
 	c = ctl_connect();
-	if (ec_initialize(c, &req, &resp, &st)) {
+	prog = ctl_progress_start(c, "init", "Initialize");
+	r = ec_initialize(c, &req, &resp, &st);
+	ctl_progress_end(prog, r == 0);
+	if (r) {
 		free(config);
 		return ctl_fail("Initialize", &st);
 	}
@@ -258,9 +262,10 @@ static int cmd_save(int argc, char **argv)
 {
 	Engined__V1__SaveCheckpointRequest req = ENGINED__V1__SAVE_CHECKPOINT_REQUEST__INIT;
 	Engined__V1__SaveCheckpointResponse *resp = NULL;
+	struct ctl_progress *prog;
 	struct ec_client *c;
 	struct ec_status st;
-	int o;
+	int o, r;
 
 	while ((o = ctl_getopt(argc, argv)) != -1) {
 		switch (o) {
@@ -272,7 +277,10 @@ static int cmd_save(int argc, char **argv)
 	ctl_positionals(argc, argv, 1, 1, "PATH");
 	req.path = argv[optind];
 	c = ctl_connect();
-	if (ec_save_checkpoint(c, &req, &resp, &st))
+	prog = ctl_progress_start(c, "save", "SaveCheckpoint");
+	r = ec_save_checkpoint(c, &req, &resp, &st);
+	ctl_progress_end(prog, r == 0);
+	if (r)
 		return ctl_fail("SaveCheckpoint", &st);
 	printf("saved %s (%.1f MiB)\n", resp->path, (double)resp->bytes / 1048576.0);
 	ec_free(resp);
@@ -284,15 +292,20 @@ static int cmd_load(int argc, char **argv)
 {
 	Engined__V1__LoadCheckpointRequest req = ENGINED__V1__LOAD_CHECKPOINT_REQUEST__INIT;
 	Engined__V1__LoadCheckpointResponse *resp = NULL;
+	struct ctl_progress *prog;
 	struct ec_client *c;
 	struct ec_status st;
+	int r;
 
 	while (ctl_getopt(argc, argv) != -1)
 		;
 	ctl_positionals(argc, argv, 1, 1, "PATH");
 	req.path = argv[optind];
 	c = ctl_connect();
-	if (ec_load_checkpoint(c, &req, &resp, &st))
+	prog = ctl_progress_start(c, "load", "LoadCheckpoint");
+	r = ec_load_checkpoint(c, &req, &resp, &st);
+	ctl_progress_end(prog, r == 0);
+	if (r)
 		return ctl_fail("LoadCheckpoint", &st);
 	printf("loaded %s at global step %lld\n", req.path, (long long)resp->global_step);
 	ec_free(resp);
@@ -335,24 +348,6 @@ static int write_safetensors(const char *path, const struct pulled_tensor *t, si
 		return r;
 	}
 	return st_writer_finish(w, NULL, NULL, err);
-}
-
-static void progress(int64_t done, int64_t total, double t0, bool final)
-{
-	double el = ctl_now() - t0, rate = el > 0 ? (double)done / el : 0;
-	double frac = total > 0 ? (double)done / (double)total : 0;
-	char bar[31];
-	int fill = (int)(frac * 30);
-
-	if (frac > 1)
-		frac = 1, fill = 30;
-	for (int i = 0; i < 30; i++)
-		bar[i] = i < fill ? '#' : '.';
-	bar[30] = '\0';
-	fprintf(stderr, "\r[%s] %5.1f%% %8.1f MiB %7.1f MiB/s ETA %4.0fs%s", bar,
-		frac * 100, (double)done / 1048576.0, rate / 1048576.0,
-		rate > 0 && total > done ? (double)(total - done) / rate : 0.0,
-		final ? "\n" : "");
 }
 
 #define MAX_NAMES 4096
@@ -445,9 +440,9 @@ static int cmd_pull(int argc, char **argv)
 	struct ec_status st;
 	struct ec_tensor t;
 	struct eng_error werr = { 0 };
-	bool tty = isatty(2);
+	struct ctl_progress *prog;
 	int64_t total = 0;
-	double t0, last = 0;
+	double t0;
 	int done = 0, r;
 
 	pull_parse(argc, argv, &req, &out, names, &names_buf);
@@ -459,6 +454,9 @@ static int cmd_pull(int argc, char **argv)
 	t0 = ctl_now();
 	if (ec_weights_open(c, &req, &w, &st))
 		return ctl_fail("GetPerTensorParam", &st);
+	/* The stream's own count: the bytes received (of num_parameters'
+	 * when every tensor is asked for). */
+	prog = ctl_progress_start(c, "pull-weights", NULL);
 	for (;;) {
 		r = ec_weights_next(w, &t, &done, &st);
 		if (r || done)
@@ -467,13 +465,11 @@ static int cmd_pull(int argc, char **argv)
 			fprintf(stderr, "enginectl: out of memory\n");
 			return 1;
 		}
-		if (tty && ctl_now() - last > 0.1) {
-			last = ctl_now();
-			progress(ec_weights_bytes(w), total, t0, false);
-		}
+		ctl_progress_update(prog, "receive", ec_weights_bytes(w),
+				    total ? total : ec_weights_bytes(w), "bytes");
 	}
-	if (tty)
-		progress(ec_weights_bytes(w), total ? total : ec_weights_bytes(w), t0, true);
+	ctl_progress_update(prog, "receive", ec_weights_bytes(w), ec_weights_bytes(w), "bytes");
+	ctl_progress_end(prog, r == 0);
 	if (r) {
 		ec_weights_close(w);
 		return ctl_fail("GetPerTensorParam", &st);
@@ -537,6 +533,9 @@ static const struct ctl_opt global_opts[] = {
 	  "the name to check the server's certificate against" },
 	{ "token-file", required_argument, 'T', "FILE",
 	  "bearer token: its first line (else $ENGINED_TOKEN)" },
+	{ "no-progress", no_argument, 'P', NULL,
+	  "no progress on stderr for init, save, load and pull-weights (default: a bar on a "
+	  "terminal, else a line a second)" },
 	{ "version", no_argument, 'V', NULL, "print the version" },
 	{ NULL, 0, 0, NULL, NULL },
 };
@@ -596,6 +595,7 @@ static void parse_global(int argc, char **argv)
 		case 'k': ctl_sec.tls_key_file = optarg; break;
 		case 'n': ctl_sec.tls_server_name = optarg; break;
 		case 'T': ctl_sec.token_file = optarg; break;
+		case 'P': ctl_no_progress = true; break;
 		case 'V':
 			printf("enginectl %s\n", ENGINED_VERSION);
 			exit(0);

@@ -80,4 +80,18 @@ int ctl_fail(const char *what, const struct ec_status *st);
 /* Connect with the global options ($ENGINED_TOKEN too); exit(1) on error. */
 struct ec_client *ctl_connect(void);
 
+/* Progress of a long call on stderr (enginectl_progress.c): a bar on a
+ * terminal, plain lines otherwise. start: before the call; with a method
+ * name a thread polls GetStatus on c for that job's progress, with NULL the
+ * caller reports through update (any thread). end: after the call (ok: it
+ * succeeded, the last line says done = total); frees p. All accept NULL,
+ * which start returns when --no-progress is set. */
+extern bool ctl_no_progress;
+struct ctl_progress;
+struct ctl_progress *ctl_progress_start(struct ec_client *c, const char *label,
+					const char *method);
+void ctl_progress_update(struct ctl_progress *p, const char *phase, int64_t done,
+			 int64_t total, const char *unit);
+void ctl_progress_end(struct ctl_progress *p, bool ok);
+
 #endif

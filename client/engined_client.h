@@ -119,6 +119,22 @@ int64_t ec_weights_messages(const struct ec_weights *w);
 /* Cancels the stream when it has not ended. Accepts NULL. */
 void ec_weights_close(struct ec_weights *w);
 
+/* --- progress of a long call ------------------------------------------- */
+
+/* While one long call runs on c (Initialize, SaveCheckpoint,
+ * LoadCheckpoint, GetPerTensorParam, ForwardBackward), a thread of its own
+ * polls GetStatus on c's channel every interval_ms and calls fn(ctx, p)
+ * with GetStatusResponse.progress whenever the running job is one of
+ * `method` (the name, "SaveCheckpoint"); p is borrowed for the call. fn
+ * runs on that thread. This is the one exception to "one thread at a
+ * time": the watch only reads c. A failed poll is skipped. */
+struct ec_watch;
+typedef void (*ec_progress_fn)(void *ctx, const Engined__V1__JobProgress *p);
+int ec_watch_start(struct ec_client *c, const char *method, int64_t interval_ms,
+		   ec_progress_fn fn, void *ctx, struct ec_watch **ret, struct ec_status *st);
+/* Stop polling and join the thread (no fn call after it returns). Accepts NULL. */
+void ec_watch_stop(struct ec_watch *w);
+
 /* --- helpers ---------------------------------------------------------- */
 
 /* A Tensor over caller memory (borrowed; nothing is copied). shape[0] = n. */

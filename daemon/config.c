@@ -100,6 +100,9 @@ static const struct key keys[] = {
 	  "answer grpc.health.v1.Health without a token (for load balancers)" },
 	{ "log", "level", K_LEVEL, F(log_level), 0, 0,
 	  "error, warn, info or debug" },
+	{ "log", "slow_job_s", K_MS, F(slow_job_ms), 0, 1000000000LL,
+	  "log one INFO line (phase, done/total) when a job has run this long, again every "
+	  "further this long; 0: never" },
 	{ "metrics", "listen", K_ADDR, F(metrics_listen), 0, 0,
 	  "Prometheus text endpoint (HTTP GET /metrics), host:port; empty: off" },
 	{ "metrics", "idle_timeout_s", K_INT, F(metrics_idle_timeout_s), 1, 3600,
@@ -170,6 +173,7 @@ int config_init(struct daemon_config *c)
 	c->replay_bytes = 64LL << 20;
 	c->tls_require_client_cert = true;
 	c->log_level = LOG_LVL_INFO;
+	c->slow_job_ms = 10000;
 	c->grace_ms = 30000;
 	c->dist_timeout_ms = 300000;
 	c->metrics_idle_timeout_s = 5;

@@ -66,6 +66,7 @@ struct daemon_config {
 
 	/* [log] */
 	int log_level;                /* enum log_level */
+	int64_t slow_job_ms;          /* log a job running this long (and every further); 0: never */
 
 	/* [metrics] */
 	char *metrics_listen;         /* "127.0.0.1:9400"; NULL: off */

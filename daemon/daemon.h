@@ -27,6 +27,23 @@
 #include "metrics.h"
 #include "rpc.h"
 
+/* What the running job reported last (engine_progress_fn): `done` of
+ * `total` `unit` in `phase`; all empty / 0 until it reports. */
+struct daemon_progress {
+	char phase[48];
+	char unit[16];
+	int64_t done, total;
+};
+
+/* The running job as GetStatus and the slow-job log line see it. */
+struct daemon_job_view {
+	bool busy;
+	char job[48];                 /* method name, "" when idle */
+	uint64_t seq;                 /* which job: one more for each job run */
+	double seconds;               /* since it started */
+	struct daemon_progress progress;
+};
+
 struct daemon {
 	struct daemon_config cfg;     /* borrowed from main */
 	struct rpc_server *rpc;
@@ -57,6 +74,8 @@ struct daemon {
 	bool busy;                    /* lock */
 	const char *current_job;      /* lock: method name or NULL */
 	struct timespec job_started;  /* lock: CLOCK_MONOTONIC, when busy */
+	uint64_t job_seq;             /* lock: jobs started so far */
+	struct daemon_progress progress;  /* lock: the running job's */
 	int64_t in_flight;            /* lock: engine jobs queued + running */
 	bool engine_done;             /* lock: the engine thread has finished */
 	struct engine_status snap;    /* lock: status after the last job */
@@ -85,6 +104,12 @@ int daemon_stop(struct daemon *d);
 int daemon_reload(struct daemon *d, struct eng_error *err);
 /* Seconds the running job has been running, 0 when idle. */
 double daemon_job_seconds(struct daemon *d);
+/* The running job, its time and its progress (any thread). */
+void daemon_job_view(struct daemon *d, struct daemon_job_view *ret);
+/* An engine_progress_fn (ctx: the daemon): the running job's progress,
+ * stored for GetStatus and the slow-job log line (engine thread). */
+void daemon_progress(void *ctx, const char *phase, int64_t done, int64_t total,
+		     const char *unit);
 /* False once the daemon is stopping or its device failed (health). */
 bool daemon_serving(struct daemon *d);
 void daemon_fini(struct daemon *d);

@@ -138,6 +138,51 @@ void daemon_update_snapshot(struct daemon *d)
 	pthread_mutex_unlock(&d->lock);
 }
 
+static double since(const struct timespec *t0)
+{
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (double)(now.tv_sec - t0->tv_sec) + (double)(now.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
+/* d->lock held: a job starts (its name static). */
+static void job_started_locked(struct daemon *d, const char *name)
+{
+	d->busy = true;
+	d->current_job = name;
+	d->job_seq++;
+	memset(&d->progress, 0, sizeof(d->progress));
+	clock_gettime(CLOCK_MONOTONIC, &d->job_started);
+}
+
+void daemon_progress(void *ctx, const char *phase, int64_t done, int64_t total,
+		     const char *unit)
+{
+	struct daemon *d = ctx;
+
+	pthread_mutex_lock(&d->lock);
+	snprintf(d->progress.phase, sizeof(d->progress.phase), "%s", phase ? phase : "");
+	snprintf(d->progress.unit, sizeof(d->progress.unit), "%s", unit ? unit : "");
+	d->progress.done = done;
+	d->progress.total = total;
+	pthread_mutex_unlock(&d->lock);
+}
+
+void daemon_job_view(struct daemon *d, struct daemon_job_view *ret)
+{
+	memset(ret, 0, sizeof(*ret));
+	pthread_mutex_lock(&d->lock);
+	ret->busy = d->busy;
+	ret->seq = d->job_seq;
+	if (d->busy) {
+		snprintf(ret->job, sizeof(ret->job), "%s", d->current_job ? d->current_job : "");
+		ret->seconds = since(&d->job_started);
+		ret->progress = d->progress;
+	}
+	pthread_mutex_unlock(&d->lock);
+}
+
 double daemon_job_seconds(struct daemon *d)
 {
 	struct timespec now;
@@ -175,9 +220,7 @@ static void save_on_stop(struct daemon *d)
 	eng_error_clear(&err);
 	engine_status(d->engine, &st);
 	pthread_mutex_lock(&d->lock);
-	d->busy = true;
-	d->current_job = "save_on_stop";
-	clock_gettime(CLOCK_MONOTONIC, &d->job_started);
+	job_started_locked(d, "save_on_stop");
 	pthread_mutex_unlock(&d->lock);
 	r = daemon_save_checkpoint(d, d->cfg.save_on_stop, st.step, 0, CKPT_ALL, &bytes, &err);
 	pthread_mutex_lock(&d->lock);
@@ -213,9 +256,7 @@ static void *engine_thread_main(void *arg)
 		if (!d->head)
 			d->tail = NULL;
 		d->queued--;
-		d->busy = true;
-		d->current_job = method_label(j->m);
-		clock_gettime(CLOCK_MONOTONIC, &d->job_started);
+		job_started_locked(d, method_label(j->m));
 		pthread_mutex_unlock(&d->lock);
 
 		streaming = j->m->server_streaming;

@@ -212,7 +212,7 @@ static bool call_gone(void *call)
 }
 
 /* A running call's safe point (between a ForwardBackward's micro-batches,
- * between a SaveCheckpoint's files). */
+ * between a SaveCheckpoint's files, before each tensor Initialize builds). */
 static bool fb_call_gone(void *call)
 {
 	test_hold_safe_point(call_gone, call);
@@ -240,8 +240,10 @@ int h_run_initialize(struct daemon *d, struct job *j, struct eng_error *err)
 				"replace to replace it", cur.key, (long long)cur.step);
 	}
 	/* A long build stops when its client goes away or its deadline passes. */
-	ip->cfg.cancelled = call_gone;
+	ip->cfg.cancelled = fb_call_gone;
 	ip->cfg.cancel_ctx = j->call;
+	ip->cfg.progress = daemon_progress;
+	ip->cfg.progress_ctx = d;
 	r = engine_create(&ip->cfg, &e, err);
 	/* A model_path error names the file as the client knows it (the
 	 * engine saw "/proc/self/fd/N/..."). */
@@ -345,6 +347,8 @@ int h_run_forward_backward(struct daemon *d, struct job *j, struct eng_error *er
 	b = p->batch;
 	b.cancelled = fb_call_gone;
 	b.cancel_ctx = j->call;
+	b.progress = daemon_progress;
+	b.progress_ctx = d;
 	memset(&lc, 0, sizeof(lc));
 	if (p->has_loss) {
 		fb_loss_request(p, &lreq);
@@ -636,8 +640,10 @@ int daemon_save_checkpoint(struct daemon *d, const char *rel, int64_t global_ste
 	r = paths_pin(d->cfg.checkpoint_root, rel, "path", PIN_PARENT_CREATE, &pin, err);
 	if (r < 0)
 		return r;
+	engine_set_progress(d->engine, daemon_progress, d);
 	r = engine_save_checkpoint(d->engine, pin.path, global_step, max_to_keep,
 				   contents, ret_bytes, err);
+	engine_set_progress(d->engine, NULL, NULL);
 	r = paths_pin_result(&pin, r, err);
 	paths_unpin(&pin);
 	return r;
@@ -664,8 +670,10 @@ int h_run_load_checkpoint(struct daemon *d, struct job *j, struct eng_error *err
 		return r;
 	stream_wait_released(d);
 	engine_set_cancel(d->engine, fb_call_gone, j->call);
+	engine_set_progress(d->engine, daemon_progress, d);
 	r = engine_load_checkpoint(d->engine, follower ? c->rel : pin.path, c->contents, &step,
 				   err);
+	engine_set_progress(d->engine, NULL, NULL);
 	engine_set_cancel(d->engine, NULL, NULL);
 	r = paths_pin_result(&pin, r, err);
 	paths_unpin(&pin);
@@ -696,19 +704,18 @@ int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err)
 	Engined__V1__Placement pl;
 	Engined__V1__Memory mem = ENGINED__V1__MEMORY__INIT;
 	Engined__V1__DistStatus ds = ENGINED__V1__DIST_STATUS__INIT;
+	Engined__V1__JobProgress prog = ENGINED__V1__JOB_PROGRESS__INIT;
 	struct engine_status st;
-	char current[48] = "", last_id[RPC_REQUEST_ID_MAX + 1];
+	struct daemon_job_view jv;
+	char last_id[RPC_REQUEST_ID_MAX + 1];
 	struct timespec now;
-	bool busy;
 	int64_t queued;
 
 	pthread_mutex_lock(&d->lock);
 	st = d->snap;
-	busy = d->busy;
 	queued = d->queued;
-	if (d->current_job)
-		snprintf(current, sizeof(current), "%s", d->current_job);
 	pthread_mutex_unlock(&d->lock);
+	daemon_job_view(d, &jv);
 
 	clock_gettime(CLOCK_MONOTONIC, &now);
 	resp.engine_key = st.key;
@@ -731,8 +738,8 @@ int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err)
 	resp.version = (char *)ENGINED_VERSION;
 	resp.uptime = (double)(now.tv_sec - d->started.tv_sec) +
 		      (double)(now.tv_nsec - d->started.tv_nsec) * 1e-9;
-	resp.busy = busy;
-	resp.current_job = current;
+	resp.busy = jv.busy;
+	resp.current_job = jv.job;
 	resp.queued_jobs = queued;
 	if (st.initialized && st.dist_world_size > 1) {
 		ds.rank = st.dist_rank;
@@ -742,6 +749,14 @@ int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err)
 		ds.optimizer_bytes = (int64_t)st.optim_bytes;
 		ds.broken = st.dist_broken;
 		resp.dist = &ds;
+	}
+	if (jv.busy) {
+		prog.phase = jv.progress.phase;
+		prog.done = jv.progress.done;
+		prog.total = jv.progress.total;
+		prog.unit = jv.progress.unit;
+		prog.elapsed_s = jv.seconds;
+		resp.progress = &prog;
 	}
 	return job_set_reply(j, &resp.base);
 }

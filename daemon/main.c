@@ -16,8 +16,9 @@
  * systemd (Type=notify): READY=1 once every address is bound and the
  * pollers run; WATCHDOG=1 from a libuv timer at half WATCHDOG_USEC, held
  * back while one job has run longer than watchdog.stuck_job_s; STATUS=
- * with the engine state; STOPPING=1 on shutdown. Without NOTIFY_SOCKET
- * these are no-ops.
+ * with the engine state and the running job's progress; STOPPING=1 on
+ * shutdown. Without NOTIFY_SOCKET these are no-ops. The same timer ends
+ * Health watches whose client left and logs the [log] slow_job_s lines.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -232,6 +233,10 @@ static int parse_args(int argc, char **argv, struct daemon_config *cfg,
 
 /* --- the loop: signals, watchdog, status ---------------------------------- */
 
+/* The longest period of the main loop's timer (ms): how late a Health
+ * watch whose client left is ended at most. */
+#define TICK_MS 500
+
 struct main_ctx {
 	struct daemon *d;
 	uv_loop_t loop;
@@ -240,6 +245,8 @@ struct main_ctx {
 	bool notify;              /* NOTIFY_SOCKET is set */
 	uint64_t watchdog_usec;   /* 0: off */
 	bool stuck;               /* pings held back */
+	uint64_t slow_seq;        /* the job the slow-job line is about */
+	double slow_next_s;       /* its next line when it has run this long */
 	char last_status[512];
 	char listen_desc[256];
 };
@@ -249,18 +256,21 @@ static void status_line(struct main_ctx *m, char *buf, size_t len)
 	static const char *const modes[] = { "IDLE", "TRAIN", "EVAL" };
 	struct daemon *d = m->d;
 	struct engine_status st;
-	char job[48] = "", run[96] = "idle";
+	struct daemon_job_view jv;
+	char run[160] = "idle";
 	int64_t queued;
-	double job_s = daemon_job_seconds(d);
 
 	pthread_mutex_lock(&d->lock);
 	st = d->snap;
 	queued = d->queued;
-	if (d->current_job)
-		snprintf(job, sizeof(job), "%s", d->current_job);
 	pthread_mutex_unlock(&d->lock);
-	if (job[0])
-		snprintf(run, sizeof(run), "running %s (%.0f s)", job, job_s);
+	daemon_job_view(d, &jv);
+	if (jv.busy && jv.progress.total > 0)
+		snprintf(run, sizeof(run), "running %s (%.0f s, %s %.0f%%)", jv.job, jv.seconds,
+			 jv.progress.phase,
+			 100.0 * (double)jv.progress.done / (double)jv.progress.total);
+	else if (jv.busy)
+		snprintf(run, sizeof(run), "running %s (%.0f s)", jv.job, jv.seconds);
 	if (!st.initialized)
 		snprintf(buf, len, "serving on %s; engine not initialized; %s", m->listen_desc,
 			 run);
@@ -271,12 +281,46 @@ static void status_line(struct main_ctx *m, char *buf, size_t len)
 			 (long long)queued);
 }
 
+/* [log] slow_job_s: one line when a job has run that long, and again
+ * each further slow_job_s, saying where it is. */
+static void slow_job_line(struct main_ctx *m)
+{
+	struct daemon *d = m->d;
+	struct daemon_job_view jv;
+	double every = (double)d->cfg.slow_job_ms / 1e3;
+
+	if (d->cfg.slow_job_ms <= 0)
+		return;
+	daemon_job_view(d, &jv);
+	if (!jv.busy)
+		return;
+	if (jv.seq != m->slow_seq) {
+		m->slow_seq = jv.seq;
+		m->slow_next_s = every;
+	}
+	if (jv.seconds < m->slow_next_s)
+		return;
+	while (m->slow_next_s <= jv.seconds)
+		m->slow_next_s += every;
+	if (jv.progress.phase[0] || jv.progress.total)
+		log_msg(LOG_LVL_INFO, "job %s running for %.1f s: %s, %lld/%lld %s", jv.job,
+			jv.seconds, jv.progress.phase[0] ? jv.progress.phase : "-",
+			(long long)jv.progress.done, (long long)jv.progress.total,
+			jv.progress.unit);
+	else
+		log_msg(LOG_LVL_INFO, "job %s running for %.1f s: no progress reported", jv.job,
+			jv.seconds);
+}
+
 static void on_tick(uv_timer_t *t)
 {
 	struct main_ctx *m = t->data;
 	struct daemon *d = m->d;
 	char st[512];
 	double job_s;
+
+	health_reap(&d->health);
+	slow_job_line(m);
 
 	if (m->watchdog_usec) {
 		job_s = daemon_job_seconds(d);
@@ -525,13 +569,17 @@ int main(int argc, char **argv)
 	uv_signal_start(&m.sig_hup, on_signal, SIGHUP);
 	uv_timer_init(&m.loop, &m.tick);
 	m.tick.data = &m;
-	if (m.notify || m.watchdog_usec) {
-		uint64_t period = m.watchdog_usec ? m.watchdog_usec / 2000 : 1000;
+	{
+		/* Always on: it also ends Health watches whose client left and
+		 * writes the slow-job lines. */
+		uint64_t period = m.watchdog_usec ? m.watchdog_usec / 2000 : TICK_MS;
 
+		if (cfg.slow_job_ms > 0 && (uint64_t)cfg.slow_job_ms < period)
+			period = (uint64_t)cfg.slow_job_ms;
 		if (period < 10)
 			period = 10;
-		if (period > 1000)
-			period = 1000;
+		if (period > TICK_MS)
+			period = TICK_MS;
 		if (m.watchdog_usec)
 			log_msg(LOG_LVL_INFO, "watchdog: pinging systemd every %llu ms",
 				(unsigned long long)period);

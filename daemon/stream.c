@@ -45,6 +45,7 @@
 #include "engined/v1/engine.pb-c.h"
 #include "io/safetensors.h"
 #include "log.h"
+#include "test_hold.h"
 
 #define DEFAULT_BUCKET_BYTES (4 << 20)
 #define MIN_BUCKET_BYTES 1024
@@ -133,6 +134,7 @@ struct stream {
 	pthread_t workers[MAX_WORKERS];
 	int n_workers;
 	int64_t messages, bytes;
+	int64_t total_bytes;            /* of every tensor asked for: the progress */
 };
 
 /* --- validation ---------------------------------------------------------- */
@@ -494,6 +496,11 @@ static int call_gone(struct eng_error *err)
 	return eng_fail(err, -ECANCELED, "stream: client went away (cancelled or deadline)");
 }
 
+static bool stream_gone(void *call)
+{
+	return rpc_call_cancelled(call);
+}
+
 static bool slot_is(const struct slot *sl, enum slot_state want, int64_t k)
 {
 	return want == SLOT_READY ? sl->state == SLOT_READY && sl->bucket == k :
@@ -588,6 +595,7 @@ static int send_slot(struct stream *s, struct slot *sl, struct eng_error *err)
 		out[n++] = (struct rpc_piece){ sl->data, (size_t)sl->data_len, slot_release, sl };
 	}
 	s->bytes += sl->data_len;
+	daemon_progress(s->d, "send", s->bytes, s->total_bytes, "bytes");
 	r = rpc_stream_send(s->call, out, n);
 	if (n == 1 || s->zero_copy) {
 		/* Nothing of the slot is lent (its `out` was read until now). */
@@ -628,6 +636,8 @@ static int run_stream(struct stream *s, struct eng_error *err)
 				break;
 			}
 		}
+		if (k > 0)      /* the test hook's safe point between messages */
+			test_hold_safe_point(stream_gone, s->call);
 		r = send_slot(s, sl, err);
 		if (r < 0)
 			break;
@@ -708,8 +718,10 @@ static int collect_tensors(struct stream *s, const Engined__V1__GetPerTensorPara
 			t->shape[k] = v.shape[k];
 		t->bytes = v.numel * (int64_t)s->esz;
 		t->host = on_host ? v.host_data : NULL;
+		s->total_bytes += t->bytes;
 	}
 	s->n_tensors = count;
+	daemon_progress(s->d, "send", 0, s->total_bytes, "bytes");
 	return 0;
 }
 

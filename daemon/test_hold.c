@@ -1,6 +1,7 @@
 /* test_hold.c — the ENGINED_TEST_HOLD_FILE hook (see test_hold.h). */
 #include "test_hold.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
@@ -47,7 +48,34 @@ void test_hold_wait(const char *job)
 	wait_while(hold_file, job, NULL, NULL);
 }
 
+/* The count the safe-point file holds (empty or unreadable: 0). */
+static long file_count(const char *file)
+{
+	FILE *f = fopen(file, "r");
+	long n = 0;
+
+	if (!f)
+		return 0;
+	if (fscanf(f, "%ld", &n) != 1 || n < 0)
+		n = 0;
+	fclose(f);
+	return n;
+}
+
 void test_hold_safe_point(bool (*gone)(void *ctx), void *ctx)
 {
+	static long passed;  /* engine thread only: safe points let by */
+
+	if (!safe_point_file)
+		return;
+	if (access(safe_point_file, F_OK) != 0) {
+		passed = 0;
+		return;
+	}
+	if (passed < file_count(safe_point_file)) {
+		passed++;
+		return;
+	}
 	wait_while(safe_point_file, "safe point", gone, ctx);
+	passed = 0;
 }

@@ -9,9 +9,14 @@
  * most TEST_HOLD_MAX_S; the daemon logs a warning at start when the hook
  * is set.
  * ENGINED_TEST_SAFE_POINT_FILE=PATH: at each safe point of a running job
- * (between a ForwardBackward's micro-batches), wait while PATH exists and
- * the call is not cancelled: a test cancels a call part-way, and the job
- * goes on only once the daemon has seen the cancellation. */
+ * (between a ForwardBackward's micro-batches, a SaveCheckpoint's files,
+ * before each tensor Initialize builds, between the messages of a weight
+ * stream), wait while PATH exists and the
+ * call is not cancelled: a test cancels a call part-way, and the job goes
+ * on only once the daemon has seen the cancellation. When PATH holds a
+ * number N, the first N safe points reached while it exists are let by
+ * (a test reads a job's progress at a chosen point); write it whole
+ * (rename) so that the hook never reads it half-written. */
 #ifndef ENGINED_DAEMON_TEST_HOLD_H
 #define ENGINED_DAEMON_TEST_HOLD_H
 

@@ -16,6 +16,8 @@ struct engine {
 	bool optimizer_offload;
 	bool (*cancelled)(void *ctx);   /* engine_set_cancel */
 	void *cancel_ctx;
+	engine_progress_fn progress;    /* engine_set_progress */
+	void *progress_ctx;
 };
 
 void engine_init_config_defaults(struct engine_init_config *cfg)
@@ -45,6 +47,19 @@ void engine_set_cancel(struct engine *e, bool (*cancelled)(void *ctx), void *ctx
 bool engine_cancelled(struct engine *e)
 {
 	return e->cancelled && e->cancelled(e->cancel_ctx);
+}
+
+void engine_set_progress(struct engine *e, engine_progress_fn fn, void *ctx)
+{
+	e->progress = fn;
+	e->progress_ctx = ctx;
+}
+
+void engine_progress(struct engine *e, const char *phase, int64_t done, int64_t total,
+		     const char *unit)
+{
+	if (e->progress)
+		e->progress(e->progress_ctx, phase, done, total, unit);
 }
 
 void *engine_impl(struct engine *e)

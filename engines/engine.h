@@ -66,6 +66,14 @@ enum engine_dtype {
 	ENGINE_DTYPE_F16 = 3,
 };
 
+/* Progress of a long call: `done` of `total` units (`unit`: "tensors",
+ * "bytes", "micro-batches") in `phase` ("build", "load weights", a file's
+ * name, "commit"). The engine calls it on the calling thread, from 0 up to
+ * total, with phase and unit in static storage; the callee copies what it
+ * keeps and must not call back into the engine. */
+typedef void (*engine_progress_fn)(void *ctx, const char *phase, int64_t done,
+				   int64_t total, const char *unit);
+
 struct engine_init_config {
 	const char *model_type;     /* "language_model" | "value_model" */
 	const char *backend;        /* "native" */
@@ -97,6 +105,10 @@ struct engine_init_config {
 	 * rank joined or dist.timeout_s passed) on the device's collective
 	 * backend; device fields of dist (stream) are the engine's to set. */
 	struct dist_config dist;
+	/* Tensors built ("build": random init; "load weights": from
+	 * model_path), reported before the first and after each. NULL: none. */
+	engine_progress_fn progress;
+	void *progress_ctx;
 };
 
 /* Defaults used when a field is left 0: lr 1e-5, betas (0.9, 0.999),
@@ -162,6 +174,10 @@ struct engine_batch {
 	 * call past its last safe point completes. NULL: never. */
 	bool (*cancelled)(void *ctx);
 	void *cancel_ctx;
+	/* Micro-batches done ("forward_backward"), reported before the first
+	 * and after each. NULL: none. */
+	engine_progress_fn progress;
+	void *progress_ctx;
 };
 
 /* The one validation of a batch: 1 <= n <= ENGINE_MAX_TOKENS, every
@@ -369,6 +385,15 @@ void engine_status(struct engine *e, struct engine_status *ret);
  * polls it (for implementations). */
 void engine_set_cancel(struct engine *e, bool (*cancelled)(void *ctx), void *ctx);
 bool engine_cancelled(struct engine *e);
+
+/* Progress of the calls that follow: SaveCheckpoint and LoadCheckpoint
+ * report tensor data bytes (headers and JSON files not counted) with the
+ * file as the phase, then "commit" (save); a load counts the checksums of
+ * every file first ("verify", the files' whole bytes). NULL: none.
+ * engine_progress reports (for implementations). */
+void engine_set_progress(struct engine *e, engine_progress_fn fn, void *ctx);
+void engine_progress(struct engine *e, const char *phase, int64_t done, int64_t total,
+		     const char *unit);
 
 /* For engine implementations: the per-engine private pointer and the
  * offload policy the mode context applies. */

@@ -8,8 +8,10 @@
  * stops serving no watcher joins any more: the main thread takes the list over,
  * sends NOT_SERVING (waiting for a first message still in flight: a poller
  * completes it, and no poller ever waits for the main thread) and at exit
- * ends the streams. A watcher whose client left is answered and freed by
- * the next Watch, so that clients coming and going cannot grow the list.
+ * ends the streams. A watcher whose client left (gRPC's RECV_CLOSE_ON_SERVER
+ * completed cancelled: rpc_call_cancelled) is answered and freed by the
+ * main thread's next tick (health_reap) or the next Watch, whichever comes
+ * first, so that it does not stay open until shutdown.
  */
 #include "health.h"
 
@@ -101,10 +103,48 @@ static void end_watch(struct health_watch *w, enum rpc_code code, const char *ms
 	free(w);
 }
 
+/* h->lock held: unlink the watches whose client went away; returns them. */
+static struct health_watch *take_gone_locked(struct health *h)
+{
+	struct health_watch **pp, *x, *gone = NULL;
+
+	for (pp = &h->watches; (x = *pp) != NULL;) {
+		if (rpc_call_cancelled(x->call)) {
+			*pp = x->next;
+			x->next = gone;
+			gone = x;
+		} else {
+			pp = &x->next;
+		}
+	}
+	return gone;
+}
+
+static void end_gone(struct health_watch *gone)
+{
+	struct health_watch *x;
+
+	while (gone) {
+		x = gone->next;
+		end_watch(gone, RPC_CANCELLED, "client went away");
+		gone = x;
+	}
+}
+
+void health_reap(struct health *h)
+{
+	struct health_watch *gone;
+
+	pthread_mutex_lock(&h->lock);
+	gone = take_gone_locked(h);
+	pthread_mutex_unlock(&h->lock);
+	end_gone(gone);
+}
+
 int health_watch(struct health *h, struct job *j, struct eng_error *err)
 {
 	const Grpc__Health__V1__HealthCheckRequest *q = (const void *)j->req;
-	struct health_watch *w = calloc(1, sizeof(*w)), **pp, *x, *gone = NULL;
+	struct health_watch *w = calloc(1, sizeof(*w)), *gone;
 
 	(void)err;
 	if (!w)
@@ -119,23 +159,11 @@ int health_watch(struct health *h, struct job *j, struct eng_error *err)
 	send_status(h, w, false);
 
 	pthread_mutex_lock(&h->lock);
-	for (pp = &h->watches; (x = *pp) != NULL;) {
-		if (rpc_call_cancelled(x->call)) {
-			*pp = x->next;
-			x->next = gone;
-			gone = x;
-		} else {
-			pp = &x->next;
-		}
-	}
+	gone = take_gone_locked(h);
 	w->next = h->watches;
 	h->watches = w;
 	pthread_mutex_unlock(&h->lock);
-	while (gone) {
-		x = gone->next;
-		end_watch(gone, RPC_CANCELLED, "client went away");
-		gone = x;
-	}
+	end_gone(gone);
 	return 0;
 }
 

@@ -33,5 +33,8 @@ int health_watch(struct health *h, struct job *j, struct eng_error *err);
  * the daemon starts stopping); at_exit: end the streams (the server is
  * going away). Main thread. */
 void health_broadcast(struct health *h, bool at_exit);
+/* End the watches whose client went away (cancelled, deadline, peer
+ * gone): answered CANCELLED and freed. Main thread, on its timer. */
+void health_reap(struct health *h);
 
 #endif

@@ -716,10 +716,24 @@ fail:
 	return rc;
 }
 
+/* Bytes verified of all the listed files (ckpt_open_progress). */
+struct verify_count {
+	const struct ckpt_open_progress *p;
+	uint64_t base, total;
+};
+
+static void verify_progress(void *ctx, uint64_t bytes)
+{
+	struct verify_count *v = ctx;
+
+	if (v->p && v->p->fn)
+		v->p->fn(v->p->ctx, v->base + bytes, v->total);
+}
+
 /* Verify one "files" entry of engine_state.json: the file `name` beneath
  * ckfd (the checkpoint `dir`), never through a symlink. */
 static int verify_file(int ckfd, const char *dir, const char *name, json_t *info,
-		       struct eng_error *err)
+		       struct verify_count *vc, struct eng_error *err)
 {
 	json_t *jb = json_object_get(info, "bytes");
 	const char *hex = json_string_value(json_object_get(info, "xxh64"));
@@ -747,7 +761,8 @@ static int verify_file(int ckfd, const char *dir, const char *name, json_t *info
 	} else {
 		char *p = path_join(dir, name);
 
-		rc = p ? fd_xxh64(fd, p, &got_xxh, err) : eng_fail(err, -ENOMEM, "no memory");
+		rc = p ? fd_xxh64_progress(fd, p, verify_progress, vc, &got_xxh, err)
+		       : eng_fail(err, -ENOMEM, "no memory");
 		if (!rc && got_xxh != want_xxh)
 			rc = eng_fail(err, -EBADMSG, "%s: XXH64 %016" PRIx64 " does not match "
 				      "%016" PRIx64 " recorded in %s", p, got_xxh, want_xxh,
@@ -807,7 +822,14 @@ static int follow_latest(int dirfd, const char *dir, char **ret_name, int *ret_f
 int ckpt_open(const char *dir, json_t **ret_state, char **ret_dir, int *ret_fd,
 	      struct eng_error *err)
 {
+	return ckpt_open_progress(dir, NULL, ret_state, ret_dir, ret_fd, err);
+}
+
+int ckpt_open_progress(const char *dir, const struct ckpt_open_progress *progress,
+		       json_t **ret_state, char **ret_dir, int *ret_fd, struct eng_error *err)
+{
 	char *resolved = NULL, *sp = NULL, *name = NULL, *text = NULL;
+	struct verify_count vc = { progress, 0, 0 };
 	json_t *state = NULL, *info;
 	int dirfd, ckfd = -1, rc;
 	const char *fname;
@@ -853,10 +875,22 @@ int ckpt_open(const char *dir, json_t **ret_state, char **ret_dir, int *ret_fd,
 	rc = ckpt_state_parse(text, len, sp, &state, err);
 	if (rc)
 		goto out;
+	/* For the progress only, capped at CKPT_PROGRESS_MAX (a crafted size
+	 * skews it, nothing else: verify_file checks each size against its
+	 * file). */
 	json_object_foreach(json_object_get(state, "files"), fname, info) {
-		rc = verify_file(ckfd, resolved, fname, info, err);
+		uint64_t b = (uint64_t)json_integer_value(json_object_get(info, "bytes"));
+
+		vc.total = b > CKPT_PROGRESS_MAX - vc.total ? CKPT_PROGRESS_MAX : vc.total + b;
+	}
+	verify_progress(&vc, 0);
+	json_object_foreach(json_object_get(state, "files"), fname, info) {
+		rc = verify_file(ckfd, resolved, fname, info, &vc, err);
 		if (rc)
 			goto out;
+		vc.base += (uint64_t)json_integer_value(json_object_get(info, "bytes"));
+		if (vc.base > vc.total)
+			vc.base = vc.total;
 	}
 out:
 	free(sp);

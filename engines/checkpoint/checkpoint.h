@@ -90,6 +90,16 @@ void ckpt_writer_abort(struct ckpt_writer *w);   /* accepts NULL */
  * O_PATH descriptor of it (caller closes) to open its files beneath. */
 int ckpt_open(const char *dir, json_t **ret_state, char **ret_dir, int *ret_fd,
 	      struct eng_error *err);
+/* ckpt_open reporting the verification: fn(ctx, done, total) with the
+ * bytes of the listed files hashed so far of all of them, from 0 (once
+ * engine_state.json is parsed) to total (at most CKPT_PROGRESS_MAX). */
+#define CKPT_PROGRESS_MAX ((uint64_t)INT64_MAX / 4)
+struct ckpt_open_progress {
+	void (*fn)(void *ctx, uint64_t done, uint64_t total);
+	void *ctx;
+};
+int ckpt_open_progress(const char *dir, const struct ckpt_open_progress *progress,
+		       json_t **ret_state, char **ret_dir, int *ret_fd, struct eng_error *err);
 
 /* --- engine_state.json's seal (ckpt_state.c) --- */
 

@@ -824,6 +824,8 @@ struct st_writer {
 	struct st_wentry *e;
 	int n, cap;
 	json_t *meta;
+	void (*progress)(void *ctx, uint64_t data_bytes);   /* st_writer_set_progress */
+	void *progress_ctx;
 };
 
 /* Buffered output of st_writer_finish; hashes what it writes.
@@ -1227,7 +1229,7 @@ int st_writer_finish(struct st_writer *w, uint64_t *ret_bytes,
 	unsigned char lenbuf[8];
 	size_t hlen, padded;
 	char *hdr = NULL;
-	uint64_t xxh = 0;
+	uint64_t xxh = 0, data_bytes = 0;
 	int rc = 0, i;
 
 	sort_table(w->e, (size_t)w->n, sizeof(*w->e), cmp_wentry);
@@ -1258,6 +1260,9 @@ int st_writer_finish(struct st_writer *w, uint64_t *ret_bytes,
 			rc = out_write(&o, e->data, e->numel * st_dtype_size(e->dtype));
 		else
 			rc = out_write16(&o, e);
+		data_bytes += (uint64_t)e->numel * st_dtype_size(e->dtype);
+		if (!rc && w->progress)
+			w->progress(w->progress_ctx, data_bytes);
 	}
 	if (!rc)
 		rc = out_flush(&o, true);
@@ -1289,6 +1294,13 @@ out:
 	}
 	writer_free(w);
 	return rc;
+}
+
+void st_writer_set_progress(struct st_writer *w, void (*fn)(void *ctx, uint64_t data_bytes),
+			    void *ctx)
+{
+	w->progress = fn;
+	w->progress_ctx = ctx;
 }
 
 void st_writer_abort(struct st_writer *w)

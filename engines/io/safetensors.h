@@ -95,6 +95,10 @@ int st_writer_meta(struct st_writer *w, const char *key, const char *value,
 int st_writer_finish(struct st_writer *w, uint64_t *ret_bytes,
 		     uint64_t *ret_xxh64, struct eng_error *err);
 void st_writer_abort(struct st_writer *w);     /* accepts NULL; removes the file */
+/* Called by st_writer_finish after each tensor's data is written, with the
+ * tensor data bytes written so far (the header not counted). */
+void st_writer_set_progress(struct st_writer *w, void (*fn)(void *ctx, uint64_t data_bytes),
+			    void *ctx);
 
 /* --- conversions (host) ------------------------------------------------ */
 
@@ -117,5 +121,9 @@ int file_xxh64(const char *path, uint64_t *ret, struct eng_error *err);
 /* The same from the start of the open descriptor fd (not closed), `shown`
  * in messages. */
 int fd_xxh64(int fd, const char *shown, uint64_t *ret, struct eng_error *err);
+/* The same, calling fn(ctx, bytes hashed so far) after each read (fn may
+ * be NULL). */
+int fd_xxh64_progress(int fd, const char *shown, void (*fn)(void *ctx, uint64_t bytes),
+		      void *ctx, uint64_t *ret, struct eng_error *err);
 
 #endif

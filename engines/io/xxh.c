@@ -28,6 +28,12 @@ int file_xxh64(const char *path, uint64_t *ret, struct eng_error *err)
 
 int fd_xxh64(int fd, const char *path, uint64_t *ret, struct eng_error *err)
 {
+	return fd_xxh64_progress(fd, path, NULL, NULL, ret, err);
+}
+
+int fd_xxh64_progress(int fd, const char *path, void (*fn)(void *ctx, uint64_t bytes),
+		      void *ctx, uint64_t *ret, struct eng_error *err)
+{
 	XXH64_state_t *st = NULL;
 	char *buf = NULL;
 	off_t off = 0;
@@ -55,6 +61,8 @@ int fd_xxh64(int fd, const char *path, uint64_t *ret, struct eng_error *err)
 			break;
 		XXH64_update(st, buf, (size_t)n);
 		off += n;
+		if (fn)
+			fn(ctx, (uint64_t)off);
 	}
 	*ret = XXH64_digest(st);
 out:

@@ -16,11 +16,26 @@
 #include "../checkpoint/checkpoint.h"
 #include "../io/safetensors.h"
 
+/* Progress of a save or load: tensor data bytes, `base` of them in files
+ * before this one (engine_set_progress). */
+struct ckpt_progress {
+	struct engine *e;
+	const char *file;
+	int64_t base, total;
+};
+
+static void file_progress(void *ctx, uint64_t data_bytes)
+{
+	struct ckpt_progress *p = ctx;
+
+	engine_progress(p->e, p->file, p->base + (int64_t)data_bytes, p->total, "bytes");
+}
+
 /* Write one safetensors file holding the table's tensors of `nfam` state
  * families (data[f], names prefixed by prefix[f]) and record it. */
 static int write_families(struct native *n, struct ckpt_writer *w, const char *file,
 			  int nfam, const char *const *prefix, const float *const *data,
-			  struct eng_error *err)
+			  struct ckpt_progress *pr, struct eng_error *err)
 {
 	struct st_writer *sw;
 	uint64_t bytes, xxh;
@@ -45,7 +60,11 @@ static int write_families(struct native *n, struct ckpt_writer *w, const char *f
 		st_writer_abort(sw);
 		return rc;
 	}
+	pr->file = file;
+	file_progress(pr, 0);
+	st_writer_set_progress(sw, file_progress, pr);
 	rc = st_writer_finish(sw, &bytes, &xxh, err);
+	pr->base += (int64_t)nfam * n->table.total * (int64_t)sizeof(float);
 	if (rc)
 		return rc;
 	return ckpt_writer_record(w, file, bytes, xxh, err);
@@ -97,6 +116,12 @@ int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_ste
 	const float *data[2];
 	float *owned[2] = {NULL, NULL};
 	uint64_t total = 0;
+	int64_t fam_bytes = n->table.total * (int64_t)sizeof(float);
+	struct ckpt_progress pr = {
+		e, "model.safetensors", 0,
+		((contents & CKPT_MODEL) ? fam_bytes : 0) +
+		((contents & CKPT_OPTIMIZER) ? 2 * fam_bytes : 0),
+	};
 	json_t *state;
 	char *cfg;
 	float *gathered[2] = {NULL, NULL};
@@ -126,7 +151,8 @@ int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_ste
 		if (rc == 0)
 			rc = native_family_read(n, FAM_PARAMS, &data[0], &owned[0], err);
 		if (rc == 0)
-			rc = write_families(n, w, "model.safetensors", 1, model_prefix, data, err);
+			rc = write_families(n, w, "model.safetensors", 1, model_prefix, data, &pr,
+					    err);
 		n->dev->ops->host_free(n->dev, owned[0]);
 		owned[0] = NULL;
 	}
@@ -143,7 +169,8 @@ int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_ste
 							err);
 		}
 		if (rc == 0)
-			rc = write_families(n, w, "optimizer.safetensors", 2, optim_prefix, data, err);
+			rc = write_families(n, w, "optimizer.safetensors", 2, optim_prefix, data,
+					    &pr, err);
 		n->dev->ops->host_free(n->dev, owned[0]);
 		n->dev->ops->host_free(n->dev, owned[1]);
 	}
@@ -155,6 +182,7 @@ int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_ste
 		ckpt_writer_abort(w);
 		return rc;
 	}
+	engine_progress(e, "commit", pr.total, pr.total, "bytes");
 	state = native_state_json(n, global_step, contents);
 	if (!state) {
 		ckpt_writer_abort(w);
@@ -205,7 +233,7 @@ static int check_shapes(struct native *n, const struct family_file *f,
 /* Read f's tensors into `host` (the family itself when host-readable, else
  * a staging buffer then copied to the device). */
 static int read_family(struct native *n, struct family_file *f, float *staging,
-		       struct eng_error *err)
+		       struct ckpt_progress *pr, struct eng_error *err)
 {
 	float *host = native_family_host_ptr(n, f->family);
 	char name[160];
@@ -213,11 +241,15 @@ static int read_family(struct native *n, struct family_file *f, float *staging,
 
 	if (!host)
 		host = staging;
+	pr->file = f->file;
 	for (int64_t i = 0; i < n->table.count && !rc; i++) {
 		const struct param_entry *p = &n->table.entries[i];
 
 		snprintf(name, sizeof(name), "%s%s", f->prefix, p->name);
 		rc = st_reader_read_f32(f->r, name, host + p->offset, p->numel, err);
+		pr->base += p->numel * (int64_t)sizeof(float);
+		if (rc == 0)
+			file_progress(pr, 0);
 	}
 	if (rc == 0 && host == staging)
 		rc = native_family_write(n, f->family, host, err);
@@ -308,6 +340,22 @@ static int group_load_send(struct native *n, struct family_file *files, const bo
 	return rc;
 }
 
+/* The verification's part of a load's progress: its bytes, then the
+ * tensor data (pr->total) on top. */
+struct verify_total {
+	struct ckpt_progress *pr;
+	uint64_t total;
+};
+
+static void verify_progress(void *ctx, uint64_t done, uint64_t total)
+{
+	struct verify_total *v = ctx;
+
+	v->total = total;
+	engine_progress(v->pr->e, "verify", (int64_t)done, (int64_t)total + v->pr->total,
+			"bytes");
+}
+
 int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 			   int64_t *ret_global_step, struct eng_error *err)
 {
@@ -323,11 +371,23 @@ int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 	char *resolved = NULL, path[4200];
 	float *host = NULL;
 	bool staging = false;
+	int64_t fam_bytes = n->table.total * (int64_t)sizeof(float);
+	struct ckpt_progress pr = {     /* total: the tensor data until verified */
+		e, "verify", 0,
+		((contents & CKPT_MODEL) ? fam_bytes : 0) +
+		((contents & CKPT_OPTIMIZER) ? 2 * fam_bytes : 0),
+	};
+	struct verify_total vcount = { &pr, 0 };
+	const struct ckpt_open_progress vp = { verify_progress, &vcount };
 	int rc, ckfd = -1;
 
 	if (n->dist && n->dist->rank != 0)
 		return group_load_follow(e, n, ret_global_step, err);
-	rc = ckpt_open(dir, (void *)&state, &resolved, &ckfd, err);
+	/* ckpt_open reads every file once for its checksum ("verify"): its
+	 * bytes come first, then the tensor data read. */
+	rc = ckpt_open_progress(dir, &vp, (void *)&state, &resolved, &ckfd, err);
+	pr.base = (int64_t)vcount.total;
+	pr.total += pr.base;
 	if (rc && n->dist) {
 		struct group_load_header h = {.rc = rc};
 
@@ -382,7 +442,7 @@ int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 		rc = eng_fail(err, -ENOMEM, "checkpoint: out of host memory");
 	for (int f = 0; f < 3 && !rc; f++)
 		if (want[f])
-			rc = read_family(n, &files[f], host, err);
+			rc = read_family(n, &files[f], host, &pr, err);
 	if (rc == 0 && (contents & CKPT_EXTRA)) {
 		n->optim_step = saved.optim_step;
 		n->sched_step = saved.sched_step;

@@ -170,6 +170,14 @@ static void random_init_tensor(struct native *n, float *host, int64_t i)
 	}
 }
 
+/* The caller's progress hook: tensor i of the table is next. */
+static void init_progress(const struct native *n, const struct engine_init_config *cfg,
+			  const char *phase, int64_t i)
+{
+	if (cfg->progress)
+		cfg->progress(cfg->progress_ctx, phase, i, n->table.count, "tensors");
+}
+
 /* -ECANCELED when the caller's cancel hook says so (before tensor i). */
 static int init_cancelled(const struct native *n, const struct engine_init_config *cfg,
 			  int64_t i, struct eng_error *err)
@@ -226,6 +234,7 @@ static int load_hf_weights(struct native *n, const struct engine_init_config *cf
 		const struct param_entry *p = &n->table.entries[i];
 		const struct st_tensor_info *t = st_reader_find(r, p->name);
 
+		init_progress(n, cfg, "load weights", i);
 		rc = init_cancelled(n, cfg, i, err);
 		if (rc)
 			break;
@@ -249,6 +258,8 @@ static int load_hf_weights(struct native *n, const struct engine_init_config *cf
 		}
 		rc = st_reader_read_f32(r, p->name, host + p->offset, p->numel, err);
 	}
+	if (rc == 0)
+		init_progress(n, cfg, "load weights", n->table.count);
 	st_reader_close(r);
 	return rc;
 }
@@ -340,10 +351,13 @@ static int native_initialize(struct engine *e, const struct engine_init_config *
 		n->model_fd = -1;
 	} else {
 		for (int64_t i = 0; i < n->table.count && !rc; i++) {
+			init_progress(n, cfg, "build", i);
 			rc = init_cancelled(n, cfg, i, err);
 			if (!rc)
 				random_init_tensor(n, host, i);
 		}
+		if (rc == 0)
+			init_progress(n, cfg, "build", n->table.count);
 	}
 	if (rc == 0 && host != native_family_host_ptr(n, FAM_PARAMS))
 		rc = native_family_write(n, FAM_PARAMS, host, err);
@@ -644,6 +658,9 @@ static int native_forward_backward(struct engine *e, const struct engine_batch *
 			      "gradients (%zu bytes)", gbytes);
 	}
 	for (k = 0; k < plan.num_micro_batches && !rc; k++) {
+		if (b->progress)
+			b->progress(b->progress_ctx, "forward_backward", k, plan.num_micro_batches,
+				    "micro-batches");
 		if (k > 0 && b->cancelled && b->cancelled(b->cancel_ctx)) {
 			rc = eng_fail(err, -ECANCELED,
 				      "ForwardBackward: cancelled after %d of %d micro-batches (the "
@@ -654,6 +671,9 @@ static int native_forward_backward(struct engine *e, const struct engine_batch *
 		mb_gather(b, &plan, k, &h);
 		rc = run_micro_batch(n, b, res, &h, 1.0f / temp, err);
 	}
+	if (rc == 0 && b->progress)
+		b->progress(b->progress_ctx, "forward_backward", k, plan.num_micro_batches,
+			    "micro-batches");
 	if (rc && !b->forward_only && k > 0)
 		undo_gradients(n, undo, err);
 	dfree(n, undo);

@@ -32,7 +32,8 @@ COMMANDS = {
     "help": [],
 }
 GLOBAL = ["--addr ADDR", "--timeout SEC", "--retries N", "--tls-ca PEM", "--tls-cert PEM", "--tls-key PEM",
-          "--tls-server-name NAME", "--token-file FILE", "--version", "-h, --help"]
+          "--tls-server-name NAME", "--token-file FILE", "--no-progress", "--version",
+          "-h, --help"]
 
 
 def ctl(*args, env=None):

@@ -106,6 +106,42 @@ def test_health_watch_sees_draining():
         d.stop()
 
 
+WATCHER = r'''
+import sys, grpc
+ch = grpc.insecure_channel(sys.argv[1])
+w = ch.unary_stream("/grpc.health.v1.Health/Watch")(b"", timeout=3600)
+next(w)
+print("watching", flush=True)
+sys.stdin.read()
+'''
+
+
+def test_health_watch_ends_when_its_client_dies():
+    """A Watch whose client process is killed is ended by the daemon (its
+    log line, CANCELLED) while the daemon keeps serving, not at shutdown."""
+    import subprocess
+    import sys
+    from daemon_fixture import wait_for
+    d = Daemon()
+    try:
+        p = subprocess.Popen([sys.executable, "-c", WATCHER, d.addr], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "watching"
+        assert "rpc Health.Watch" not in d.log_text()
+        p.kill()
+        p.wait()
+        # A bound for a hung daemon, not a timing assertion.
+        wait_for(lambda: "rpc Health.Watch" in d.log_text(), "the watch to end", timeout=60)
+        line = [x for x in d.log_text().splitlines() if "rpc Health.Watch" in x][0]
+        assert "status=CANCELLED" in line and "client went away" in line, line
+        assert d.proc.poll() is None
+        c = EngineClient(d.addr, timeout=30)
+        assert c.health() == "SERVING"
+        c.close()
+    finally:
+        assert d.stop() == 0
+
+
 def test_reflection_official_client_builds_a_stub(daemon):
     need("grpc_reflection.v1alpha.proto_reflection_descriptor_database")
     from google.protobuf.descriptor_pool import DescriptorPool

@@ -105,6 +105,28 @@ def ready_probe(port_file):
         return c.health()
 
 
+def test_status_shows_the_running_jobs_progress():
+    """STATUS= names the running job and its progress (a save held after
+    its model file: a third of its tensor bytes)."""
+    n = Notify()
+    d = Daemon(env=n.env(), safe_points=True)
+    try:
+        n.wait("READY", "1")
+        with EngineClient(d.addr, timeout=60) as c:
+            c.initialize(preset="tiny")
+            d.hold_safe_points()
+            t = threading.Thread(target=lambda: c.save_checkpoint("ck"))
+            t.start()
+            n.wait("STATUS", timeout=60, pred=lambda s: "running SaveCheckpoint (" in s and
+                   ", model.safetensors 33%)" in s)
+            d.release_safe_points()
+            t.join(60)
+        n.wait("STATUS", timeout=60, pred=lambda s: s.endswith("idle, 0 queued"))
+    finally:
+        d.stop()
+        n.close()
+
+
 def test_ready_watchdog_status_stopping():
     tmp = tempfile.mkdtemp(prefix="engined-sd-")
     n = Notify(on_ready=lambda: ready_probe(os.path.join(tmp, "port")))

@@ -197,6 +197,47 @@ START_TEST(write_open_verify)
 }
 END_TEST
 
+/* ckpt_open_progress: done from 0 up to total, never back. */
+struct seen_progress {
+	int calls;
+	uint64_t first, last, total;
+	bool back;
+};
+
+static void on_verify(void *ctx, uint64_t done, uint64_t total)
+{
+	struct seen_progress *p = ctx;
+
+	if (p->calls++ == 0)
+		p->first = done;
+	else if (done < p->last || total != p->total)
+		p->back = true;
+	p->last = done;
+	p->total = total;
+}
+
+START_TEST(open_reports_verification)
+{
+	struct eng_error err = { 0 };
+	struct seen_progress seen = { 0 };
+	const struct ckpt_open_progress prog = { on_verify, &seen };
+	json_t *state = NULL;
+	struct stat a, b;
+
+	save("step_1", 1, 0, 1.0f);
+	ck_assert_int_eq(stat(rpath("%s/model.safetensors", "step_1"), &a), 0);
+	ck_assert_int_eq(stat(rpath("%s/config.json", "step_1"), &b), 0);
+	ck_assert_msg(ckpt_open_progress(root, &prog, &state, NULL, NULL, &err) == 0, "%s",
+		      err.msg);
+	ck_assert_int_ge(seen.calls, 3);        /* 0, then after each file's reads */
+	ck_assert(!seen.back);
+	ck_assert_uint_eq(seen.first, 0);
+	ck_assert_uint_eq(seen.total, (uint64_t)(a.st_size + b.st_size));
+	ck_assert_uint_eq(seen.last, seen.total);
+	json_decref(state);
+}
+END_TEST
+
 static void flip_byte(const char *path, off_t off)
 {
 	int fd = open(path, O_RDWR);
@@ -567,6 +608,7 @@ int main(void)
 	tcase_add_checked_fixture(tc, setup, NULL);
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, write_open_verify);
+	tcase_add_test(tc, open_reports_verification);
 	tcase_add_test(tc, corruption_and_missing);
 	tcase_add_test(tc, rotation);
 	tcase_add_test(tc, overwrite_same_name);

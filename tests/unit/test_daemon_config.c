@@ -844,8 +844,10 @@ START_TEST(dump_shows_effective_values)
 	ck_assert(has_line(out, "level = info"));
 	ck_assert(has_line(out, "grace_s = 30"));
 	ck_assert(has_line(out, "stuck_job_s = 0"));
+	ck_assert(has_line(out, "slow_job_s = 10"));
 	ck_assert_ptr_nonnull(strstr(out, "\n\n[log]\n; error, warn, info or debug\nlevel = info\n"
-				     "\n[metrics]\n"));
+				     "; log one INFO line"));
+	ck_assert_ptr_nonnull(strstr(out, "slow_job_s = 10\n\n[metrics]\n"));
 	{
 		static const char *const sections[] = { "[server]", "[paths]", "[engine]", "[tls]",
 			"[auth]", "[log]", "[metrics]", "[shutdown]", "[watchdog]" };

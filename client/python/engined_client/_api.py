@@ -91,11 +91,13 @@ class Api:
                    model_type="", backend="", device="", seed=0, optimizer=None,
                    lr_scheduler=None, offload=None, max_tokens_per_micro_batch=0,
                    dist=None, bf16_matmul=False, replace=False, timeout=None,
-                   request_id=None):
+                   request_id=None, progress=None):
         """Build the engine. Exactly one of preset, hf_config_json (a dict or
         the JSON text), model_path. replace: required to replace an engine
         that is already initialized (else FAILED_PRECONDITION). optimizer / lr_scheduler / offload / dist:
-        dicts of the proto fields. Returns an InitializeResult (engine_key,
+        dicts of the proto fields. progress: a callable(done, total, phase)
+        or a tqdm-like object (update(n)) told the tensors built while the
+        call runs (_progress.py). Returns an InitializeResult (engine_key,
         num_parameters, num_tensors)."""
         if isinstance(hf_config_json, dict):
             hf_config_json = json.dumps(hf_config_json)
@@ -113,7 +115,7 @@ class Api:
         if dist:
             req.dist.CopyFrom(pb.DistConfig(**dist))
         return self._rpc("Initialize", req, pb.InitializeResponse,
-                         R.InitializeResult.from_proto, timeout, request_id)
+                         R.InitializeResult.from_proto, timeout, request_id, progress)
 
     def set_mode(self, mode, disable_auto_offload=False, timeout=None, request_id=None):
         """mode: "idle" | "train" | "eval" (or a Mode / pb.Mode value).
@@ -190,20 +192,24 @@ class Api:
             pb.ToDeviceResponse, _placement, timeout, request_id)
 
     def save_checkpoint(self, path, global_step=0, max_to_keep=0, contents=None,
-                        timeout=None, request_id=None):
+                        timeout=None, request_id=None, progress=None):
         """path: relative to the daemon's checkpoint root. contents: any of
-        "model", "optimizer", "extra" (empty: all). Returns a SaveResult
-        (path as saved, bytes)."""
+        "model", "optimizer", "extra" (empty: all). progress: as
+        initialize's, in tensor bytes written, phase the file. Returns a
+        SaveResult (path as saved, bytes)."""
         return self._rpc("SaveCheckpoint", pb.SaveCheckpointRequest(
             path=path, global_step=global_step, max_to_keep=max_to_keep,
             contents=list(contents or [])), pb.SaveCheckpointResponse,
-            R.SaveResult.from_proto, timeout, request_id)
+            R.SaveResult.from_proto, timeout, request_id, progress)
 
-    def load_checkpoint(self, path, contents=None, timeout=None, request_id=None):
-        """Returns the checkpoint's global step: a LoadResult (an int)."""
+    def load_checkpoint(self, path, contents=None, timeout=None, request_id=None,
+                        progress=None):
+        """progress: as initialize's, in tensor bytes read. Returns the
+        checkpoint's global step: a LoadResult (an int)."""
         return self._rpc("LoadCheckpoint", pb.LoadCheckpointRequest(
             path=path, contents=list(contents or [])),
-            pb.LoadCheckpointResponse, R.LoadResult.from_proto, timeout, request_id)
+            pb.LoadCheckpointResponse, R.LoadResult.from_proto, timeout, request_id,
+            progress)
 
     def get_status(self, timeout=None):
         """Returns a Status (every GetStatusResponse field)."""

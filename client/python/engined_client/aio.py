@@ -20,6 +20,7 @@ import grpc.aio
 
 from ._api import Api, param_request
 from ._pb import pb
+from ._progress import POLL_S, Reporter
 from ._rpc import (SERVICE, Attempts, auth_metadata, channel_options, credentials,
                    wrap)
 from .tensors import Assembler
@@ -84,8 +85,29 @@ class AsyncEngineClient(Api):
                     raise wrap(e) from None
             await asyncio.sleep(delay)
 
-    async def _rpc(self, method, req, resp_cls, convert, timeout=None, request_id=None):
-        return convert(await self._call(method, req, resp_cls, timeout, request_id))
+    async def _rpc(self, method, req, resp_cls, convert, timeout=None, request_id=None,
+                   progress=None):
+        if progress is None:
+            return convert(await self._call(method, req, resp_cls, timeout, request_id))
+        rep = Reporter(progress, method)
+        poller = asyncio.ensure_future(self._poll(rep))
+        try:
+            out = convert(await self._call(method, req, resp_cls, timeout, request_id))
+        finally:
+            await _stop(poller)
+        rep.finish()
+        return out
+
+    async def _poll(self, rep):
+        """Feed rep with GetStatus every POLL_S seconds (a task of the
+        loop: progress callbacks run there) until cancelled."""
+        while True:
+            try:
+                rep.feed(await self._call("GetStatus", pb.GetStatusRequest(),
+                                          pb.GetStatusResponse, 10))
+            except grpc.RpcError:
+                pass
+            await asyncio.sleep(POLL_S)
 
     async def _rpc_raw(self, method, data, timeout, convert):
         f = self.channel.unary_unary(method)
@@ -108,23 +130,39 @@ class AsyncEngineClient(Api):
                  metadata=self._auth or None)
 
     async def stream_weights(self, dtype="float32", names=None, bucket_bytes=0,
-                             timeout=None, as_torch=False):
+                             timeout=None, as_torch=False, progress=None):
         """Async generator of (name, array): EngineClient.stream_weights
         (bfloat16 as ml_dtypes.bfloat16, uint16 bits without ml_dtypes;
         as_torch for torch tensors). To stop early, close it (`await
         gen.aclose()`, or `async with contextlib.aclosing(gen)`): that
-        cancels the stream at once."""
+        cancels the stream at once. progress: as EngineClient's."""
         asm = Assembler(as_torch)
+        rep = Reporter(progress, "GetPerTensorParam") if progress is not None else None
+        poller = asyncio.ensure_future(self._poll(rep)) if rep else None
         call = self.get_per_tensor_param(dtype, names, bucket_bytes, timeout)
         try:
             async for bucket in call:
                 for item in asm.feed(bucket):
                     yield item
             asm.finish()
+            if poller:
+                await _stop(poller)
+                rep.finish()
         except grpc.RpcError as e:
             raise wrap(e) from None
         finally:
             call.cancel()
+            if poller:
+                await _stop(poller)
+
+
+async def _stop(task):
+    """Cancel task and wait for it to end."""
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
 
 
 def _coroutine(name):

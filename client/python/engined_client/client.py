@@ -5,12 +5,15 @@ shared with the asyncio client (aio.AsyncEngineClient).
 Errors raise EngineError (a grpc.RpcError) whose code() is the gRPC status
 and details() the daemon's message, which names the offending field.
 """
+import contextlib
+import threading
 import time
 
 import grpc
 
 from ._api import Api, _loss_spec, _MODES, _PER_TOKEN, param_request  # noqa: F401
 from ._pb import pb  # noqa: F401
+from ._progress import POLL_S, Reporter
 from ._rpc import (REQUEST_ID_KEY, RETRYABLE, SERVICE, STATE_CHANGING, Attempts,  # noqa: F401
                    EngineError, channel_options, credentials, wrap)
 from .tensors import DTYPES as _DTYPES, np_dtype as _np_dtype  # noqa: F401
@@ -133,8 +136,37 @@ class EngineClient(Api):
                     raise wrap(e) from None
             time.sleep(delay)
 
-    def _rpc(self, method, req, resp_cls, convert, timeout=None, request_id=None):
-        return convert(self._call(method, req, resp_cls, timeout, request_id))
+    def _rpc(self, method, req, resp_cls, convert, timeout=None, request_id=None,
+             progress=None):
+        if progress is None:
+            return convert(self._call(method, req, resp_cls, timeout, request_id))
+        rep = Reporter(progress, method)
+        with self._polling(rep):
+            out = convert(self._call(method, req, resp_cls, timeout, request_id))
+        rep.finish()
+        return out
+
+    @contextlib.contextmanager
+    def _polling(self, rep):
+        """Feed rep with GetStatus every POLL_S seconds from a helper
+        thread (where progress callbacks run) until the block ends."""
+        stop = threading.Event()
+
+        def poll():
+            while not stop.is_set():
+                try:
+                    rep.feed(self._call("GetStatus", pb.GetStatusRequest(),
+                                        pb.GetStatusResponse, 10))
+                except grpc.RpcError:
+                    pass
+                stop.wait(POLL_S)
+        t = threading.Thread(target=poll, name="engined-progress", daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            t.join()
 
     def _rpc_raw(self, method, data, timeout, convert):
         f = self.channel.unary_unary(method)
@@ -155,7 +187,7 @@ class EngineClient(Api):
         return f(param_request(dtype, names, bucket_bytes), timeout=self._timeout(timeout))
 
     def stream_weights(self, dtype="float32", names=None, bucket_bytes=0, timeout=None,
-                       as_torch=False):
+                       as_torch=False, progress=None):
         """Yield (name, array) per parameter in Hugging Face naming,
         reassembled from the buckets. dtype: "float32", "bfloat16" or
         "float16". bfloat16 arrays have the dtype ml_dtypes.bfloat16 (the
@@ -164,13 +196,18 @@ class EngineClient(Api):
         bit patterns instead (tensors.HAVE_ML_DTYPES says which).
         as_torch: yield torch tensors (torch.bfloat16 made from the bits,
         no float32 round trip); needs torch. The arrays are writable and
-        not shared. Closing the generator early cancels the stream."""
+        not shared. Closing the generator early cancels the stream.
+        progress: as initialize's, in bytes sent (phase "send")."""
         asm = Assembler(as_torch)
+        rep = Reporter(progress, "GetPerTensorParam") if progress is not None else None
         call = self.get_per_tensor_param(dtype, names, bucket_bytes, timeout)
         try:
-            for bucket in call:
-                yield from asm.feed(bucket)
+            with self._polling(rep) if rep else contextlib.nullcontext():
+                for bucket in call:
+                    yield from asm.feed(bucket)
             asm.finish()
+            if rep:
+                rep.finish()
         except grpc.RpcError as e:
             raise wrap(e) from None
         finally:

@@ -14,7 +14,8 @@ unchanged). Both clients return the same types.
   save_checkpoint   -> SaveResult
   load_checkpoint   -> LoadResult (an int, the global step; also .global_step)
   get_status        -> Status (placement: Placement, memory: Memory,
-                       dist: DistStatus or None when the engine runs alone)
+                       dist: DistStatus or None when the engine runs alone,
+                       progress: JobProgress or None when idle)
   create_group      -> CreateGroupResult (group_id: bytes, backend)
 
 Results compare with == field by field (arrays by shape, dtype and values),
@@ -142,6 +143,21 @@ class DistStatus:
 
 
 @dataclass(frozen=True)
+class JobProgress:
+    """The running job's progress (GetStatus.progress): done of total
+    unit in phase, elapsed_s since it started."""
+    phase: str
+    done: int
+    total: int
+    unit: str
+    elapsed_s: float
+
+    @classmethod
+    def from_proto(cls, m):
+        return _from(cls, m)
+
+
+@dataclass(frozen=True)
 class CreateGroupResult:
     """CreateGroup: the group id (a secret) to pass to every rank's
     Initialize as dist group_id, and the backend that will run it."""
@@ -174,12 +190,15 @@ class Status:
     accumulated_tokens: int
     last_request_id: str
     dist: Optional[DistStatus]
+    progress: Optional[JobProgress]
 
     @classmethod
     def from_proto(cls, m):
         return _from(cls, m, mode=_mode, placement=Placement.from_proto,
                      memory=Memory.from_proto,
-                     dist=lambda d: DistStatus.from_proto(d) if m.HasField("dist") else None)
+                     dist=lambda d: DistStatus.from_proto(d) if m.HasField("dist") else None,
+                     progress=lambda p: (JobProgress.from_proto(p)
+                                         if m.HasField("progress") else None))
 
 
 class LrResult(float):
@@ -296,5 +315,6 @@ REPLY_TYPES = {
     Status: pb.GetStatusResponse,
     Memory: pb.Memory,
     DistStatus: pb.DistStatus,
+    JobProgress: pb.JobProgress,
     CreateGroupResult: pb.CreateGroupResponse,
 }
