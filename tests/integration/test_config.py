@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from daemon_fixture import Daemon, wait_for
+from rpc_expect import expect
 
 from engined_client import EngineClient
 
@@ -43,16 +44,6 @@ def conf(confdir, name, text):
         f.write(text)
     return path
 
-
-def expect(code, fn, *args, field=None, **kw):
-    try:
-        fn(*args, **kw)
-    except grpc.RpcError as e:
-        assert e.code() == code, "expected %s, got %s: %s" % (code, e.code(), e.details())
-        if field:
-            assert field in e.details(), "message %r lacks %r" % (e.details(), field)
-        return e
-    raise AssertionError("expected %s, call succeeded" % code)
 
 
 GOOD = """\

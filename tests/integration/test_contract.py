@@ -15,7 +15,8 @@ import grpc
 import numpy as np
 import pytest
 
-from engined_client import EngineError, pb
+from engined_client import pb
+from rpc_expect import expect_details as expect
 
 SC = grpc.StatusCode
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -29,16 +30,6 @@ def batch():
 def weights(client):
     return {k: v.copy() for k, v in client.stream_weights()}
 
-
-def expect(code, fn, *args, field=None, **kw):
-    try:
-        fn(*args, **kw)
-    except EngineError as e:
-        assert e.code() == code, (e.code(), e.details())
-        if field:
-            assert field in e.details(), e.details()
-        return e.details()
-    raise AssertionError("expected %s" % code)
 
 
 def test_lr_zero_is_a_value(client):

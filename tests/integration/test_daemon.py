@@ -27,9 +27,10 @@ import numpy as np
 import pytest
 
 from daemon_fixture import Daemon
+from rpc_expect import expect as expect_error
 
 import engined_client
-from engined_client import AsyncEngineClient, EngineClient, EngineError, pb
+from engined_client import AsyncEngineClient, EngineClient, pb
 
 SC = grpc.StatusCode
 VOCAB = 1024  # preset tiny
@@ -40,16 +41,6 @@ def daemon_args():
     """The shared daemon (conftest.py's `daemon`) takes requests up to 8 MiB."""
     return ("--max-request-bytes", str(8 << 20))
 
-
-def expect_error(code, fn, *args, field=None, **kw):
-    try:
-        fn(*args, **kw)
-    except EngineError as e:
-        assert e.code() == code, "expected %s, got %s: %s" % (code, e.code(), e.details())
-        if field:
-            assert field in e.details(), "message %r does not name %r" % (e.details(), field)
-        return e
-    raise AssertionError("expected %s, call succeeded" % code)
 
 
 def batch(seed, nseq=4, length=16):

@@ -24,6 +24,7 @@ import grpc
 import pytest
 
 from daemon_fixture import Daemon
+from rpc_expect import expect_details as expect
 from engined_client import EngineClient
 
 SC = grpc.StatusCode
@@ -105,14 +106,6 @@ def free_bytes(d):
     st = os.statvfs(inside(d))
     return st.f_bavail * st.f_frsize
 
-
-def expect(code, fn, *args, **kw):
-    try:
-        fn(*args, **kw)
-    except grpc.RpcError as e:
-        assert e.code() == code, "expected %s, got %s: %s" % (code, e.code(), e.details())
-        return e.details()
-    raise AssertionError("expected %s, call succeeded" % code)
 
 
 def test_disk_full(ns_daemon, client):

@@ -18,22 +18,13 @@ import numpy as np
 import pytest
 
 from daemon_fixture import Daemon
+from rpc_expect import expect
 
 from engined_client import EngineClient, EngineError
 
 SC = grpc.StatusCode
 TIMEOUT_S = 5.0
 
-
-def expect(code, fn, *args, field=None, **kw):
-    try:
-        fn(*args, **kw)
-    except EngineError as e:
-        assert e.code() == code, "expected %s, got %s: %s" % (code, e.code(), e.details())
-        if field:
-            assert field in e.details(), "message %r does not name %r" % (e.details(), field)
-        return e
-    raise AssertionError("expected %s, call succeeded" % code)
 
 
 @pytest.fixture

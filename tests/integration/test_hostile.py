@@ -11,7 +11,7 @@ import json
 import grpc
 import numpy as np
 
-from engined_client import EngineError
+from rpc_expect import expect_details as expect
 
 SC = grpc.StatusCode
 INT64_MAX = (1 << 63) - 1
@@ -20,16 +20,6 @@ TINY_LLAMA = {"model_type": "llama", "vocab_size": 16, "hidden_size": 2,
               "intermediate_size": 4, "num_hidden_layers": 1, "num_attention_heads": 1,
               "num_key_value_heads": 1, "tie_word_embeddings": True}
 
-
-def expect(code, fn, *args, field=None, **kw):
-    try:
-        fn(*args, **kw)
-    except EngineError as e:
-        assert e.code() == code, "expected %s, got %s: %s" % (code, e.code(), e.details())
-        if field:
-            assert field in e.details(), "message %r does not name %r" % (e.details(), field)
-        return e.details()
-    raise AssertionError("expected %s, the call succeeded" % code)
 
 
 def still_usable(client):

@@ -23,6 +23,7 @@ import grpc
 import pytest
 
 from daemon_fixture import Daemon, wait_for
+from rpc_expect import expect
 from engined_client import EngineClient
 
 SC = grpc.StatusCode
@@ -85,16 +86,6 @@ def metric(port, name):
     assert m, "%s not on the page" % name
     return float(m.group(1))
 
-
-def expect(code, fn, *args, field=None, **kw):
-    try:
-        fn(*args, **kw)
-    except grpc.RpcError as e:
-        assert e.code() == code, "expected %s, got %s: %s" % (code, e.code(), e.details())
-        if field:
-            assert field in (e.details() or ""), "message %r lacks %r" % (e.details(), field)
-        return e
-    raise AssertionError("expected %s, call succeeded" % code)
 
 
 # --- (A) bodies of unauthenticated calls are never read ------------------------

@@ -31,6 +31,7 @@ import grpc
 import pytest
 
 from engined_client import EngineClient
+from rpc_expect import expect
 
 SC = grpc.StatusCode
 
@@ -45,16 +46,6 @@ def client(daemon):
     finally:
         c.close()
 
-
-def expect(code, fn, *args, field=None, **kw):
-    try:
-        fn(*args, **kw)
-    except grpc.RpcError as e:
-        assert e.code() == code, "expected %s, got %s: %s" % (code, e.code(), e.details())
-        if field:
-            assert field in e.details(), "message %r lacks %r" % (e.details(), field)
-        return e
-    raise AssertionError("expected %s, call succeeded" % code)
 
 
 def files_under(path):

@@ -21,6 +21,7 @@ import grpc
 import pytest
 
 from daemon_fixture import Daemon
+from rpc_expect import expect
 from tls_util import make_ca, make_cert
 
 from engined_client import EngineClient
@@ -34,16 +35,6 @@ TOK_NEW = "rotated-token-0123456789abcdef01"
 # connection between channels, which would hide handshake failures.
 OWN = [("grpc.use_local_subchannel_pool", 1)]
 
-
-def expect(code, fn, *args, field=None, **kw):
-    try:
-        fn(*args, **kw)
-    except grpc.RpcError as e:
-        assert e.code() == code, "expected %s, got %s: %s" % (code, e.code(), e.details())
-        if field:
-            assert field in (e.details() or ""), "message %r lacks %r" % (e.details(), field)
-        return e
-    raise AssertionError("expected %s, call succeeded" % code)
 
 
 @pytest.fixture(scope="module")
