@@ -191,7 +191,8 @@ int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err
 					g->world_size);
 		c->dist.rank = g->rank;
 		c->dist.world_size = g->world_size;
-		memcpy(c->dist.id.bytes, g->group_id.data, g->group_id.len);
+		if (g->group_id.len)    /* data is NULL when empty */
+			memcpy(c->dist.id.bytes, g->group_id.data, g->group_id.len);
 		c->dist.id.len = g->group_id.len;
 		c->dist.timeout_s = PB_HAS(g, timeout_s) ? g->timeout_s
 			: (double)d->cfg.dist_timeout_ms / 1000.0;

@@ -171,13 +171,18 @@ def test_watchdog_held_back_while_a_job_is_stuck():
         c.initialize(replace=True, preset="tiny")
         ids, lens = np.arange(64, dtype=np.int32), [32, 32]
         d.hold()
+        # The held job's "stuck", not an earlier one's: Initialize itself can
+        # pass 0.1 s (a sanitizer build, a loaded machine) and be reported.
+        t_hold = time.time()
         t = threading.Thread(target=c.forward_backward, args=(ids, lens),
                              kwargs={"loss": "sft"})
         t.start()
-        n.wait("STATUS", pred=lambda s: s.startswith("engine stuck: one job has run"),
-               timeout=60)
-        t_stuck = [t for t, kv in n.msgs
-                   if kv.get("STATUS", "").startswith("engine stuck")][0]
+
+        def stuck_after_hold():
+            return [t for t, kv in n.msgs if t > t_hold and
+                    kv.get("STATUS", "").startswith("engine stuck: one job has run")]
+        wait_for(stuck_after_hold, "STATUS=engine stuck after the hold", 60)
+        t_stuck = stuck_after_hold()[0]
         time.sleep(0.3)  # ~6 ping periods in which none may come
         t_release = time.time()
         d.release()
