@@ -77,7 +77,7 @@ static const struct key keys[] = {
 	{ "dist", "timeout_s", K_MS, F(dist_timeout_ms), 1, 86400000LL,
 	  "joining a group and every collective, when Initialize's dist.timeout_s is unset" },
 	{ "engine", "threads", K_INT, F(threads), 0, 1024,
-	  "engine compute threads; 0: all cores" },
+	  "engine compute threads; 0: the CPU budget (affinity, cgroup quota)" },
 	{ "engine", "default_device", K_STR, F(default_device), 0, 0,
 	  "Initialize.device when a request leaves it empty (cpu, cuda)" },
 	{ "engine", "param_offload", K_BOOL, F(param_offload), 0, 0,

@@ -48,7 +48,7 @@ struct daemon_config {
 	int64_t dist_timeout_ms;      /* collectives when DistConfig gives none */
 
 	/* [engine] */
-	int threads;                  /* engine compute threads; 0: all cores */
+	int threads;                  /* engine compute threads; 0: the CPU budget (main.c) */
 	char *default_device;         /* Initialize.device when empty; NULL: engine's */
 	bool param_offload;           /* Initialize.offload when absent */
 	bool optimizer_offload;

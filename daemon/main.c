@@ -7,6 +7,11 @@
  * command line in order (`-o section.key=value` sets any key; the flags
  * below are shorthands). See config.c for the keys.
  *
+ * Start, before any thread exists: the OpenMP wait policy (omp_policy.h:
+ * one re-exec when the environment sets none), then `[engine] threads = 0`
+ * resolved to the process's CPU budget (device/cpu_budget.h); both logged
+ * in one "engine threads:" line.
+ *
  * Signals: SIGINT/SIGTERM/SIGHUP are blocked before any thread exists
  * (gRPC's threads inherit the mask) and handled by the libuv loop of the
  * main thread. SIGTERM/SIGINT: stop accepting, let the running job finish
@@ -32,8 +37,10 @@
 #include <uv.h>
 
 #include "daemon.h"
+#include "device/cpu_budget.h"
 #include "device/device.h"
 #include "log.h"
+#include "omp_policy.h"
 #include "paths.h"
 #include "test_hold.h"
 #include "tls.h"
@@ -56,7 +63,8 @@ static void usage(FILE *f)
 		"  --checkpoint-root DIR    paths.checkpoint_root (default ./var/checkpoints)\n"
 		"  --model-root DIR         paths.model_root (default ./var/models)\n"
 		"  --dist-store-root DIR    dist.store_root (default ./var/dist)\n"
-		"  --threads N              engine.threads (default: all cores)\n"
+		"  --threads N              engine.threads (default 0: the CPUs this process\n"
+		"                           may use: affinity mask, cgroup CPU quota)\n"
 		"  --log-level L            log.level: error, warn, info (default), debug\n"
 		"  --max-request-bytes N    server.max_request_bytes (default 512M)\n"
 		"  --pollers N              server.pollers (default 1)\n"
@@ -412,6 +420,31 @@ static void describe_listen(const struct daemon_config *cfg, struct daemon *d,
 	}
 }
 
+/* [engine] threads = 0: the process's CPU budget (affinity mask, cgroup
+ * quota), decided here once so that the engine, the stream workers and the
+ * log agree; and the OpenMP wait policy those threads run with. */
+static void resolve_threads(struct daemon_config *cfg)
+{
+	struct cpu_budget b;
+	char desc[640], policy[256];
+
+	cpu_budget_self(&b);
+	cpu_budget_describe(&b, desc, sizeof(desc));
+	omp_policy_describe(policy, sizeof(policy));
+	if (cfg->threads == 0) {
+		cfg->threads = b.threads;
+		log_msg(LOG_LVL_INFO, "engine threads: %s; OpenMP: %s", desc, policy);
+		return;
+	}
+	log_msg(LOG_LVL_INFO,
+		"engine threads: %d, from [engine] threads (the CPU budget: %s); OpenMP: %s",
+		cfg->threads, desc, policy);
+	if (cfg->threads > b.threads)
+		log_msg(LOG_LVL_WARN,
+			"[engine] threads = %d is more than this process may use at once (%d): "
+			"its threads will wait for each other", cfg->threads, b.threads);
+}
+
 static int check_config(const struct daemon_config *cfg, const char *file)
 {
 	struct eng_error err;
@@ -454,23 +487,34 @@ int main(int argc, char **argv)
 	struct tls_pem pem;
 	bool have_pem = false, exit_now = false, failed;
 	sigset_t mask;
+	char **args;
 	int r;
 
-	if (config_init(&cfg) < 0) {
+	/* getopt permutes argv: the re-exec of omp_policy_apply gets the
+	 * arguments as given. */
+	args = calloc((size_t)argc + 1, sizeof(*args));
+	if (!args || config_init(&cfg) < 0) {
+		free(args);
 		fprintf(stderr, "engined: out of memory\n");
 		return 1;
 	}
+	memcpy(args, argv, (size_t)argc * sizeof(*args));
 	r = parse_args(argc, argv, &cfg, &check, &exit_now);
 	if (r || exit_now) {
+		free(args);
 		config_free(&cfg);
 		return r;
 	}
 	if (check) {
+		free(args);
 		r = check_config(&cfg, check);
 		config_free(&cfg);
 		return r;
 	}
 	log_set_level((enum log_level)cfg.log_level);
+	omp_policy_apply(args);
+	free(args);
+	resolve_threads(&cfg);
 	test_hold_init();
 
 	eng_error_clear(&err);

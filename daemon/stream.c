@@ -464,7 +464,7 @@ static void *worker_main(void *arg)
 /* Workers for host conversions. One converts ~6 GB/s of bf16 on these
  * machines, more than one connection carries, and the send path (engine
  * thread, gRPC's pollers, on loopback the client) needs cores too: half of
- * the engine's threads (all cores by default), at least one, and no more
+ * the engine's threads (main.c resolves 0 to the CPU budget), at least one, and no more
  * than leaves a ring slot in gRPC's hands and one ready. */
 static int worker_count(const struct stream *s)
 {

@@ -186,7 +186,8 @@ struct kernel_table {
 
 struct device_ops {
 	const char *name;                    /* "cpu", "cuda" */
-	/* Open / close a device. threads <= 0 means the device's default. */
+	/* Open / close a device. threads <= 0 means the device's default (the
+	 * CPU device: the process's CPU budget, device/cpu_budget.h). */
 	int (*open)(struct device **ret, int threads, enum matmul_precision prec);
 	void (*close)(struct device *dev);   /* accepts NULL */
 

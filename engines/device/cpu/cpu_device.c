@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "err.h"
+#include "device/cpu_budget.h"
 #include "cpu_device.h"
 
 /* The header in front of every allocation; CPU_ALIGN bytes keep the user
@@ -85,9 +86,14 @@ static int cpu_open(struct device **ret, int threads, enum matmul_precision prec
 		cd->fail_at_alloc = atol(getenv("ENGINED_CPU_FAIL_AT_ALLOC"));
 	cd->base.host_memory = !getenv("ENGINED_CPU_DISCRETE") ||
 			       strcmp(getenv("ENGINED_CPU_DISCRETE"), "1") != 0;
-	if (threads > 0)
-		omp_set_num_threads(threads);
-	cd->threads = threads > 0 ? threads : omp_get_max_threads();
+	if (threads <= 0) {
+		struct cpu_budget b;
+
+		cpu_budget_self(&b);
+		threads = b.threads;
+	}
+	omp_set_num_threads(threads);
+	cd->threads = threads;
 	atomic_init(&cd->in_use, 0);
 	atomic_init(&cd->allocs, 0);
 	r = cpu_gemm_init(cd);

@@ -8,6 +8,10 @@
  * Threading: a device is used by one thread at a time (the engine thread);
  * its scratch buffers and oneDNN primitive cache are not locked. Kernels
  * open OpenMP parallel regions with dev->threads threads (cpu_enter()).
+ * Debian's libdnnl is built on the OpenMP runtime (it links libgomp): its
+ * matmuls run on the same pool, with the thread count cpu_enter() sets and
+ * the process's wait policy (daemon/omp_policy.h). The default count
+ * (threads <= 0 at open) is the process's CPU budget (device/cpu_budget.h).
  */
 #ifndef ENGINED_CPU_DEVICE_H
 #define ENGINED_CPU_DEVICE_H
