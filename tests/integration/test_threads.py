@@ -51,23 +51,35 @@ def threads_line(log):
 
 def serves(d):
     """The process that answers is the one started (the re-exec kept its
-    PID) and trains."""
+    PID) and trains. Returns its OpenMP runtime: "libgomp" (gcc builds) or
+    "libomp" (the clang sanitizer build: LLVM's runtime for engined's own
+    code, next to the libgomp Debian's oneDNN links), whose OMP_DISPLAY_ENV
+    blocks differ in number and content; the block checks below are for a
+    process with libgomp alone."""
     with EngineClient(d.addr, timeout=60) as c:
         c.initialize(preset="tiny", seed=1)
         r = c.forward_backward(np.arange(16, dtype=np.int32), [16], loss="sft")
         assert np.isfinite(r.loss)
     assert os.readlink("/proc/%d/exe" % d.proc.pid) == os.path.realpath(d.bin)
+    with open("/proc/%d/maps" % d.proc.pid) as f:
+        maps = f.read()
+    return "libomp" if "libomp" in maps else "libgomp"
 
 
 def test_default_policy_is_passive_before_libgomp_loads():
     d = Daemon("--threads", "0", env={"OMP_DISPLAY_ENV": "verbose"})
     try:
-        serves(d)
+        runtime = serves(d)
         env = environ_of(d.proc.pid)
         log = d.log_text()
     finally:
         d.stop()
     assert env.get("OMP_WAIT_POLICY") == "passive"
+    assert "OMP_WAIT_POLICY=passive GOMP_SPINCOUNT=unset (set by engined" in threads_line(log)
+    # libgomp prints "OMP_WAIT_POLICY = 'PASSIVE'", libomp "[host] OMP_WAIT_POLICY='PASSIVE'".
+    assert re.search(r"OMP_WAIT_POLICY ?= ?'PASSIVE'", log), log
+    if runtime != "libgomp":
+        return
     blocks = gomp_blocks(log)
     # First load: libgomp's default spin; then, after the re-exec, passive.
     assert len(blocks) == 2, log
@@ -85,13 +97,17 @@ def test_default_policy_is_passive_before_libgomp_loads():
 def test_operator_setting_is_kept(var, value, spin):
     d = Daemon(env={var: value, "OMP_DISPLAY_ENV": "verbose"})
     try:
-        serves(d)
+        runtime = serves(d)
         env = environ_of(d.proc.pid)
         log = d.log_text()
     finally:
         d.stop()
     assert env.get(var) == value
     assert "ENGINED_OMP_POLICY_SET" not in env
+    assert "%s=%s" % (var, value) in threads_line(log)
+    assert "(from the environment)" in threads_line(log)
+    if runtime != "libgomp":
+        return
     blocks = gomp_blocks(log)
     assert len(blocks) == 1, log   # no re-exec
     assert blocks[0]["GOMP_SPINCOUNT"] == spin
