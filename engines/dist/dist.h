@@ -113,6 +113,15 @@ int dist_config_check(const struct dist_config *cfg, struct eng_error *err);
  * forms has at least 2 ranks (dist_config_check). */
 int dist_config_check_min(const struct dist_config *cfg, int min_world, struct eng_error *err);
 
+/* The checks every backend's collective makes first, one rule for all:
+ * a group that is not broken (-ENOTCONN), count >= 0, a known dtype (t
+ * as an int: a C caller may pass any), and count elements times `slices`
+ * within INT64_MAX bytes (-EINVAL); *ret_bytes (may be NULL) gets them. */
+int dist_call_check(const struct dist *d, const char *op, int64_t count, int t,
+		    size_t slices, size_t *ret_bytes, struct eng_error *err);
+/* A broadcast's root: in [0, world_size) (-EINVAL). */
+int dist_root_check(const struct dist *d, const char *op, int root, struct eng_error *err);
+
 /* Bytes of one element of t. */
 static inline size_t dist_dtype_size(enum dist_dtype t)
 {

@@ -10,6 +10,8 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "checked.h"
+
 static const struct dist_ops *const backends[] = {
 	&gloo_dist_ops,
 	&nccl_dist_ops,
@@ -76,5 +78,36 @@ int dist_config_check_min(const struct dist_config *cfg, int min_world, struct e
 	if (cfg->id.len == 0 || cfg->id.len > DIST_GROUP_ID_MAX)
 		return eng_fail(err, -EINVAL, "dist.group_id: %zu bytes, must be 1 to %d (the "
 				"id CreateGroup returned)", cfg->id.len, DIST_GROUP_ID_MAX);
+	return 0;
+}
+
+int dist_call_check(const struct dist *d, const char *op, int64_t count, int t,
+		    size_t slices, size_t *ret_bytes, struct eng_error *err)
+{
+	size_t bytes = 0;
+
+	if (!d)
+		return eng_fail(err, -EINVAL, "dist %s: no group", op);
+	if (d->broken)
+		return eng_fail(err, -ENOTCONN, "dist %s: the group was broken by an earlier "
+				"failure", op);
+	if (count < 0)
+		return eng_fail(err, -EINVAL, "dist %s: count %lld < 0", op, (long long)count);
+	if (t != DIST_F32 && t != DIST_F64)
+		return eng_fail(err, -EINVAL, "dist %s: unknown dtype %d", op, t);
+	if (!ck_mul_size((size_t)count, dist_dtype_size((enum dist_dtype)t), &bytes) ||
+	    !ck_mul_size(bytes, slices, &bytes) || bytes > (size_t)INT64_MAX)
+		return eng_fail(err, -EINVAL, "dist %s: count %lld is too large", op,
+				(long long)count);
+	if (ret_bytes)
+		*ret_bytes = bytes;
+	return 0;
+}
+
+int dist_root_check(const struct dist *d, const char *op, int root, struct eng_error *err)
+{
+	if (root < 0 || root >= d->world_size)
+		return eng_fail(err, -EINVAL, "dist %s: root %d, must be in [0, %d)", op, root,
+				d->world_size);
 	return 0;
 }

@@ -49,7 +49,6 @@
 #include <gloo/transport/tcp/device.h>
 
 extern "C" {
-#include "checked.h"
 #include "dist/dist.h"
 }
 
@@ -207,28 +206,12 @@ int guarded(struct gloo_dist *g, const char *op, struct eng_error *err, F &&fn)
 	}
 }
 
-/* The checks every collective makes first: the group, its state, count and
- * dtype; *ret_bytes = count elements of t times `slices`. */
+/* The checks every collective makes first (dist_call_check);
+ * *ret_bytes = count elements of t times `slices`. */
 int enter(struct dist *d, const char *op, int64_t count, int t, size_t slices,
 	  size_t *ret_bytes, struct eng_error *err)
 {
-	size_t bytes = 0;
-
-	if (!d)
-		return eng_fail(err, -EINVAL, "dist %s: no group", op);
-	if (d->broken)
-		return eng_fail(err, -ENOTCONN, "dist %s: the group was broken by an earlier "
-				"failure", op);
-	if (count < 0)
-		return eng_fail(err, -EINVAL, "dist %s: count %lld < 0", op, (long long)count);
-	if (t != DIST_F32 && t != DIST_F64)
-		return eng_fail(err, -EINVAL, "dist %s: unknown dtype %d", op, t);
-	if (!ck_mul_size((size_t)count, dtype_size(t), &bytes) ||
-	    !ck_mul_size(bytes, slices, &bytes) || bytes > (size_t)INT64_MAX)
-		return eng_fail(err, -EINVAL, "dist %s: count %lld is too large", op,
-				(long long)count);
-	*ret_bytes = bytes;
-	return 0;
+	return dist_call_check(d, op, count, t, slices, ret_bytes, err);
 }
 
 /* Remove the group's directory and the FileStore's files in it (rank 0,
@@ -531,9 +514,9 @@ static int gloo_broadcast(struct dist *d, void *buf, int64_t count, enum dist_dt
 
 	if (r < 0)
 		return r;
-	if (root < 0 || root >= d->world_size)
-		return eng_fail(err, -EINVAL, "dist broadcast: root %d, must be in [0, %d)", root,
-				d->world_size);
+	r = dist_root_check(d, "broadcast", root, err);
+	if (r < 0)
+		return r;
 	if (count == 0)
 		return 0;
 	if (!buf)

@@ -175,22 +175,12 @@ static int wait_done(struct nccl_dist *n, const char *op, bool on_stream, struct
 
 /* The checks every collective makes first: the group, its state, count and
  * dtype. */
+/* The checks every collective makes first (dist_call_check): the byte
+ * count of world_size slices must fit. */
 static int enter(struct dist *d, const char *op, int64_t count, enum dist_dtype t,
 		 struct eng_error *err)
 {
-	if (!d)
-		return eng_fail(err, -EINVAL, "dist %s: no group", op);
-	if (d->broken)
-		return eng_fail(err, -ENOTCONN, "dist %s: the group was broken by an earlier "
-				"failure", op);
-	if (count < 0)
-		return eng_fail(err, -EINVAL, "dist %s: count %lld < 0", op, (long long)count);
-	if (t != DIST_F32 && t != DIST_F64)
-		return eng_fail(err, -EINVAL, "dist %s: unknown dtype %d", op, (int)t);
-	if ((uint64_t)count > SIZE_MAX / 8 / (uint64_t)d->world_size)
-		return eng_fail(err, -EINVAL, "dist %s: count %lld is too large", op,
-				(long long)count);
-	return 0;
+	return dist_call_check(d, op, count, (int)t, d ? (size_t)d->world_size : 1, NULL, err);
 }
 
 /* An enqueued collective's result, then the wait on the stream. */
@@ -371,9 +361,9 @@ static int nccl_broadcast(struct dist *d, void *buf, int64_t count, enum dist_dt
 
 	if (r < 0)
 		return r;
-	if (root < 0 || root >= d->world_size)
-		return eng_fail(err, -EINVAL, "dist broadcast: root %d, must be in [0, %d)", root,
-				d->world_size);
+	r = dist_root_check(d, "broadcast", root, err);
+	if (r < 0)
+		return r;
 	if (count == 0)
 		return 0;
 	if (!buf)
