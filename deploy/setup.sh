@@ -3,7 +3,8 @@
 #
 # Installs the Debian packages the build and the tests need (apt-get; root or
 # sudo), configures and builds into ./build, and makes build/venv-pypi (the
-# Python client with current grpcio from PyPI). Safe to run again: it only
+# Python client with current grpcio from PyPI) and build/venv-verl (verl
+# 0.9.1 and torch 2.x for the verl backend). Safe to run again: it only
 # installs what is missing and rebuilds what changed.
 #   ENGINED_BUILD_DIR   build directory (default: build)
 #   ENGINED_CUDA        auto (default) | enabled | disabled: the CUDA device
@@ -71,4 +72,12 @@ ninja -C "$build_dir"
 # Skipped with ENGINED_NO_PYPI=1 (offline); its tests then report "skipped".
 if [ "${ENGINED_NO_PYPI:-0}" != "1" ]; then
   tests/integration/setup_venv.sh "$build_dir"
+fi
+
+# The verl backend's tests: the real verl 0.9.1 with PyPI's torch 2.x in a
+# venv of its own (about 6.4 GB, about 2.5 min the first time; then only
+# the client is reinstalled). Skipped with ENGINED_NO_VERL=1 or
+# ENGINED_NO_PYPI=1; its tests then report "skipped".
+if [ "${ENGINED_NO_PYPI:-0}" != "1" ] && [ "${ENGINED_NO_VERL:-0}" != "1" ]; then
+  tests/verl/setup_venv.sh "$build_dir"
 fi

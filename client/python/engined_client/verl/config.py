@@ -1,0 +1,107 @@
+"""config.py — EnginedEngineConfig: the verl engine config of the engined
+backend (`strategy: engined`), in verl's style (a BaseConfig dataclass that
+Hydra builds from `_target_: engined_client.verl.EnginedEngineConfig`).
+
+verl's own fields (EngineConfig: param_offload, optimizer_offload,
+forward_only, dtype, use_dynamic_bsz, max_token_len_per_gpu, seed, ...) keep
+their meaning; the rest say where the daemons are and what they load:
+
+  addresses         the daemons: one per data-parallel rank of engined. A
+                    verl process that is alone (no torch.distributed, or a
+                    world of one) drives all of them as one EngineGroup; in
+                    a torch.distributed world of W processes there must be
+                    W addresses and process r drives addresses[r] (one
+                    daemon per verl rank).
+  token / token_file, root_certificates, certificate_chain, private_key,
+  server_name       the daemons' credentials (EngineClient's arguments;
+                    file paths for the PEM ones).
+  model_path        the model directory on the daemon's host, relative to
+                    its model root; preset: a daemon preset ("tiny", ...)
+                    instead. With neither, the daemon builds the model of
+                    the verl model config's config.json from `seed` (a
+                    random init: tests and toys).
+  device            the daemon's device: "cpu" or "cuda".
+  checkpoint_local_root
+                    the directory that verl's checkpoint paths are under
+                    and that is the daemons' checkpoint root (the same
+                    disk, or a shared file system); verl's local_path is
+                    sent relative to it. None: verl's paths are sent as
+                    they are (then they must be relative).
+  replace           replace an engine the daemon already holds (a restarted
+                    controller); else Initialize on such a daemon fails
+                    FAILED_PRECONDITION. verl's reset() (initialize()
+                    again) always replaces this adapter's own engine.
+  timeout_s, retries, collective_timeout_s
+                    per-call deadline, retries of UNAVAILABLE /
+                    DEADLINE_EXCEEDED (same request id: exactly once), and
+                    the data-parallel group's collective timeout.
+
+dtype is the matmul precision: "bfloat16" (verl's default) makes the
+daemon multiply in bf16 with fp32 accumulation and fp32 master weights
+(bf16_matmul); "float32" keeps every product in fp32. Weights are streamed
+to rollout in `weight_dtype` ("bfloat16" by default, as verl's FSDP engine
+hands them to vLLM / SGLang).
+"""
+from dataclasses import dataclass, field
+from typing import Optional
+
+from verl.workers.config.engine import EngineConfig
+
+STRATEGY = "engined"
+
+
+@dataclass
+class EnginedEngineConfig(EngineConfig):
+    strategy: str = STRATEGY
+    addresses: list = field(default_factory=lambda: ["127.0.0.1:50051"])
+    token: Optional[str] = None
+    token_file: Optional[str] = None
+    root_certificates: Optional[str] = None
+    certificate_chain: Optional[str] = None
+    private_key: Optional[str] = None
+    server_name: Optional[str] = None
+    model_path: Optional[str] = None
+    preset: Optional[str] = None
+    device: str = "cpu"
+    checkpoint_local_root: Optional[str] = None
+    weight_dtype: str = "bfloat16"
+    replace: bool = False
+    timeout_s: Optional[float] = None
+    retries: int = 3
+    collective_timeout_s: Optional[float] = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.strategy != STRATEGY:
+            raise ValueError(f"strategy: {self.strategy!r} is not {STRATEGY!r}")
+        if not self.address_list():
+            raise ValueError("addresses: at least one daemon")
+        if self.dtype not in ("bfloat16", "float32"):
+            raise ValueError(f"dtype: {self.dtype!r}: the engined backend computes in "
+                             "'bfloat16' (bf16 matmuls, fp32 master weights) or 'float32'")
+        if self.weight_dtype not in ("bfloat16", "float32", "float16"):
+            raise ValueError(f"weight_dtype: {self.weight_dtype!r}: 'bfloat16', 'float16' "
+                             "or 'float32'")
+        if self.model_path and self.preset:
+            raise ValueError("model_path and preset: give one of them")
+
+    def address_list(self):
+        """addresses as a list (Hydra gives a ListConfig; one string is one
+        daemon)."""
+        a = self.addresses
+        return [a] if isinstance(a, str) else [str(x) for x in a]
+
+    def client_kwargs(self):
+        """The EngineClient arguments of these credentials and limits."""
+        token = self.token
+        if token is None and self.token_file:
+            with open(self.token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        kw = {"timeout": self.timeout_s, "retries": self.retries, "token": token,
+              "server_name": self.server_name}
+        for k in ("root_certificates", "certificate_chain", "private_key"):
+            path = getattr(self, k)
+            if path:
+                with open(path, "rb") as f:
+                    kw[k] = f.read()
+        return kw

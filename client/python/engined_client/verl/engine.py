@@ -1,0 +1,380 @@
+"""engine.py — EnginedEngine: verl's BaseEngine served by engined daemons.
+
+Each BaseEngine method is one RPC (docs/DESIGN.md's table) on the daemons
+this verl process drives (config.EnginedEngineConfig.addresses):
+  - alone (no torch.distributed world, or a world of one): every address,
+    as one EngineGroup (engined's own data parallelism: the batch split
+    over the daemons, gradients reduced by OptimizerStep); verl sees one
+    data-parallel rank;
+  - in a torch.distributed world of W: rank r drives addresses[r], the
+    daemons form a group (rank 0's CreateGroup, its id broadcast over
+    torch.distributed), and verl's data-parallel rank / size / group are
+    torch.distributed's, as with FSDP.
+forward_backward_batch sends verl's own losses to the daemon's loss library
+(losses.py) and any other callable through the custom-gradient path: a
+forward-only call for the outputs, verl's loss with torch autograd here,
+and its gradients back as the "custom" loss. layout.py holds the
+alignment between verl's batches and engined's packed arrays.
+"""
+import contextlib
+import os
+import re
+import shutil
+
+import numpy as np
+import torch
+
+import verl.utils.tensordict_utils as tu
+from verl.utils.metric import Metric
+from verl.workers.engine.base import BaseEngine
+
+from ..client import EngineClient
+from ..group import EngineGroup
+from . import layout
+from .losses import server_loss, verl_metrics
+
+_STEP_DIR = re.compile(r"global_step_\d+$")
+
+
+def _dist_world():
+    d = torch.distributed
+    if d.is_available() and d.is_initialized() and d.get_world_size() > 1:
+        return d.get_rank(), d.get_world_size()
+    return 0, 1
+
+
+class EnginedEngine(BaseEngine):
+    """verl's BaseEngine over engined. Subclasses set model_type."""
+
+    model_type = None
+
+    def __init__(self, model_config, engine_config, optimizer_config, checkpoint_config):
+        super().__init__()
+        self.model_config = model_config
+        self.engine_config = engine_config
+        self.optimizer_config = optimizer_config
+        self.checkpoint_config = checkpoint_config
+        self.mode = None
+        self.rank, self.world = _dist_world()
+        addresses = engine_config.address_list()
+        kw = engine_config.client_kwargs()
+        if self.world > 1:
+            if len(addresses) != self.world:
+                raise ValueError(f"addresses: {len(addresses)} daemons for a torch.distributed "
+                                 f"world of {self.world} (one daemon per rank)")
+            self.daemon = EngineClient(addresses[self.rank], **kw)
+        else:
+            self.daemon = EngineGroup(addresses, **kw)
+        self._initialized = False
+        self._saved_paths = []
+
+    # --- placement and modes ------------------------------------------------
+
+    @property
+    def is_param_offload_enabled(self):
+        return bool(self.engine_config.param_offload)
+
+    @property
+    def is_optimizer_offload_enabled(self):
+        return bool(self.engine_config.optimizer_offload)
+
+    def is_mp_src_rank_with_outputs(self):
+        return True
+
+    def get_data_parallel_rank(self):
+        return self.rank
+
+    def get_data_parallel_size(self):
+        return self.world
+
+    def get_data_parallel_group(self):
+        d = torch.distributed
+        return d.group.WORLD if d.is_available() and d.is_initialized() else None
+
+    def train_mode(self, **kwargs):
+        return _ModeCtx(self, "train", **kwargs)
+
+    def eval_mode(self, **kwargs):
+        return _ModeCtx(self, "eval", **kwargs)
+
+    def to(self, device, model=True, optimizer=True, grad=True):
+        super().to(device=device, model=model, optimizer=optimizer, grad=grad)
+        self.daemon.to_device("cpu" if device == "cpu" else "device", model=model,
+                              optimizer=optimizer, grad=grad)
+
+    # --- building -------------------------------------------------------------
+
+    def initialize(self):
+        """Initialize (replace=True when called again: verl's reset())."""
+        ec, oc = self.engine_config, self.optimizer_config
+        kw = dict(model_type=self.model_type, device=ec.device, seed=int(ec.seed),
+                  bf16_matmul=ec.dtype == "bfloat16", replace=bool(ec.replace) or self._initialized,
+                  offload={"param_offload": bool(ec.param_offload),
+                           "optimizer_offload": bool(ec.optimizer_offload)})
+        if ec.use_dynamic_bsz and ec.max_token_len_per_gpu:
+            kw["max_tokens_per_micro_batch"] = int(ec.max_token_len_per_gpu)
+        if ec.model_path:
+            kw["model_path"] = ec.model_path
+        elif ec.preset:
+            kw["preset"] = ec.preset
+        else:
+            kw["hf_config_json"] = self.model_config.hf_config.to_json_string()
+        if oc is not None:
+            kw["optimizer"], kw["lr_scheduler"] = optimizer_settings(oc)
+        if self.world > 1:
+            self._initialize_rank(kw)
+        elif ec.collective_timeout_s is not None:
+            self.daemon.initialize(dist_timeout_s=ec.collective_timeout_s, **kw)
+        else:
+            self.daemon.initialize(**kw)
+        self._initialized = True
+        if self.is_param_offload_enabled or self.is_optimizer_offload_enabled:
+            self.to("cpu", model=self.is_param_offload_enabled,
+                    optimizer=self.is_optimizer_offload_enabled,
+                    grad=self.is_param_offload_enabled)
+
+    def _initialize_rank(self, kw):
+        """One daemon per torch.distributed rank: rank 0 makes the group id,
+        every rank joins with it."""
+        box = [None]
+        if self.rank == 0:
+            box[0] = self.daemon.create_group(self.world, device=kw["device"]).group_id
+        torch.distributed.broadcast_object_list(box, src=0)
+        dist = {"rank": self.rank, "world_size": self.world, "group_id": box[0]}
+        if self.engine_config.collective_timeout_s is not None:
+            dist["timeout_s"] = float(self.engine_config.collective_timeout_s)
+        self.daemon.initialize(dist=dist, **kw)
+
+    # --- optimizer ------------------------------------------------------------
+
+    def optimizer_zero_grad(self):
+        self.daemon.zero_grad()
+
+    def optimizer_step(self):
+        """Clip, AdamW, zero the gradients; returns the grad norm before
+        clipping. A non-finite norm skips the update and drops the
+        gradients (verl's rule); the norm is returned as it is."""
+        return float(self.daemon.optimizer_step().grad_norm)
+
+    def lr_scheduler_step(self):
+        return float(self.daemon.lr_scheduler_step())
+
+    # --- compute --------------------------------------------------------------
+
+    def forward_backward_batch(self, data, loss_function, forward_only=False):
+        """verl's NO_PADDING TensorDict batch; returns {"model_output",
+        "loss", "metrics"} as verl's engines do (one entry per call: the
+        daemon does its own micro-batching, with the whole batch's
+        normalizers, so the call's loss is what verl's micro-batch losses
+        add up to)."""
+        packed = layout.pack(data)
+        num_tokens = data["loss_mask"].sum().to(torch.float64) if "loss_mask" in data.keys() \
+            else torch.tensor(float(packed.num_tokens), dtype=torch.float64)
+        if self.world > 1:
+            torch.distributed.all_reduce(num_tokens)
+        tu.assign_non_tensor(data, batch_num_tokens=int(num_tokens.item()),
+                             dp_size=self.get_data_parallel_size())
+        temperature = _temperature(data)
+        entropy = bool(tu.get_non_tensor_data(data, "calculate_entropy", False))
+        common = dict(temperature=temperature)
+        if forward_only or loss_function is None:
+            return self._forward_only(data, packed, loss_function, entropy, common)
+        spec = server_loss(loss_function, data, packed, calculate_entropy=entropy,
+                           dp_size=self.world if self.world > 1 else None)
+        if spec is None:
+            return self._custom(data, packed, loss_function, entropy, common)
+        name, options, per_token = spec
+        outs = self._outputs(entropy)
+        r = self.daemon.forward_backward(packed.input_ids, packed.seq_lens, loss=name,
+                                         loss_options=options, **outs, **common, **per_token)
+        metrics = verl_metrics(name, options, r.metrics, r.values, packed,
+                               data.get("response_mask", None))
+        return self._result(packed, r, [float(r.loss)], metrics)
+
+    def _outputs(self, entropy):
+        if self.model_type == "value_model":
+            return {"return_values": True}
+        return {"return_log_probs": True, "return_entropy": entropy}
+
+    def _forward_only(self, data, packed, loss_function, entropy, common):
+        r = self.daemon.forward_backward(packed.input_ids, packed.seq_lens, forward_only=True,
+                                         **self._outputs(entropy), **common)
+        losses, metrics = [], {}
+        if loss_function is not None:
+            with torch.no_grad():
+                loss, metrics = loss_function(model_output=self._model_output(packed, r),
+                                              data=data, dp_group=self.get_data_parallel_group())
+            losses = [float(loss)]
+        return self._result(packed, r, losses, metrics)
+
+    def _custom(self, data, packed, loss_function, entropy, common):
+        """Any loss of the model's outputs: forward-only here, verl's loss
+        and its gradients with autograd, the gradients back as "custom"."""
+        r = self.daemon.forward_backward(packed.input_ids, packed.seq_lens, forward_only=True,
+                                         **self._outputs(entropy), **common)
+        leaves = {k: torch.from_numpy(packed.shift_to_verl(v)).requires_grad_()
+                  for k, v in _arrays(r).items()}
+        model_output = {k: packed.nested(t) for k, t in leaves.items()}
+        loss, metrics = loss_function(model_output=model_output, data=data,
+                                      dp_group=self.get_data_parallel_group())
+        loss.backward()
+        grads = {"grad_" + k: packed.grad_from_verl(t.grad.numpy())
+                 for k, t in leaves.items() if t.grad is not None}
+        if not grads:
+            raise ValueError("the loss does not depend on the model's outputs")
+        self.daemon.forward_backward(packed.input_ids, packed.seq_lens, loss="custom",
+                                     **common, **grads)
+        return self._result(packed, r, [float(loss.detach())], metrics)
+
+    def _model_output(self, packed, r):
+        return {k: packed.nested(torch.from_numpy(packed.shift_to_verl(v)))
+                for k, v in _arrays(r).items()}
+
+    def _result(self, packed, r, losses, metrics):
+        return {"model_output": self._model_output(packed, r), "loss": losses,
+                "metrics": {k: v if isinstance(v, Metric) else [v] for k, v in metrics.items()}}
+
+    # --- weights ----------------------------------------------------------------
+
+    def get_per_tensor_param(self, **kwargs):
+        """(generator of (HF name, torch tensor), None): the full tensors
+        from the daemon (rank 0 of a group), in weight_dtype, streamed
+        lazily (closing the generator cancels the stream)."""
+        return self.daemon.stream_weights(dtype=self.engine_config.weight_dtype,
+                                          as_torch=True), None
+
+    def get_per_tensor_param_shard(self, **kwargs):
+        raise NotImplementedError(
+            "engined keeps the parameters whole on every rank (ZeRO-1 shards only the "
+            "optimizer state), so it has no parameter shards to export: use "
+            "get_per_tensor_param")
+
+    def get_per_tensor_param_delta_shard(self, **kwargs):
+        self.get_per_tensor_param_shard()
+
+    def prime_delta_snapshots(self):
+        self.get_per_tensor_param_shard()
+
+    # --- checkpoints ------------------------------------------------------------
+
+    def _daemon_path(self, local_path):
+        root = self.engine_config.checkpoint_local_root
+        if root is None:
+            if os.path.isabs(local_path):
+                raise ValueError(f"checkpoint path {local_path!r}: absolute, but the engine "
+                                 "config has no checkpoint_local_root (the directory that is "
+                                 "the daemons' checkpoint root)")
+            return local_path
+        rel = os.path.relpath(os.path.abspath(local_path), os.path.abspath(root))
+        if rel == "." or rel.startswith(".."):
+            raise ValueError(f"checkpoint path {local_path!r} is not under "
+                             f"checkpoint_local_root {root!r}")
+        return rel
+
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0,
+                        max_ckpt_to_keep=None, **kwargs):
+        """The daemon writes the model (HF), optimizer, scheduler, RNG and
+        step at local_path (relative to checkpoint_local_root). Rotation as
+        verl's: the newest max_ckpt_to_keep of this engine's saves are
+        kept. A path ending in global_step_N is rotated by the daemon among
+        its siblings; a role directory (global_step_N/actor) by removing
+        the older ones' directories here, under checkpoint_local_root."""
+        if hdfs_path is not None:
+            raise NotImplementedError("hdfs_path: the daemon writes to its own disk; copy "
+                                      "checkpoints to HDFS with your own tooling")
+        rel = self._daemon_path(local_path)
+        keep = int(max_ckpt_to_keep or 0)
+        by_daemon = bool(_STEP_DIR.search(rel.rstrip("/")))
+        self.daemon.save_checkpoint(rel, global_step=int(global_step),
+                                    max_to_keep=keep if by_daemon else 0)
+        if by_daemon or keep <= 0 or self.rank != 0:
+            return
+        self._saved_paths = [p for p in self._saved_paths if p != rel] + [rel]
+        root = self.engine_config.checkpoint_local_root
+        while len(self._saved_paths) > keep:
+            old = self._saved_paths.pop(0)
+            if root is not None:
+                shutil.rmtree(os.path.join(root, old), ignore_errors=True)
+
+    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=True, **kwargs):
+        """The daemon loads local_path (relative to checkpoint_local_root);
+        the daemon's files are the checkpoint and are never deleted
+        (del_local_after_load is verl's copy-from-HDFS flag)."""
+        if hdfs_path is not None:
+            raise NotImplementedError("hdfs_path: the daemon reads from its own disk")
+        return int(self.daemon.load_checkpoint(self._daemon_path(local_path)))
+
+
+class EnginedEngineWithLMHead(EnginedEngine):
+    model_type = "language_model"
+
+
+class EnginedEngineWithValueHead(EnginedEngine):
+    model_type = "value_model"
+
+
+class _ModeCtx:
+    """verl's BaseEngineCtx as SetMode: entering loads what the mode needs
+    (unless disable_auto_offload), leaving goes IDLE (offloads what the
+    offload flags say; leaving TRAIN zeroes the gradients)."""
+
+    def __init__(self, engine, mode, **kwargs):
+        self.engine, self.mode = engine, mode
+        self.disable_auto_offload = kwargs.pop("disable_auto_offload", False)
+        if not kwargs.pop("zero_grad_on_exit", True) and mode == "train":
+            raise NotImplementedError("zero_grad_on_exit=False: engined zeroes the gradients "
+                                      "whenever it leaves TRAIN")
+
+    def __enter__(self):
+        self.engine.mode = self.mode
+        self.engine.daemon.set_mode(self.mode, disable_auto_offload=self.disable_auto_offload)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            self.engine.daemon.set_mode("idle", disable_auto_offload=self.disable_auto_offload)
+        finally:
+            self.engine.mode = None
+        return False
+
+
+def _arrays(r):
+    return {k: r[k] for k in ("log_probs", "entropy", "values") if r[k] is not None}
+
+
+def _temperature(data):
+    t = tu.get_non_tensor_data(data, "temperature", 1.0)
+    if isinstance(t, torch.Tensor):
+        vals = torch.unique(t.to(torch.float64))
+        if vals.numel() != 1:
+            raise ValueError("temperature: per-sample temperatures differ; engined takes one "
+                             "temperature per call (split the batch by temperature)")
+        t = vals.item()
+    return float(t)
+
+
+def optimizer_settings(oc):
+    """verl's optimizer config as Initialize's optimizer and lr_scheduler
+    (AdamW; verl's FSDP schedule: warmup steps, else ratio * total)."""
+    name = str(getattr(oc, "optimizer", "AdamW")).lower()
+    if name not in ("adamw", "_adamw"):
+        raise ValueError(f"optimizer: {oc.optimizer!r}: engined's optimizer is AdamW")
+    if not getattr(oc, "zero_indexed_step", True):
+        raise ValueError("zero_indexed_step=False: engined's schedules count steps from 0")
+    beta1, beta2 = (float(b) for b in oc.betas)
+    opt = {"lr": float(oc.lr), "beta1": beta1, "beta2": beta2,
+           "weight_decay": float(oc.weight_decay), "clip_grad": float(oc.clip_grad)}
+    total = int(oc.total_training_steps)
+    warmup = oc.lr_warmup_steps if oc.lr_warmup_steps is not None else -1
+    if warmup <= 0:
+        warmup = int(oc.lr_warmup_steps_ratio * total)
+    kind = getattr(oc, "lr_scheduler_type", "constant")
+    if kind not in ("constant", "cosine"):
+        raise ValueError(f"lr_scheduler_type: {kind!r}: verl's FSDP schedules are "
+                         "'constant' and 'cosine'")
+    sched = {"type": kind, "warmup_steps": max(warmup, 0), "total_steps": max(total, 0)}
+    if getattr(oc, "min_lr_ratio", None) is not None:
+        sched["min_lr_ratio"] = float(oc.min_lr_ratio)
+    if getattr(oc, "num_cycles", None) is not None:
+        sched["num_cycles"] = float(oc.num_cycles)
+    return opt, sched
