@@ -170,6 +170,9 @@ def test_ppo_update_server_custom_and_transformers_agree(daemons, kl, entropy):
         if not entropy:
             mo.pop("entropy")
         want, _ = ppo_loss(cfg, mo, data)
+        print("ppo kl=%s entropy=%s: loss server %.9g custom %.9g verl+transformers %.9g; "
+              "max |dparam| server-custom %.3g" % (kl, entropy, ref_loss[0], ref_loss[1],
+                                                  float(want), max_diff(weights(a), weights(b))))
         assert abs(ref_loss[0] - float(want)) <= 1e-5 * max(1.0, abs(float(want)))
         assert abs(ref_loss[1] - float(want)) <= 1e-5 * max(1.0, abs(float(want)))
         assert max_diff(weights(a), w0) > 1e-4            # it trained
@@ -189,6 +192,8 @@ def test_sft_update_server_custom_and_transformers_agree(daemons):
             losses.append(out["loss"][0])
         data = with_global(vb.sft_batch(3))
         want, _ = sft_loss(None, hf_outputs(hf_model(w0), data), data)
+        print("sft: loss server %.9g custom %.9g verl+transformers %.9g; max |dparam| %.3g"
+              % (losses[0], losses[1], float(want), max_diff(weights(a), weights(b))))
         assert np.allclose(losses, float(want), rtol=1e-5, atol=1e-6)
         assert max_diff(weights(a), w0) > 1e-4
         assert max_diff(weights(a), weights(b)) <= 1e-5
@@ -207,6 +212,8 @@ def test_value_update_server_and_custom_agree(daemons):
                 out = eng.train_batch(vb.rollout_batch(9), fn)
             losses.append(out["loss"][0])
             assert "critic/vf_loss" in out["metrics"]
+        print("value: loss server %.9g custom %.9g; max |dparam| %.3g"
+              % (losses[0], losses[1], max_diff(weights(a), weights(b))))
         assert np.isclose(losses[0], losses[1], rtol=1e-5)
         assert max_diff(weights(a), w0) > 1e-4
         assert max_diff(weights(a), weights(b)) <= 1e-5
@@ -305,3 +312,30 @@ def test_weight_generator_as_rollout_sync(daemons):
         name, t = next(gen)
         assert t.dtype == torch.bfloat16
         gen.close()
+
+
+def test_what_engined_does_not_serve_is_refused_precisely(daemons):
+    import verl.utils.tensordict_utils as tu
+    with tempfile.TemporaryDirectory() as tmp:
+        eng = new_engine(daemons[0], tmp)
+        data = vb.rollout_batch(2)
+        tu.assign_non_tensor(data, calculate_sum_pi_squared=True)
+        with pytest.raises(NotImplementedError, match="sum_pi_squared"):
+            eng.infer_batch(data)
+        data = vb.rollout_batch(2)
+        data["temperature"] = torch.tensor([1.0, 0.7, 1.0, 1.0])
+        with pytest.raises(ValueError, match="per-sample temperatures differ"):
+            eng.infer_batch(data)
+        data["temperature"] = torch.full((4,), 0.7)
+        hot = eng.infer_batch(data)["model_output"]["log_probs"].values()
+        tu.assign_non_tensor(data, temperature=0.7)
+        assert torch.equal(eng.infer_batch(data)["model_output"]["log_probs"].values(), hot)
+        with pytest.raises(NotImplementedError, match="parameter shards"):
+            eng.get_per_tensor_param_shard()
+        with pytest.raises(NotImplementedError, match="zero_grad_on_exit"):
+            eng.train_mode(zero_grad_on_exit=False)
+        with pytest.raises(NotImplementedError, match="hdfs_path"):
+            eng.save_checkpoint("x/global_step_1", hdfs_path="hdfs://x")
+        # The engine is still usable after each refusal.
+        assert np.isfinite(eng.infer_batch(vb.rollout_batch(2))["model_output"]
+                           ["log_probs"].values()).all()

@@ -70,10 +70,13 @@ def critic_config(**kw):
     return CriticConfig(**kw)
 
 
-def rollout_batch(seed, bsz=4, prompt_width=5, response_width=6, old_log_probs=None):
+def rollout_batch(seed, bsz=4, prompt_width=5, response_width=6, old_log_probs=None,
+                  part=None):
     """A PPO mini-batch as verl's trainer hands it to update_actor: prompts
     left-padded to prompt_width, responses right-padded to response_width,
-    then left_right_2_no_padding. Prompt and response lengths vary."""
+    then left_right_2_no_padding. Prompt and response lengths vary.
+    part=(rank, world): that data-parallel rank's contiguous share of the
+    rows, as verl's dispatch splits a batch (global_batch_size stays bsz)."""
     g = np.random.default_rng(seed)
     plen = g.integers(2, prompt_width + 1, size=bsz)
     rlen = g.integers(2, response_width + 1, size=bsz)
@@ -104,6 +107,9 @@ def rollout_batch(seed, bsz=4, prompt_width=5, response_width=6, old_log_probs=N
         "returns": torch.from_numpy(g.standard_normal((bsz, response_width))
                                     .astype(np.float32)),
     }, batch_size=[bsz])
+    if part is not None:
+        rank, world = part
+        td = td[rank * bsz // world:(rank + 1) * bsz // world]
     td = left_right_2_no_padding(td)
     tu.assign_non_tensor(td, temperature=1.0, global_batch_size=bsz)
     return td

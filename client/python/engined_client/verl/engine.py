@@ -107,6 +107,9 @@ class EnginedEngine(BaseEngine):
     def initialize(self):
         """Initialize (replace=True when called again: verl's reset())."""
         ec, oc = self.engine_config, self.optimizer_config
+        if getattr(self.model_config, "lora_rank", 0):
+            raise NotImplementedError("lora_rank > 0: engined trains all parameters (no LoRA "
+                                      "adapters)")
         kw = dict(model_type=self.model_type, device=ec.device, seed=int(ec.seed),
                   bf16_matmul=ec.dtype == "bfloat16", replace=bool(ec.replace) or self._initialized,
                   offload={"param_offload": bool(ec.param_offload),
@@ -167,6 +170,7 @@ class EnginedEngine(BaseEngine):
         daemon does its own micro-batching, with the whole batch's
         normalizers, so the call's loss is what verl's micro-batch losses
         add up to)."""
+        _check_served(data)
         packed = layout.pack(data)
         num_tokens = data["loss_mask"].sum().to(torch.float64) if "loss_mask" in data.keys() \
             else torch.tensor(float(packed.num_tokens), dtype=torch.float64)
@@ -336,6 +340,26 @@ class _ModeCtx:
         finally:
             self.engine.mode = None
         return False
+
+
+# Outputs verl's FSDP engine can add to model_output that engined does not
+# compute (the flags verl sets on a batch to ask for them).
+_NOT_SERVED = {
+    "calculate_sum_pi_squared": "the sum of squared probabilities (sum_pi_squared)",
+    "distillation_use_topk": "top-k distillation outputs",
+    "enable_routing_replay": "MoE routing replay (engined's models are dense)",
+}
+
+
+def _check_served(data):
+    for key, what in _NOT_SERVED.items():
+        if tu.get_non_tensor_data(data, key, False):
+            raise NotImplementedError(f"{key}: engined does not compute {what}")
+    from verl.utils.dataset.dataset_utils import DatasetPadMode
+    mode = tu.get_non_tensor_data(data, "pad_mode", DatasetPadMode.NO_PADDING)
+    if mode != DatasetPadMode.NO_PADDING:
+        raise NotImplementedError(f"pad_mode {mode}: like verl's own engines, engined takes "
+                                  "NO_PADDING batches (left_right_2_no_padding)")
 
 
 def _arrays(r):
