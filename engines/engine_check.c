@@ -105,6 +105,9 @@ int engine_init_config_check(const struct engine_init_config *cfg, struct eng_er
 		 * same parser) when the engine loads it. */
 		eng_error_clear(&perr);
 		rc = model_config_parse(cfg->hf_config_json, &mc, &perr);
+		if (!rc)
+			rc = model_config_set_head(&mc, !strcmp(cfg->model_type, "value_model"),
+						   &perr);
 		if (rc)
 			return eng_fail(err, rc, "hf_config_json: %s", perr.msg);
 	}

@@ -13,6 +13,11 @@
  * What the engine cannot run is refused rather than approximated:
  * sliding-window attention, rope_scaling types other than default/llama3,
  * mlp_bias, activations other than silu.
+ * The head: "architectures"[0] names a family's *ForCausalLM (lm_head) or
+ * *ForTokenClassification (score: a value model) class, both in the family
+ * table; model_config_set_head holds it against the engine's kind, and a
+ * checkpoint's config.json names the engine's class (transformers'
+ * AutoModelForCausalLM / AutoModelForTokenClassification load it).
  */
 #include "config.h"
 
@@ -22,18 +27,32 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The families: "architectures"[0] of a language model (causal_lm) and of
+ * a value model (token_cls), read and written back. */
 static const struct {
 	const char *model_type;
 	enum model_arch arch;
-	const char *architecture;     /* "architectures"[0] written back */
+	const char *causal_lm, *token_cls;
 	int64_t default_max_pos;
 } arch_table[] = {
-	{ "llama", ARCH_LLAMA, "LlamaForCausalLM", 2048 },
-	{ "qwen2", ARCH_QWEN2, "Qwen2ForCausalLM", 32768 },
-	{ "qwen3", ARCH_QWEN3, "Qwen3ForCausalLM", 32768 },
-	{ "mistral", ARCH_MISTRAL, "MistralForCausalLM", 131072 },
+	{ "llama", ARCH_LLAMA, "LlamaForCausalLM", "LlamaForTokenClassification", 2048 },
+	{ "qwen2", ARCH_QWEN2, "Qwen2ForCausalLM", "Qwen2ForTokenClassification", 32768 },
+	{ "qwen3", ARCH_QWEN3, "Qwen3ForCausalLM", "Qwen3ForTokenClassification", 32768 },
+	{ "mistral", ARCH_MISTRAL, "MistralForCausalLM", "MistralForTokenClassification",
+	  131072 },
 };
 #define N_ARCH (sizeof(arch_table) / sizeof(arch_table[0]))
+
+/* The family table's row of c->arch (row 0 for an arch out of range). */
+static size_t family_of(const struct model_config *c)
+{
+	size_t k;
+
+	for (k = 0; k < N_ARCH; k++)
+		if (arch_table[k].arch == c->arch)
+			return k;
+	return 0;
+}
 
 /* A key counts as absent when missing or JSON null (HF writes nulls for
  * unset optional fields). */
@@ -172,6 +191,70 @@ static int parse_rope(json_t *root, struct model_config *c, struct eng_error *er
 	return 0;
 }
 
+/* A *ForTokenClassification config's labels, counted as transformers 5
+ * counts them (PreTrainedConfig.__init__): id2label's entries; without it
+ * num_labels; without either 2. */
+static int parse_labels(json_t *root, struct model_config *c, struct eng_error *err)
+{
+	json_t *ids = get(root, "id2label");
+
+	if (ids) {
+		if (!json_is_object(ids) || json_object_size(ids) < 1 ||
+		    json_object_size(ids) > (size_t)MODEL_MAX_LABELS)
+			return eng_fail(err, -EINVAL, "id2label: must be an object of 1 to %lld "
+					"labels", (long long)MODEL_MAX_LABELS);
+		c->num_labels = (int64_t)json_object_size(ids);
+		c->labels_key = "id2label";
+		return 0;
+	}
+	if (get(root, "num_labels")) {
+		c->labels_key = "num_labels";
+		return get_int(root, "", "num_labels", -1, 1, MODEL_MAX_LABELS, &c->num_labels,
+			       err);
+	}
+	c->num_labels = 2;
+	c->labels_key = NULL;
+	return 0;
+}
+
+/* "architectures" (absent, null or an array of strings): [0] names the
+ * head when it is one of the family table's classes, and must then be one
+ * of row k's (model_type's); another class states no head (transformers'
+ * Auto classes go by model_type). */
+static int parse_head(json_t *root, size_t k, struct model_config *c, struct eng_error *err)
+{
+	json_t *a = get(root, "architectures");
+	const char *name;
+	size_t i, j;
+
+	c->head = MODEL_HEAD_UNSTATED;
+	if (!a)
+		return 0;
+	if (!json_is_array(a))
+		return eng_fail(err, -EINVAL, "architectures: must be an array of strings or null");
+	for (i = 0; i < json_array_size(a); i++)
+		if (!json_is_string(json_array_get(a, i)))
+			return eng_fail(err, -EINVAL, "architectures[%zu]: must be a string", i);
+	if (!json_array_size(a))
+		return 0;
+	name = json_string_value(json_array_get(a, 0));
+	for (j = 0; j < N_ARCH; j++) {
+		enum model_head h = !strcmp(name, arch_table[j].causal_lm) ? MODEL_HEAD_CAUSAL_LM
+				    : !strcmp(name, arch_table[j].token_cls) ? MODEL_HEAD_TOKEN_CLS
+				    : MODEL_HEAD_UNSTATED;
+
+		if (h == MODEL_HEAD_UNSTATED)
+			continue;
+		if (j != k)
+			return eng_fail(err, -EINVAL, "architectures[0]: '%s' is a %s class, "
+					"model_type is '%s' (%s or %s)", name,
+					arch_table[j].model_type, arch_table[k].model_type,
+					arch_table[k].causal_lm, arch_table[k].token_cls);
+		c->head = h;
+	}
+	return c->head == MODEL_HEAD_TOKEN_CLS ? parse_labels(root, c, err) : 0;
+}
+
 static int parse_root(json_t *root, struct model_config *c, struct eng_error *err)
 {
 	const char *mt;
@@ -194,7 +277,9 @@ static int parse_root(json_t *root, struct model_config *c, struct eng_error *er
 	c->arch = arch_table[k].arch;
 	snprintf(c->model_type, sizeof(c->model_type), "%s", mt);
 
-	rc = get_int(root, "", "vocab_size", -1, 1, MODEL_MAX_VOCAB, &c->vocab_size, err);
+	rc = parse_head(root, k, c, err);
+	if (!rc)
+		rc = get_int(root, "", "vocab_size", -1, 1, MODEL_MAX_VOCAB, &c->vocab_size, err);
 	if (!rc)
 		rc = get_int(root, "", "hidden_size", -1, 1, MODEL_MAX_HIDDEN, &c->hidden_size, err);
 	if (!rc)
@@ -316,20 +401,57 @@ int model_config_parse(const char *json_text, struct model_config *ret,
 	return 0;
 }
 
+int model_config_set_head(struct model_config *c, bool value_model, struct eng_error *err)
+{
+	const char *cls = arch_table[family_of(c)].token_cls;
+
+	if (c->head == MODEL_HEAD_TOKEN_CLS && !value_model)
+		return eng_fail(err, -EINVAL, "architectures[0]: %s is a value model's class "
+				"(a score head, no lm_head); initialize it with model_type "
+				"value_model", cls);
+	if (c->head == MODEL_HEAD_TOKEN_CLS && c->num_labels != 1) {
+		if (!c->labels_key)
+			return eng_fail(err, -EINVAL, "id2label: absent (and no num_labels), so "
+					"%s has transformers' default of 2 labels; engined's "
+					"value head has one output (num_labels 1)", cls);
+		return eng_fail(err, -EINVAL, "%s: %lld labels (%s); engined's value head has "
+				"one output (num_labels 1)", c->labels_key,
+				(long long)c->num_labels, cls);
+	}
+	c->head = value_model ? MODEL_HEAD_TOKEN_CLS : MODEL_HEAD_CAUSAL_LM;
+	c->num_labels = value_model ? 1 : 0;
+	c->labels_key = value_model ? "id2label" : NULL;
+	return 0;
+}
+
+/* id2label {"0": "LABEL_0", ...} and label2id {"LABEL_0": 0, ...} of n
+ * labels, the names transformers gives (PreTrainedConfig.num_labels). */
+static int put_labels(json_t *o, int64_t n)
+{
+	json_t *ids = json_object(), *labels = json_object();
+	char key[24], name[32];
+	int bad = !ids || !labels;
+
+	for (int64_t i = 0; i < n && !bad; i++) {
+		snprintf(key, sizeof(key), "%lld", (long long)i);
+		snprintf(name, sizeof(name), "LABEL_%lld", (long long)i);
+		bad |= json_object_set_new(ids, key, json_string(name));
+		bad |= json_object_set_new(labels, name, json_integer(i));
+	}
+	bad |= json_object_set_new(o, "id2label", ids);
+	bad |= json_object_set_new(o, "label2id", labels);
+	return bad;
+}
+
 static json_t *config_object(const struct model_config *c)
 {
-	const char *arch = "LlamaForCausalLM", *mt = c->model_type;
+	size_t k = family_of(c);
+	const char *arch = c->head == MODEL_HEAD_TOKEN_CLS ? arch_table[k].token_cls
+			   : arch_table[k].causal_lm;
+	const char *mt = c->model_type[0] ? c->model_type : arch_table[k].model_type;
 	json_t *o = json_object(), *rs = json_null();
-	size_t k;
 	int bad = 0;
 
-	for (k = 0; k < N_ARCH; k++) {
-		if (arch_table[k].arch == c->arch) {
-			arch = arch_table[k].architecture;
-			if (!mt[0])
-				mt = arch_table[k].model_type;
-		}
-	}
 	if (c->rope_llama3) {
 		json_decref(rs);
 		rs = json_pack("{s:s, s:f, s:f, s:f, s:I}", "rope_type", "llama3",
@@ -345,6 +467,8 @@ static json_t *config_object(const struct model_config *c)
 		return NULL;
 	}
 	bad |= json_object_set_new(o, "architectures", json_pack("[s]", arch));
+	if (c->head == MODEL_HEAD_TOKEN_CLS)
+		bad |= put_labels(o, c->num_labels);
 	bad |= json_object_set_new(o, "model_type", json_string(mt));
 	bad |= json_object_set_new(o, "vocab_size", json_integer(c->vocab_size));
 	bad |= json_object_set_new(o, "hidden_size", json_integer(c->hidden_size));

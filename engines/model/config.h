@@ -27,6 +27,18 @@ enum model_arch {
 #define MODEL_MAX_HEADS (INT64_C(1) << 10)
 #define MODEL_MAX_HEAD_DIM (INT64_C(1) << 10)
 #define MODEL_MAX_POSITIONS (INT64_C(1) << 24)
+/* Labels of a *ForTokenClassification config (id2label's entries or
+ * num_labels): read to be checked (a value model has one) and written
+ * back one entry each. */
+#define MODEL_MAX_LABELS (INT64_C(1) << 10)
+
+/* The model class a config.json names in "architectures"[0]: the family
+ * table of config.c gives each family's two names. */
+enum model_head {
+	MODEL_HEAD_UNSTATED = 0, /* no architectures, or a class engined does not name */
+	MODEL_HEAD_CAUSAL_LM,    /* <Family>ForCausalLM: lm_head (a language model) */
+	MODEL_HEAD_TOKEN_CLS,    /* <Family>ForTokenClassification: score (a value model) */
+};
 
 struct model_config {
 	enum model_arch arch;
@@ -53,15 +65,37 @@ struct model_config {
 	/* o_proj bias: HF gives llama and qwen3 a bias on o_proj too when
 	 * "attention_bias" is true (qwen2: q/k/v only; mistral: never). */
 	bool o_proj_bias;
+	enum model_head head;       /* what "architectures"[0] names */
+	/* MODEL_HEAD_TOKEN_CLS: the labels as transformers counts them, from
+	 * labels_key: "id2label" (its entries), else "num_labels", else NULL
+	 * (transformers' default, 2). 0 for other heads. */
+	int64_t num_labels;
+	const char *labels_key;
 };
 
 /* Parse the text of a config.json. Unknown model_type, missing required
  * fields, non-positive sizes, H % KV != 0, odd head_dim, unsupported
- * rope_scaling type: -EINVAL with a message naming the key. */
+ * rope_scaling type, "architectures"[0] another family's class, a
+ * *ForTokenClassification config's id2label or num_labels out of
+ * [1, MODEL_MAX_LABELS]: -EINVAL with a message naming the key. The head
+ * is recorded, not yet held against the engine (model_config_set_head). */
 int model_config_parse(const char *json_text, struct model_config *ret,
 		       struct eng_error *err);
 
-/* Serialize back to config.json text (HF keys; for checkpoints). Returns a
+/* Check cfg's head against the engine's kind and make it the engine's: a
+ * value model (value_model) takes a config of no stated head, a
+ * *ForCausalLM one (verl's critic built from the actor) or a
+ * *ForTokenClassification one of one label; a language model refuses a
+ * *ForTokenClassification one (no lm_head). On success cfg->head is
+ * MODEL_HEAD_TOKEN_CLS with one label (value model) or MODEL_HEAD_CAUSAL_LM,
+ * what model_config_to_json then writes. -EINVAL with a message naming the
+ * key (cfg untouched). */
+int model_config_set_head(struct model_config *cfg, bool value_model, struct eng_error *err);
+
+/* Serialize back to config.json text (HF keys; for checkpoints): for
+ * MODEL_HEAD_TOKEN_CLS "architectures" ["<Family>ForTokenClassification"]
+ * with id2label {"0": "LABEL_0", ...} and label2id, as transformers'
+ * to_dict writes them; else ["<Family>ForCausalLM"]. Returns a
  * malloc'ed string owned by the caller, or NULL on allocation failure. */
 char *model_config_to_json(const struct model_config *cfg);
 

@@ -310,6 +310,10 @@ static int native_initialize(struct engine *e, const struct engine_init_config *
 	}
 	rc = model_config_parse(json ? json : cfg->hf_config_json, &n->cfg, err);
 	free(json);
+	/* The config's head must suit the engine's kind; a checkpoint's
+	 * config.json then names the engine's class. */
+	if (rc == 0)
+		rc = model_config_set_head(&n->cfg, n->value_model, err);
 	if (rc)
 		return rc;
 	rc = param_table_build(&n->cfg, n->value_model, &n->table, err);

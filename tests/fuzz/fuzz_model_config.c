@@ -5,11 +5,13 @@
  *
  * Input: the text of config.json (any bytes; a NUL ends it early, as it
  * ends a C string from the wire).
- * For a config that parses, what the engine derives from it runs too: the
- * parameter table of the language and the value model (param_table_build,
- * every size of model/config.h's bounds) and the RoPE frequencies. Checks:
- * the config written back (model_config_to_json, what a checkpoint's
- * config.json holds) parses to the same config.
+ * For a config that parses, what the engine derives from it runs too, for
+ * a language and a value model: the head held against the kind
+ * (model_config_set_head, as engine_init_config_check does), the parameter
+ * table (param_table_build, every size of model/config.h's bounds), and the
+ * RoPE frequencies. Checks: the config written back for that kind
+ * (model_config_to_json, what a checkpoint's config.json holds) parses to
+ * the same config, which the same kind accepts.
  * Seeds: tests/fuzz/corpus/fuzz_model_config (the presets of
  * daemon/presets.c and the test configs; tests/fuzz/make_corpus.py). */
 #include <errno.h>
@@ -42,6 +44,8 @@ static void check_same(const struct model_config *a, const struct model_config *
 	SAME(rope_llama3);
 	SAME(initializer_range);
 	SAME(o_proj_bias);
+	SAME(head);
+	SAME(num_labels);
 	if (a->rope_llama3) {
 		SAME(rope_factor);
 		SAME(rope_low_freq_factor);
@@ -65,33 +69,44 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	r = model_config_parse(text, &c, &err);
 	FUZZ_CHECK(r == 0 || (r == -EINVAL && err.msg[0]), "model_config_parse: %d", r);
 
-	engine_init_config_defaults(&ic);
-	ic.hf_config_json = text;
-	eng_error_clear(&err);
-	FUZZ_CHECK((engine_init_config_check(&ic, &err) == 0) == (r == 0),
-		   "engine_init_config_check and model_config_parse disagree: %s", err.msg);
-	if (r) {
-		free(text);
-		return 0;
-	}
-
-	back_text = model_config_to_json(&c);
-	FUZZ_CHECK(back_text, "model_config_to_json: out of memory");
-	eng_error_clear(&err);
-	FUZZ_CHECK(model_config_parse(back_text, &back, &err) == 0,
-		   "the config written back does not parse: %s\n%s", err.msg, back_text);
-	check_same(&c, &back);
-	free(back_text);
-
 	for (int value_model = 0; value_model < 2; value_model++) {
+		struct model_config h = c;
+		int hr = r;
+
+		eng_error_clear(&err);
+		if (hr == 0)
+			hr = model_config_set_head(&h, value_model, &err);
+		FUZZ_CHECK(hr == 0 || (hr == -EINVAL && (r || err.msg[0])),
+			   "model_config_set_head: %d", hr);
+		engine_init_config_defaults(&ic);
+		ic.hf_config_json = text;
+		ic.model_type = value_model ? "value_model" : "language_model";
+		eng_error_clear(&err);
+		FUZZ_CHECK((engine_init_config_check(&ic, &err) == 0) == (hr == 0),
+			   "engine_init_config_check and model_config_parse/set_head disagree: %s",
+			   err.msg);
+		if (hr)
+			continue;
+
+		back_text = model_config_to_json(&h);
+		FUZZ_CHECK(back_text, "model_config_to_json: out of memory");
+		eng_error_clear(&err);
+		FUZZ_CHECK(model_config_parse(back_text, &back, &err) == 0,
+			   "the config written back does not parse: %s\n%s", err.msg, back_text);
+		check_same(&h, &back);
+		FUZZ_CHECK(model_config_set_head(&back, value_model, &err) == 0,
+			   "the config written back is refused: %s\n%s", err.msg, back_text);
+		free(back_text);
+
 		memset(&t, 0, sizeof(t));
 		eng_error_clear(&err);
-		if (param_table_build(&c, value_model, &t, &err) == 0) {
+		if (param_table_build(&h, value_model, &t, &err) == 0) {
 			FUZZ_CHECK(t.count > 0 && t.total > 0, "empty parameter table");
 			param_table_free(&t);
 		}
 	}
-	model_config_rope_inv_freq(&c, inv_freq);
+	if (r == 0)
+		model_config_rope_inv_freq(&c, inv_freq);
 	free(text);
 	return 0;
 }

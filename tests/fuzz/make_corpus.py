@@ -84,6 +84,13 @@ def model_configs():
         "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
         "sliding_window": 131072, "initializer_range": 0.0,
         "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}).encode())
+    # A value model's checkpoint config (what engined writes, as
+    # transformers writes it for *ForTokenClassification with one label).
+    write("fuzz_model_config", "qwen2-token-cls.json", json.dumps({
+        "architectures": ["Qwen2ForTokenClassification"], "id2label": {"0": "LABEL_0"},
+        "label2id": {"LABEL_0": 0}, "model_type": "qwen2", "vocab_size": 64,
+        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "use_sliding_window": False}).encode())
 
 
 # --- fuzz_request ---------------------------------------------------------

@@ -1,5 +1,6 @@
 /* test_config.c — Hugging Face config.json parsing, serialization and RoPE
- * frequencies (engines/model/config.c).
+ * frequencies (engines/model/config.c), and the head a config names
+ * (model_config_set_head: a value model's *ForTokenClassification).
  *
  * The configs below are the real config.json files of the named models
  * (trimmed of keys the engine ignores only where noted). The RoPE
@@ -31,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine.h"
 #include "model/config.h"
 
 static const char qwen25_05b[] =
@@ -279,6 +281,8 @@ static void assert_same(const struct model_config *a, const struct model_config 
 	ck_assert(a->rope_high_freq_factor == b->rope_high_freq_factor);
 	ck_assert_int_eq(a->rope_original_max_pos, b->rope_original_max_pos);
 	ck_assert(a->initializer_range == b->initializer_range);
+	ck_assert_int_eq(a->head, b->head);
+	ck_assert_int_eq(a->num_labels, b->num_labels);
 }
 
 START_TEST(real_configs)
@@ -550,6 +554,217 @@ START_TEST(json_round_trip)
 }
 END_TEST
 
+/* What transformers 5.10.4 writes for a value model's head: the
+ * config.json of save_pretrained on
+ *   AutoModelForTokenClassification.from_config(LlamaConfig(vocab_size=64,
+ *       hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+ *       num_attention_heads=2, num_labels=1))
+ * (build/venv-verl's python), whole. */
+static const char hf_llama_token_cls[] =
+	"{\"architectures\": [\"LlamaForTokenClassification\"], \"attention_bias\": false,"
+	" \"attention_dropout\": 0.0, \"bos_token_id\": 1, \"dtype\": \"float32\","
+	" \"eos_token_id\": 2, \"head_dim\": 8, \"hidden_act\": \"silu\", \"hidden_size\": 16,"
+	" \"id2label\": {\"0\": \"LABEL_0\"}, \"initializer_range\": 0.02,"
+	" \"intermediate_size\": 32, \"label2id\": {\"LABEL_0\": 0},"
+	" \"max_position_embeddings\": 2048, \"mlp_bias\": false, \"model_type\": \"llama\","
+	" \"num_attention_heads\": 2, \"num_hidden_layers\": 1, \"num_key_value_heads\": 2,"
+	" \"pad_token_id\": null, \"pretraining_tp\": 1, \"rms_norm_eps\": 1e-06,"
+	" \"rope_parameters\": {\"rope_theta\": 10000.0, \"rope_type\": \"default\"},"
+	" \"tie_word_embeddings\": false, \"transformers_version\": \"5.10.4\","
+	" \"use_cache\": true, \"vocab_size\": 64}";
+
+/* model_config_set_head must refuse with -EINVAL, a message containing
+ * `want`, and leave the config as it was. */
+static void head_bad(const char *text, bool value_model, const char *want)
+{
+	struct model_config c = parse_ok(text), before = c;
+	struct eng_error err = { 0 };
+
+	ck_assert_int_eq(model_config_set_head(&c, value_model, &err), -EINVAL);
+	ck_assert_msg(strstr(err.msg, want), "expected '%s' in '%s'", want, err.msg);
+	ck_assert_int_eq(memcmp(&c, &before, sizeof(c)), 0);
+}
+
+/* A minimal config of `model_type` naming class `arch` (NULL: no
+ * architectures), with `key` set to raw JSON `val` (key NULL: none). */
+static char *with_arch(const char *model_type, const char *arch, const char *key,
+		       const char *val)
+{
+	char *s = minimal(model_type, key, val), *out;
+	json_t *o = json_loads(s, 0, NULL);
+
+	free(s);
+	ck_assert_ptr_nonnull(o);
+	if (arch)
+		json_object_set_new(o, "architectures", json_pack("[s]", arch));
+	out = json_dumps(o, 0);
+	json_decref(o);
+	return out;
+}
+
+START_TEST(value_head)
+{
+	static const char *const fam[][3] = {
+		{ "llama", "LlamaForCausalLM", "LlamaForTokenClassification" },
+		{ "mistral", "MistralForCausalLM", "MistralForTokenClassification" },
+		{ "qwen2", "Qwen2ForCausalLM", "Qwen2ForTokenClassification" },
+		{ "qwen3", "Qwen3ForCausalLM", "Qwen3ForTokenClassification" },
+	};
+	json_t *hf = json_loads(hf_llama_token_cls, 0, NULL);
+	struct eng_error err = { 0 };
+	struct model_config c;
+	size_t i;
+	char *s;
+
+	ck_assert_ptr_nonnull(hf);
+	/* transformers' own value-model config: one label, reloads as a value
+	 * model and is refused as a language model. */
+	c = parse_ok(hf_llama_token_cls);
+	ck_assert_int_eq(c.head, MODEL_HEAD_TOKEN_CLS);
+	ck_assert_int_eq(c.num_labels, 1);
+	ck_assert(c.rope_theta == 10000.0 && c.head_dim == 8);
+	head_bad(hf_llama_token_cls, false, "architectures[0]: LlamaForTokenClassification is a "
+		 "value model's class (a score head, no lm_head); initialize it with "
+		 "model_type value_model");
+	ck_assert_int_eq(model_config_set_head(&c, true, &err), 0);
+
+	for (i = 0; i < sizeof(fam) / sizeof(fam[0]); i++) {
+		/* Each family, from a config naming no head and one naming the
+		 * causal LM (verl's critic built from the actor's directory). */
+		for (int from = 0; from < 2; from++) {
+			struct model_config v, lm, back;
+			json_t *o;
+			char *text;
+
+			s = with_arch(fam[i][0], from ? fam[i][1] : NULL, NULL, NULL);
+			v = lm = parse_ok(s);
+			free(s);
+			ck_assert_int_eq(v.head, from ? MODEL_HEAD_CAUSAL_LM : MODEL_HEAD_UNSTATED);
+			ck_assert_int_eq(model_config_set_head(&v, true, &err), 0);
+			ck_assert_int_eq(model_config_set_head(&lm, false, &err), 0);
+
+			/* Value model: transformers' class and label fields, as
+			 * it writes them (hf_llama_token_cls). */
+			text = model_config_to_json(&v);
+			ck_assert_ptr_nonnull(text);
+			o = json_loads(text, 0, NULL);
+			ck_assert_ptr_nonnull(o);
+			ck_assert_int_eq(json_array_size(json_object_get(o, "architectures")), 1);
+			ck_assert_str_eq(json_string_value(json_array_get(json_object_get(o,
+					 "architectures"), 0)), fam[i][2]);
+			ck_assert(json_equal(json_object_get(o, "id2label"),
+					     json_object_get(hf, "id2label")));
+			ck_assert(json_equal(json_object_get(o, "label2id"),
+					     json_object_get(hf, "label2id")));
+			json_decref(o);
+			/* ... which engined reads back as a value model. */
+			back = parse_ok(text);
+			free(text);
+			ck_assert_int_eq(back.head, MODEL_HEAD_TOKEN_CLS);
+			ck_assert_int_eq(back.num_labels, 1);
+			ck_assert_int_eq(model_config_set_head(&back, true, &err), 0);
+			assert_same(&v, &back);
+
+			/* Language model: the causal LM's class, no labels. */
+			text = model_config_to_json(&lm);
+			ck_assert_ptr_nonnull(text);
+			o = json_loads(text, 0, NULL);
+			ck_assert_str_eq(json_string_value(json_array_get(json_object_get(o,
+					 "architectures"), 0)), fam[i][1]);
+			ck_assert_ptr_null(json_object_get(o, "id2label"));
+			ck_assert_ptr_null(json_object_get(o, "label2id"));
+			json_decref(o);
+			back = parse_ok(text);
+			free(text);
+			ck_assert_int_eq(back.head, MODEL_HEAD_CAUSAL_LM);
+			ck_assert_int_eq(model_config_set_head(&back, false, &err), 0);
+			assert_same(&lm, &back);
+		}
+	}
+
+	/* Labels as transformers counts them: id2label's entries first, then
+	 * num_labels, else 2. */
+	s = with_arch("qwen2", "Qwen2ForTokenClassification", "num_labels", "1");
+	c = parse_ok(s);
+	ck_assert_int_eq(c.num_labels, 1);
+	ck_assert_int_eq(model_config_set_head(&c, true, &err), 0);
+	free(s);
+	s = with_arch("qwen2", "Qwen2ForTokenClassification", "id2label",
+		      "{\"0\": \"a\", \"1\": \"b\", \"2\": \"c\"}");
+	head_bad(s, true, "id2label: 3 labels (Qwen2ForTokenClassification); engined's value "
+		 "head has one output (num_labels 1)");
+	free(s);
+	s = with_arch("qwen3", "Qwen3ForTokenClassification", "num_labels", "2");
+	head_bad(s, true, "num_labels: 2 labels (Qwen3ForTokenClassification)");
+	free(s);
+	s = with_arch("mistral", "MistralForTokenClassification", NULL, NULL);
+	head_bad(s, true, "id2label: absent (and no num_labels), so MistralForTokenClassification "
+		 "has transformers' default of 2 labels; engined's value head has one output");
+	free(s);
+	s = with_arch("llama", "LlamaForTokenClassification", "num_labels", "1");
+	head_bad(s, false, "architectures[0]: LlamaForTokenClassification is a value model's "
+		 "class");
+	free(s);
+	/* A class engined does not name states no head; labels are read only
+	 * for *ForTokenClassification. */
+	s = with_arch("llama", "LlamaForSequenceClassification", "id2label", "{\"0\": \"a\", "
+		      "\"1\": \"b\"}");
+	c = parse_ok(s);
+	ck_assert_int_eq(c.head, MODEL_HEAD_UNSTATED);
+	ck_assert_int_eq(c.num_labels, 0);
+	free(s);
+	s = with_arch("llama", "LlamaForCausalLM", "id2label", "7");
+	c = parse_ok(s);
+	ck_assert_int_eq(model_config_set_head(&c, true, &err), 0);
+	free(s);
+
+	/* What parse refuses (the key named, nothing written). */
+	s = minimal("llama", "architectures", "\"LlamaForCausalLM\"");
+	parse_bad(s, "architectures: must be an array of strings or null");
+	free(s);
+	s = minimal("llama", "architectures", "[\"LlamaForCausalLM\", 3]");
+	parse_bad(s, "architectures[1]: must be a string");
+	free(s);
+	s = with_arch("llama", "Qwen2ForTokenClassification", "num_labels", "1");
+	parse_bad(s, "architectures[0]: 'Qwen2ForTokenClassification' is a qwen2 class, "
+		  "model_type is 'llama' (LlamaForCausalLM or LlamaForTokenClassification)");
+	free(s);
+	static const struct { const char *key, *val, *expect; } labels_bad[] = {
+		{ "id2label", "[\"LABEL_0\"]", "id2label: must be an object of 1 to 1024 labels" },
+		{ "id2label", "{}", "id2label: must be an object of 1 to 1024 labels" },
+		{ "num_labels", "0", "num_labels: 0, must be in [1, 1024]" },
+		{ "num_labels", "1025", "num_labels: 1025, must be in [1, 1024]" },
+		{ "num_labels", "\"1\"", "num_labels: must be an integer" },
+	};
+	for (i = 0; i < sizeof(labels_bad) / sizeof(labels_bad[0]); i++) {
+		s = with_arch("llama", "LlamaForTokenClassification", labels_bad[i].key,
+			      labels_bad[i].val);
+		parse_bad(s, labels_bad[i].expect);
+		free(s);
+	}
+	json_decref(hf);
+}
+END_TEST
+
+/* engine_init_config_check holds an hf_config_json's head against the
+ * init config's model_type, as the engine does for a model directory. */
+START_TEST(init_check_head)
+{
+	struct engine_init_config ic;
+	struct eng_error err = { 0 };
+
+	engine_init_config_defaults(&ic);
+	ic.hf_config_json = hf_llama_token_cls;
+	ic.model_type = "language_model";
+	ck_assert_int_eq(engine_init_config_check(&ic, &err), -EINVAL);
+	ck_assert_msg(strstr(err.msg, "hf_config_json: architectures[0]: "
+			     "LlamaForTokenClassification is a value model's class"), "%s", err.msg);
+	ic.model_type = "value_model";
+	eng_error_clear(&err);
+	ck_assert_msg(engine_init_config_check(&ic, &err) == 0, "%s", err.msg);
+}
+END_TEST
+
 static void check_inv_freq(const char *text, const uint32_t *ref, int n)
 {
 	struct model_config c = parse_ok(text);
@@ -597,6 +812,8 @@ int main(void)
 	tcase_add_test(tc, defaults);
 	tcase_add_test(tc, errors);
 	tcase_add_test(tc, json_round_trip);
+	tcase_add_test(tc, value_head);
+	tcase_add_test(tc, init_check_head);
 	tcase_add_test(tc, rope_inv_freq);
 	suite_add_tcase(s, tc);
 	return check_run(s);

@@ -1,6 +1,7 @@
 /* test_engine_ckpt.c — engine checkpoints: bit-identical resume, contents
  * flags, corruption and shape errors, a child process killed during
- * SaveCheckpoint leaving the previous checkpoint and `latest` loadable, and
+ * SaveCheckpoint leaving the previous checkpoint and `latest` loadable, a
+ * critic's checkpoint (its config.json's class) reloaded as a critic, and
  * engine_state.json's seal and schema: every single-bit flip of the file,
  * each key removed, renamed, retyped or out of range, unknown keys, a step
  * edited; each refused load leaves the engine bit for bit as it was. */
@@ -224,6 +225,35 @@ START_TEST(killed_during_save)
 }
 END_TEST
 
+/* root/sub/config.json names class `arch` and, for a value model
+ * (token_cls), transformers' one label: id2label {"0": "LABEL_0"},
+ * label2id {"LABEL_0": 0}; a language model's has neither. */
+static void check_class(const char *dir, const char *sub, const char *arch, bool token_cls)
+{
+	char path[400];
+	json_t *o, *ids, *labels;
+
+	snprintf(path, sizeof(path), "%s/%s/config.json", dir, sub);
+	o = json_load_file(path, 0, NULL);
+	ck_assert_ptr_nonnull(o);
+	ck_assert_int_eq(json_array_size(json_object_get(o, "architectures")), 1);
+	ck_assert_str_eq(json_string_value(json_array_get(json_object_get(o, "architectures"), 0)),
+			 arch);
+	ids = json_object_get(o, "id2label");
+	labels = json_object_get(o, "label2id");
+	if (token_cls) {
+		ck_assert_int_eq(json_object_size(ids), 1);
+		ck_assert_str_eq(json_string_value(json_object_get(ids, "0")), "LABEL_0");
+		ck_assert_int_eq(json_object_size(labels), 1);
+		ck_assert(json_is_integer(json_object_get(labels, "LABEL_0")));
+		ck_assert_int_eq(json_integer_value(json_object_get(labels, "LABEL_0")), 0);
+	} else {
+		ck_assert_ptr_null(ids);
+		ck_assert_ptr_null(labels);
+	}
+	json_decref(o);
+}
+
 /* A checkpoint directory is a Hugging Face model directory: a value model
  * (critic) initialized from an actor's checkpoint takes the backbone and
  * draws score.* from its seed. */
@@ -233,7 +263,7 @@ START_TEST(critic_from_actor_directory)
 	struct engine_init_config cfg;
 	struct engine_param_view va, vc;
 	struct eng_error err = {0};
-	struct engine *c;
+	struct engine *c, *back;
 	char dir[300];
 	int64_t i;
 
@@ -260,16 +290,33 @@ START_TEST(critic_from_actor_directory)
 	ck_assert_str_eq(vc.name, "score.bias");
 	ck_assert(vc.host_data[0] == 0.0f);
 
-	/* a language model needs every tensor: the critic's directory has no
-	 * lm_head.weight, so loading it as an actor is refused by name */
+	/* The critic's directory names its class, as transformers does for
+	 * one label (the actor's stays Qwen2ForCausalLM); it reloads as a
+	 * value model with every parameter as saved (score.* too: another
+	 * seed would draw others) ... */
 	snprintf(dir, sizeof(dir), "%s/critic", root);
 	ck_assert_int_eq(engine_save_checkpoint(c, dir, 1, 0, CKPT_MODEL, NULL, &err), 0);
+	check_class(root, "actor", "Qwen2ForCausalLM", false);
+	check_class(root, "critic", "Qwen2ForTokenClassification", true);
+	cfg.seed = 99;
+	ck_assert_msg(engine_create(&cfg, &back, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(engine_num_params(back), engine_num_params(c));
+	for (i = 0; i < engine_num_params(c); i++) {
+		ck_assert_int_eq(engine_param(c, i, &vc, NULL), 0);
+		ck_assert_int_eq(engine_param(back, i, &va, NULL), 0);
+		ck_assert_str_eq(va.name, vc.name);
+		ck_assert_mem_eq(va.host_data, vc.host_data, vc.numel * sizeof(float));
+	}
+	engine_destroy(back);
 	engine_destroy(c);
+	/* ... and a language model refuses it by that class (it has no
+	 * lm_head.weight). */
 	cfg.model_type = "language_model";
 	cfg.model_path = dir;
 	c = NULL;
 	ck_assert_int_eq(engine_create(&cfg, &c, &err), -EINVAL);
-	ck_assert_msg(strstr(err.msg, "lm_head.weight"), "%s", err.msg);
+	ck_assert_msg(strstr(err.msg, "architectures[0]: Qwen2ForTokenClassification is a value "
+			     "model's class (a score head, no lm_head)"), "%s", err.msg);
 	ck_assert_ptr_null(c);
 	engine_destroy(a);
 }
