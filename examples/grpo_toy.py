@@ -16,7 +16,7 @@ One iteration is what an RL controller (verl, OpenRLHF) does each step:
   4. old log-probs: a forward-only call gives the engine's own log-probs of
      the samples, the exact old_log_probs of on-policy GRPO (the worker's
      sampling log-probs must agree with them; the largest difference is
-     printed as a check of the weight sync: ~1e-6 in float32);
+     printed as a check of the weight sync: a few 1e-6 in float32);
   5. PPO_EPOCHS passes of the server-side "ppo" loss (vanilla, clip 0.2,
      token-mean) over the batch, each followed by an AdamW step: the first
      pass is at ratio 1, the second is clipped where the first moved a
@@ -78,7 +78,7 @@ GOOD_MOD = 8         # good tokens: ids divisible by 8
 PPO_EPOCHS = 2
 LR = 3e-3
 PPO = {"policy_loss": "vanilla", "clip_ratio": 0.2, "loss_agg_mode": "token-mean"}
-CHECK_MARGIN = 0.3   # --check: last-5 mean reward minus first-5 mean
+CHECK_MARGIN = 0.5   # --check: last-5 mean reward minus first-5 mean (seeds 0-9 rose by 0.84-0.86)
 
 
 def reward(responses):
@@ -226,7 +226,9 @@ def main():
     p.add_argument("--check", action="store_true",
                    help="exit 1 unless the reward rose by more than %.2f" % CHECK_MARGIN)
     args = p.parse_args()
-    torch.manual_seed(args.seed)
+    # The worker's model is tiny: one thread samples fastest and leaves the
+    # other CPUs to the daemon (two threads were 2.5x slower on a busy 2-core host).
+    torch.set_num_threads(1)
 
     t0 = time.time()
     tmp = proc = None
