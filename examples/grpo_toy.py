@@ -131,12 +131,12 @@ def start_daemon(binary, tmp):
     """engined on a unix socket in tmp (checkpoint/model roots there too);
     returns (process, address) once it answers Health."""
     sock = "unix:" + os.path.join(tmp, "engined.sock")
-    log = open(os.path.join(tmp, "engined.log"), "wb")
-    proc = subprocess.Popen(
-        [binary, "--listen", sock, "--checkpoint-root", os.path.join(tmp, "checkpoints"),
-         "--model-root", os.path.join(tmp, "models"),
-         "--dist-store-root", os.path.join(tmp, "dist"), "--log-level", "warn"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    with open(os.path.join(tmp, "engined.log"), "wb") as log:
+        proc = subprocess.Popen(
+            [binary, "--listen", sock, "--checkpoint-root", os.path.join(tmp, "checkpoints"),
+             "--model-root", os.path.join(tmp, "models"),
+             "--dist-store-root", os.path.join(tmp, "dist"), "--log-level", "warn"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     with EngineClient(sock) as c:
         deadline = time.time() + 30
         while True:
@@ -147,6 +147,7 @@ def start_daemon(binary, tmp):
                 pass
             if proc.poll() is not None or time.time() > deadline:
                 proc.kill()
+                proc.wait()
                 sys.exit("engined did not start:\n" +
                          open(os.path.join(tmp, "engined.log")).read())
             time.sleep(0.05)
@@ -232,18 +233,22 @@ def main():
 
     t0 = time.time()
     tmp = proc = None
-    if args.target:
-        target = args.target
-    else:
-        tmp = tempfile.mkdtemp(prefix="grpo-toy-")
-        proc, target = start_daemon(args.engined, tmp)
+    if not args.target and not os.access(args.engined, os.X_OK):
+        sys.exit("no daemon binary at %s: build it, or pass --engined or --target"
+                 % args.engined)
     try:
+        if args.target:
+            target = args.target
+        else:
+            tmp = tempfile.mkdtemp(prefix="grpo-toy-")
+            proc, target = start_daemon(args.engined, tmp)
         with EngineClient(target) as client:
             history, sync_diff = train(client, args)
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=30)
+        if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     plot(history, args.out)
 
