@@ -17,8 +17,8 @@ left_right_2_no_padding. Checked against independent references:
   - checkpoints through verl's arguments (global_step_N paths,
     max_ckpt_to_keep, the role directory layout), restored bit for bit;
   - the per-tensor weight generator consumed as verl's rollout sync does
-    (lazily, name by name, into a transformers model) reproducing the
-    engine's log-probs.
+    (verl's "naive" checkpoint engine hands it, lazily, to the rollout; here
+    a transformers model) reproducing the engine's log-probs.
 
 Run: tests/verl/setup_venv.sh build, then
 ENGINED_BIN=build/daemon/engined PYTHONPATH=tests/integration:tests/verl
@@ -35,6 +35,7 @@ import torch
 from daemon_fixture import Daemon
 
 import verl  # noqa: F401  (loads the engined plugin)
+from verl.checkpoint_engine import CheckpointEngineRegistry
 from verl.utils.checkpoint.checkpoint_manager import get_checkpoint_tracker_filename
 from verl.utils.torch_functional import (get_constant_schedule_with_warmup,
                                          get_cosine_schedule_with_warmup)
@@ -293,10 +294,15 @@ def test_weight_generator_as_rollout_sync(daemons):
             eng.train_batch(vb.sft_batch(4), functools.partial(sft_loss, config=None))
         rollout = hf_model({k: torch.zeros_like(v) for k, v in weights(eng).items()})
         params = dict(rollout.named_parameters())
-        gen, _ = eng.get_per_tensor_param()
+        # verl's naive (colocated) sync: the worker's call, then verl's
+        # checkpoint engine hands the generator to the rollout.
+        gen, peft = eng.get_per_tensor_param(layered_summon=False, base_sync_done=True)
+        assert peft is None
+        ce = CheckpointEngineRegistry.new("naive", bucket_size=1 << 20)
+        ce.send_weights(gen)
         seen = set()
         with torch.no_grad():
-            for name, t in gen:
+            for name, t in ce.receive_weights():
                 assert name not in seen and t.dtype == torch.float32
                 params[name].copy_(t)
                 seen.add(name)
