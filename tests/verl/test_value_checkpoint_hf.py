@@ -27,14 +27,11 @@ import grpc
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+import torch
+import transformers
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
                                 "integration"))
-from daemon_fixture import Daemon  # noqa: E402
 from rpc_expect import expect  # noqa: E402
-
-from engined_client import EngineClient  # noqa: E402
 
 SC = grpc.StatusCode
 TOL = 1e-5
@@ -61,25 +58,6 @@ CASES = {
         BASE, model_type="mistral", num_key_value_heads=1, sliding_window=None)),
         "MistralForTokenClassification"),
 }
-
-
-@pytest.fixture(scope="module")
-def daemon():
-    d = Daemon()
-    try:
-        yield d
-    finally:
-        code = d.stop()
-        if code != 0:
-            print("\n--- engined log (tail) ---\n" + d.log_text()[-4000:])
-    assert code == 0, "engined exited with %s" % code
-
-
-@pytest.fixture(scope="module")
-def client(daemon):
-    c = EngineClient(daemon.addr, timeout=120)
-    yield c
-    c.close()
 
 
 def batch(vocab, seed):

@@ -143,81 +143,76 @@ def test_layout_round_trip():
     assert torch.equal(back * d["response_mask"], resp * d["response_mask"])
 
 
+def server_and_custom(daemons, tmp, loss, make_batch, model_type="language_model"):
+    """One update of two engines from the same seed: daemons[0]'s with the
+    verl loss partial `loss` (the server-side mapping), daemons[1]'s with
+    it hidden (the custom path). Returns (initial weights, the two
+    train_batch outputs, the two engines' weights after)."""
+    engines = [new_engine(daemons[0], tmp, model_type), new_engine(daemons[1], tmp, model_type)]
+    w0 = weights(engines[0])
+    assert max_diff(w0, weights(engines[1])) == 0.0
+    outs = []
+    for eng, fn in zip(engines, (loss, not_recognized(loss))):
+        with eng.train_mode():
+            out = eng.train_batch(make_batch(), fn)
+        assert len(out["loss"]) == 1 and np.isfinite(out["loss"][0])
+        assert out["metrics"]["grad_norm"] > 0
+        outs.append(out)
+    after = [weights(e) for e in engines]
+    assert max_diff(after[0], w0) > 1e-4            # it trained
+    return w0, outs, after
+
+
+def check_agreement(what, outs, after, want=None):
+    losses = [o["loss"][0] for o in outs]
+    d = max_diff(after[0], after[1])
+    print("%s: loss server %.9g custom %.9g verl+transformers %s; max |dparam| server-custom "
+          "%.3g" % (what, losses[0], losses[1], "-" if want is None else "%.9g" % want, d))
+    for x in losses[1:] + ([want] if want is not None else []):
+        assert abs(losses[0] - x) <= 1e-5 * max(1.0, abs(x))
+    assert d <= 1e-5
+
+
 @pytest.mark.parametrize("kl,entropy", [(False, False), (True, True)])
 def test_ppo_update_server_custom_and_transformers_agree(daemons, kl, entropy):
+    import verl.utils.tensordict_utils as tu
+    cfg = vb.actor_config(use_kl_loss=kl, kl_loss_coef=0.1, kl_loss_type="low_var_kl",
+                          entropy_coeff=0.01 if entropy else 0.0, clip_ratio_c=3.0,
+                          clip_ratio_high=0.28)
+
+    def batch():
+        data = vb.rollout_batch(5)
+        tu.assign_non_tensor(data, calculate_entropy=entropy)
+        return data
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = vb.actor_config(use_kl_loss=kl, kl_loss_coef=0.1, kl_loss_type="low_var_kl",
-                              entropy_coeff=0.01 if entropy else 0.0, clip_ratio_c=3.0,
-                              clip_ratio_high=0.28)
-        a = new_engine(daemons[0], tmp)
-        b = new_engine(daemons[1], tmp)
-        w0 = weights(a)
-        assert max_diff(w0, weights(b)) == 0.0
-        ref_loss = []
-        for eng, fn in ((a, functools.partial(ppo_loss, config=cfg)),
-                        (b, not_recognized(functools.partial(ppo_loss, config=cfg)))):
-            data = vb.rollout_batch(5)
-            import verl.utils.tensordict_utils as tu
-            tu.assign_non_tensor(data, calculate_entropy=entropy)
-            with eng.train_mode():
-                out = eng.train_batch(data, fn)
-            assert len(out["loss"]) == 1 and np.isfinite(out["loss"][0])
-            assert out["metrics"]["grad_norm"] > 0
-            ref_loss.append(out["loss"][0])
-            assert "actor/pg_loss" in out["metrics"]
-        # verl's own ppo_loss on transformers' outputs of the same weights.
-        data = with_global(vb.rollout_batch(5))
-        mo = hf_outputs(hf_model(w0), data)
-        if not entropy:
-            mo.pop("entropy")
-        want, _ = ppo_loss(cfg, mo, data)
-        print("ppo kl=%s entropy=%s: loss server %.9g custom %.9g verl+transformers %.9g; "
-              "max |dparam| server-custom %.3g" % (kl, entropy, ref_loss[0], ref_loss[1],
-                                                  float(want), max_diff(weights(a), weights(b))))
-        assert abs(ref_loss[0] - float(want)) <= 1e-5 * max(1.0, abs(float(want)))
-        assert abs(ref_loss[1] - float(want)) <= 1e-5 * max(1.0, abs(float(want)))
-        assert max_diff(weights(a), w0) > 1e-4            # it trained
-        assert max_diff(weights(a), weights(b)) <= 1e-5   # server == custom
+        w0, outs, after = server_and_custom(daemons, tmp, functools.partial(ppo_loss, config=cfg),
+                                            batch)
+    assert all("actor/pg_loss" in o["metrics"] for o in outs)
+    # verl's own ppo_loss on transformers' outputs of the same weights.
+    data = with_global(batch())
+    mo = hf_outputs(hf_model(w0), data)
+    if not entropy:
+        mo.pop("entropy")
+    want, _ = ppo_loss(cfg, mo, data)
+    check_agreement("ppo kl=%s entropy=%s" % (kl, entropy), outs, after, float(want))
 
 
 def test_sft_update_server_custom_and_transformers_agree(daemons):
     with tempfile.TemporaryDirectory() as tmp:
-        a = new_engine(daemons[0], tmp)
-        b = new_engine(daemons[1], tmp)
-        w0 = weights(a)
-        losses = []
-        for eng, fn in ((a, functools.partial(sft_loss, config=None)),
-                        (b, not_recognized(functools.partial(sft_loss, config=None)))):
-            with eng.train_mode():
-                out = eng.train_batch(vb.sft_batch(3), fn)
-            losses.append(out["loss"][0])
-        data = with_global(vb.sft_batch(3))
-        want, _ = sft_loss(None, hf_outputs(hf_model(w0), data), data)
-        print("sft: loss server %.9g custom %.9g verl+transformers %.9g; max |dparam| %.3g"
-              % (losses[0], losses[1], float(want), max_diff(weights(a), weights(b))))
-        assert np.allclose(losses, float(want), rtol=1e-5, atol=1e-6)
-        assert max_diff(weights(a), w0) > 1e-4
-        assert max_diff(weights(a), weights(b)) <= 1e-5
+        w0, outs, after = server_and_custom(
+            daemons, tmp, functools.partial(sft_loss, config=None), lambda: vb.sft_batch(3))
+    data = with_global(vb.sft_batch(3))
+    want, _ = sft_loss(None, hf_outputs(hf_model(w0), data), data)
+    check_agreement("sft", outs, after, float(want))
 
 
 def test_value_update_server_and_custom_agree(daemons):
+    cfg = vb.critic_config(cliprange_value=0.2)
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = vb.critic_config(cliprange_value=0.2)
-        a = new_engine(daemons[0], tmp, "value_model")
-        b = new_engine(daemons[1], tmp, "value_model")
-        w0 = weights(a)
-        losses = []
-        for eng, fn in ((a, functools.partial(value_loss, config=cfg)),
-                        (b, not_recognized(functools.partial(value_loss, config=cfg)))):
-            with eng.train_mode():
-                out = eng.train_batch(vb.rollout_batch(9), fn)
-            losses.append(out["loss"][0])
-            assert "critic/vf_loss" in out["metrics"]
-        print("value: loss server %.9g custom %.9g; max |dparam| %.3g"
-              % (losses[0], losses[1], max_diff(weights(a), weights(b))))
-        assert np.isclose(losses[0], losses[1], rtol=1e-5)
-        assert max_diff(weights(a), w0) > 1e-4
-        assert max_diff(weights(a), weights(b)) <= 1e-5
+        _, outs, after = server_and_custom(daemons, tmp, functools.partial(value_loss, config=cfg),
+                                           lambda: vb.rollout_batch(9), "value_model")
+    assert all("critic/vf_loss" in o["metrics"] for o in outs)
+    check_agreement("value", outs, after)
 
 
 def test_infer_batch_outputs_are_verl_aligned(daemons):

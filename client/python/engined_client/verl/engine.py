@@ -16,12 +16,10 @@ forward-only call for the outputs, verl's loss with torch autograd here,
 and its gradients back as the "custom" loss. layout.py holds the
 alignment between verl's batches and engined's packed arrays.
 """
-import contextlib
 import os
 import re
 import shutil
 
-import numpy as np
 import torch
 
 import verl.utils.tensordict_utils as tu
