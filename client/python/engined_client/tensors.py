@@ -112,10 +112,13 @@ class Assembler:
 
     def feed(self, bucket):
         done = []
-        data = bucket.data
+        # One copy per byte: from the message's data (a memoryview: no
+        # slice copies) into the tensor's own uninitialized buffer.
+        data = memoryview(bucket.data)
         for s in bucket.slices:
             if s.tensor_offset == 0:
-                self._cur = (s.name, s.dtype, tuple(s.shape), bytearray(s.tensor_bytes))
+                self._cur = (s.name, s.dtype, tuple(s.shape),
+                             np.empty(s.tensor_bytes, dtype=np.uint8))
             if self._cur is None:
                 raise EngineError(grpc.StatusCode.DATA_LOSS,
                                   "slice of %s at offset %d without its start"
@@ -124,10 +127,10 @@ class Assembler:
             if s.name != name:
                 raise EngineError(grpc.StatusCode.DATA_LOSS,
                                   "slice of %s inside %s" % (s.name, name))
-            buf[s.tensor_offset:s.tensor_offset + s.length] = \
-                data[s.data_offset:s.data_offset + s.length]
+            buf[s.tensor_offset:s.tensor_offset + s.length] = np.frombuffer(
+                data[s.data_offset:s.data_offset + s.length], dtype=np.uint8)
             if s.tensor_offset + s.length == s.tensor_bytes:
-                a = np.frombuffer(buf, dtype=np_dtype(dt)).reshape(shape)
+                a = buf.view(np_dtype(dt)).reshape(shape)
                 if self.as_torch:
                     a = to_torch(a, bfloat16=dt == pb.BFLOAT16)
                 done.append((name, a))
