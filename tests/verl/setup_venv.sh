@@ -17,4 +17,4 @@ bin="$(cd "$venv/bin" && pwd)"
 "$bin/pip" install -q --upgrade pip
 "$bin/pip" install -q -r "$here/requirements.txt" -c "$here/constraints.txt"
 PATH="$bin:$PATH" "$bin/pip" install -q "$root/client/python"
-(cd / && "$bin/python" -c "import verl, engined_client.verl")
+(cd / && "$bin/python" -W ignore -c "import verl, engined_client.verl")
