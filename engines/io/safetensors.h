@@ -61,6 +61,10 @@ const struct st_tensor_info *st_reader_find(const struct st_reader *r, const cha
 /* Value of a "__metadata__" key of the first file, or NULL. */
 const char *st_reader_metadata(const struct st_reader *r, const char *key);
 
+/* Large tensor reads (4 MiB and up) split over `threads` threads
+ * (default 1; <= 0 means 1). */
+void st_reader_set_threads(struct st_reader *r, int threads);
+
 /* Read tensor `name` converted to fp32 into dst[numel]. -ENOENT when absent,
  * -EINVAL when its element count differs from numel, -EIO on read errors. */
 int st_reader_read_f32(struct st_reader *r, const char *name, float *dst,

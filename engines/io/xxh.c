@@ -1,12 +1,15 @@
 /* xxh.c — XXH64 checksum of a whole file (safetensors.h), used to verify
  * checkpoint files. Streams the file with large reads so that a multi-GB
- * checkpoint is hashed at disk speed with a bounded buffer.
+ * checkpoint is hashed at disk speed with two bounded buffers: a reader
+ * thread fills one while the other is hashed (xxh_pipe).
  */
 #include "safetensors.h"
 #include "fileio.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -31,42 +34,111 @@ int fd_xxh64(int fd, const char *path, uint64_t *ret, struct eng_error *err)
 	return fd_xxh64_progress(fd, path, NULL, NULL, ret, err);
 }
 
+/* The reading half of fd_xxh64_progress: a thread that reads chunk k+1
+ * into the other buffer while chunk k is hashed, so the disk never waits
+ * for the hash (the time is the larger of the two, not their sum). */
+struct xxh_pipe {
+	int fd;
+	char *buf[2];
+	ssize_t len[2];         /* bytes in buf[i]; 0 at the end; < 0: -errno */
+	bool full[2];
+	bool stop;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+};
+
+static void *xxh_reader(void *arg)
+{
+	struct xxh_pipe *p = arg;
+	off_t off = 0;
+
+	for (int k = 0;; k ^= 1) {
+		ssize_t n;
+
+		pthread_mutex_lock(&p->lock);
+		while (p->full[k] && !p->stop)
+			pthread_cond_wait(&p->cond, &p->lock);
+		pthread_mutex_unlock(&p->lock);
+		if (p->stop)
+			return NULL;
+		do
+			n = pread(p->fd, p->buf[k], XXH_READ_CHUNK, off);
+		while (n < 0 && errno == EINTR);
+		pthread_mutex_lock(&p->lock);
+		p->len[k] = n < 0 ? -errno : n;
+		p->full[k] = true;
+		pthread_cond_broadcast(&p->cond);
+		pthread_mutex_unlock(&p->lock);
+		if (n <= 0)
+			return NULL;
+		off += n;
+	}
+}
+
 int fd_xxh64_progress(int fd, const char *path, void (*fn)(void *ctx, uint64_t bytes),
 		      void *ctx, uint64_t *ret, struct eng_error *err)
 {
+	struct xxh_pipe p = { .fd = fd };
 	XXH64_state_t *st = NULL;
-	char *buf = NULL;
-	off_t off = 0;
+	pthread_t reader;
+	bool started = false;
+	uint64_t done = 0;
 	int r = 0;
 
 	(void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-	buf = malloc(XXH_READ_CHUNK);
+	pthread_mutex_init(&p.lock, NULL);
+	pthread_cond_init(&p.cond, NULL);
+	p.buf[0] = malloc(XXH_READ_CHUNK);
+	p.buf[1] = malloc(XXH_READ_CHUNK);
 	st = XXH64_createState();
-	if (!buf || !st) {
-		r = eng_fail(err, -ENOMEM, "%s: no memory for the checksum buffer", path);
+	if (!p.buf[0] || !p.buf[1] || !st) {
+		r = eng_fail(err, -ENOMEM, "%s: no memory for the checksum buffers", path);
 		goto out;
 	}
 	XXH64_reset(st, 0);
-	for (;;) {
-		ssize_t n = pread(fd, buf, XXH_READ_CHUNK, off);
+	if (pthread_create(&reader, NULL, xxh_reader, &p) != 0) {
+		r = eng_fail(err, -EAGAIN, "%s: cannot start the checksum reader", path);
+		goto out;
+	}
+	started = true;
+	for (int k = 0;; k ^= 1) {
+		ssize_t n;
 
-		if (n < 0 && errno == EINTR)
-			continue;
+		pthread_mutex_lock(&p.lock);
+		while (!p.full[k])
+			pthread_cond_wait(&p.cond, &p.lock);
+		n = p.len[k];
+		pthread_mutex_unlock(&p.lock);
 		if (n < 0) {
-			r = eng_fail(err, eng_errno_code(errno), "%s: read: %s", path,
-				     strerror(errno));
-			goto out;
+			r = eng_fail(err, eng_errno_code((int)-n), "%s: read: %s", path,
+				     strerror((int)-n));
+			break;
 		}
 		if (n == 0)
 			break;
-		XXH64_update(st, buf, (size_t)n);
-		off += n;
+		XXH64_update(st, p.buf[k], (size_t)n);
+		done += (uint64_t)n;
+		pthread_mutex_lock(&p.lock);
+		p.full[k] = false;
+		pthread_cond_broadcast(&p.cond);
+		pthread_mutex_unlock(&p.lock);
 		if (fn)
-			fn(ctx, (uint64_t)off);
+			fn(ctx, done);
 	}
-	*ret = XXH64_digest(st);
+	if (r == 0)
+		*ret = XXH64_digest(st);
 out:
+	if (started) {
+		pthread_mutex_lock(&p.lock);
+		p.stop = true;
+		pthread_cond_broadcast(&p.cond);
+		pthread_mutex_unlock(&p.lock);
+		pthread_join(reader, NULL);
+	}
+	pthread_cond_destroy(&p.cond);
+	pthread_mutex_destroy(&p.lock);
 	XXH64_freeState(st);
-	free(buf);
+	free(p.buf[0]);
+	free(p.buf[1]);
 	return r;
 }

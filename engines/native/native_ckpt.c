@@ -411,8 +411,10 @@ int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 			continue;
 		snprintf(path, sizeof(path), "%s/%s", resolved, files[f].file);
 		rc = st_reader_open_at(ckfd, files[f].file, path, &files[f].r, err);
-		if (rc == 0)
+		if (rc == 0) {
+			st_reader_set_threads(files[f].r, n->io_threads);
 			rc = check_shapes(n, &files[f], err);
+		}
 	}
 	/* The load's one safe point: everything is checked, nothing changed. */
 	if (rc == 0 && engine_cancelled(e))

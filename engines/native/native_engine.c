@@ -9,6 +9,8 @@
  */
 #include "native_engine.h"
 
+#include <omp.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -230,6 +232,7 @@ static int load_hf_weights(struct native *n, const struct engine_init_config *cf
 	rc = st_reader_open_at(dfd, ".", dir, &r, err);
 	if (rc)
 		return rc;
+	st_reader_set_threads(r, n->io_threads);
 	for (int64_t i = 0; i < n->table.count && !rc; i++) {
 		const struct param_entry *p = &n->table.entries[i];
 		const struct st_tensor_info *t = st_reader_find(r, p->name);
@@ -328,6 +331,9 @@ static int native_initialize(struct engine *e, const struct engine_init_config *
 				rc == -ENODEV ? ": no such device or driver"
 				: rc == -ELIBACC ? ": a device library is missing" : "");
 	}
+	/* After the device's open: the CPU device sets OpenMP's thread count
+	 * to its budget. */
+	n->io_threads = cfg->threads > 0 ? cfg->threads : omp_get_max_threads();
 	bytes = n->table.total * sizeof(float);
 	rc = native_dist_shape(n, cfg, err);
 	if (rc == 0)

@@ -67,6 +67,7 @@ struct native {
 	uint64_t seed;
 	struct rng rng;
 	int64_t default_budget;
+	int io_threads;                /* safetensors reads (the CPU budget) */
 	struct engine_placement place;
 	int model_fd;                  /* model_path while initializing, else -1 */
 	/* Data parallelism (native_dist.c). Alone: dist NULL, shard_len =

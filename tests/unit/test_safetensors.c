@@ -734,22 +734,84 @@ END_TEST
 START_TEST(xxh64_of_files)
 {
 	size_t n = (9u << 20) + 12345, i;   /* more than one 8 MiB read */
-	unsigned char *buf = malloc(n);
+	unsigned char *buf = malloc(16u << 20);
 	struct eng_error err = { 0 };
 	uint64_t h;
 
 	ck_assert_ptr_nonnull(buf);
-	for (i = 0; i < n; i++)
+	for (i = 0; i < (16u << 20); i++)
 		buf[i] = (unsigned char)rnd32();
 	write_bytes(tpath("blob"), buf, n);
 	ck_assert_int_eq(file_xxh64(tpath("blob"), &h, &err), 0);
 	ck_assert_uint_eq(h, XXH64(buf, n, 0));
+	/* Exactly two reads: the reader thread's end of file after a full
+	 * buffer. */
+	write_bytes(tpath("blob2"), buf, 16u << 20);
+	ck_assert_int_eq(file_xxh64(tpath("blob2"), &h, &err), 0);
+	ck_assert_uint_eq(h, XXH64(buf, 16u << 20, 0));
 	write_bytes(tpath("empty"), buf, 0);
 	ck_assert_int_eq(file_xxh64(tpath("empty"), &h, &err), 0);
 	ck_assert_uint_eq(h, 0xef46db3751d8e999ull);   /* XXH64 of no bytes, seed 0 */
 	ck_assert_int_eq(file_xxh64(tpath("nothing"), &h, &err), -ENOENT);
 	ck_assert_ptr_nonnull(strstr(err.msg, "nothing"));
 	free(buf);
+}
+END_TEST
+
+/* Tensors of 4 MiB and more are read by several threads
+ * (st_reader_set_threads): the same values whatever the thread count,
+ * for f32 (read in place) and bf16 / f16 (read into the upper half, then
+ * widened); a file cut short is still an error. */
+START_TEST(parallel_reads)
+{
+	const int64_t n = (3 << 20) / 2 + 3;   /* 6 MiB of f32, 3 MiB of 16-bit */
+	float *src = malloc((size_t)n * sizeof(float));
+	float *got = malloc((size_t)n * sizeof(float));
+	struct eng_error err = { 0 };
+	struct st_writer *w;
+	struct st_reader *r;
+	const char *names[] = { "f32", "bf16", "f16" };
+	const int threads[] = { 1, 2, 3, 100 };
+
+	ck_assert_ptr_nonnull(src);
+	ck_assert_ptr_nonnull(got);
+	for (int64_t i = 0; i < n; i++)   /* exact in bf16 and f16 */
+		src[i] = (float)((int)(rnd32() % 512) - 256) / 64.0f;
+	ck_assert_int_eq(st_writer_new(tpath("par.safetensors"), &w, &err), 0);
+	ck_assert_int_eq(st_writer_add(w, "f32", ST_F32, 1, &n, src, &err), 0);
+	ck_assert_int_eq(st_writer_add(w, "bf16", ST_BF16, 1, &n, src, &err), 0);
+	ck_assert_int_eq(st_writer_add(w, "f16", ST_F16, 1, &n, src, &err), 0);
+	ck_assert_int_eq(st_writer_finish(w, NULL, NULL, &err), 0);
+	ck_assert_int_eq(st_reader_open(tpath("par.safetensors"), &r, &err), 0);
+	for (size_t t = 0; t < sizeof(threads) / sizeof(threads[0]); t++) {
+		st_reader_set_threads(r, threads[t]);
+		for (int k = 0; k < 3; k++) {
+			memset(got, 0xff, (size_t)n * sizeof(float));
+			ck_assert_int_eq(st_reader_read_f32(r, names[k], got, n, &err), 0);
+			if (memcmp(got, src, (size_t)n * sizeof(float))) {
+				int64_t i = 0;
+
+				while (got[i] == src[i])
+					i++;
+				ck_abort_msg("%s, %d threads: [%lld] %g, not %g", names[k],
+					     threads[t], (long long)i, got[i], src[i]);
+			}
+		}
+	}
+	st_reader_close(r);
+	/* Cut the file inside the f32 tensor's second half: every thread
+	 * count reports the short file. */
+	ck_assert_int_eq(st_reader_open(tpath("par.safetensors"), &r, &err), 0);
+	ck_assert_int_eq(truncate(tpath("par.safetensors"),
+				  st_reader_find(r, "f32")->offset + (n * 4) * 3 / 4), 0);
+	for (size_t t = 0; t < sizeof(threads) / sizeof(threads[0]); t++) {
+		st_reader_set_threads(r, threads[t]);
+		eng_error_clear(&err);
+		ck_assert_int_lt(st_reader_read_f32(r, "f32", got, n, &err), 0);
+	}
+	st_reader_close(r);
+	free(src);
+	free(got);
 }
 END_TEST
 
@@ -906,6 +968,7 @@ int main(void)
 	tcase_add_test(tc, other_dtypes);
 	tcase_add_test(tc, sharded);
 	tcase_add_test(tc, xxh64_of_files);
+	tcase_add_test(tc, parallel_reads);
 	tcase_add_test(tc, writer_abort_and_errors);
 	tcase_add_test(tc, symlinks_refused);
 	suite_add_tcase(s, tc);
