@@ -229,6 +229,18 @@ def test_infer_batch_outputs_are_verl_aligned(daemons):
             got = out["model_output"][k].values()
             assert got.shape == ref[k].values().shape
             assert float((got - ref[k].values()).abs().max()) <= 1e-4
+        # verl's forward-only token budget reaches the daemon's planner: 16
+        # tokens (several micro-batches) gives the same outputs, 4 is less
+        # than a sequence and is refused.
+        import grpc
+        from engined_client import GroupError
+        eng.engine_config.infer_max_token_len_per_gpu = 16
+        small = eng.infer_batch(data)["model_output"]["log_probs"].values()
+        assert float((small - out["model_output"]["log_probs"].values()).abs().max()) <= 1e-6
+        eng.engine_config.infer_max_token_len_per_gpu = 4
+        with pytest.raises(GroupError, match="exceeds max_tokens_per_micro_batch 4") as e:
+            eng.infer_batch(data)
+        assert e.value.codes() == {0: grpc.StatusCode.INVALID_ARGUMENT}
 
 
 def test_lr_schedules_match_verl(daemons):

@@ -15,6 +15,12 @@ forward_backward_batch sends verl's own losses to the daemon's loss library
 forward-only call for the outputs, verl's loss with torch autograd here,
 and its gradients back as the "custom" loss. layout.py holds the
 alignment between verl's batches and engined's packed arrays.
+
+Errors: a daemon's refusal raises EngineError (a grpc.RpcError: code() and
+details() name the field) in the one-daemon-per-rank mode, and GroupError
+(.errors / .codes() per rank) when this process drives an EngineGroup;
+what engined does not serve raises NotImplementedError, a batch it cannot
+take ValueError.
 """
 import os
 import re
@@ -199,6 +205,10 @@ class EnginedEngine(BaseEngine):
         return {"return_log_probs": True, "return_entropy": entropy}
 
     def _forward_only(self, data, packed, loss_function, entropy, common):
+        ec = self.engine_config
+        if ec.use_dynamic_bsz and ec.infer_max_token_len_per_gpu:
+            # verl's own budget for forward-only (log-prob) passes.
+            common = dict(common, max_tokens_per_micro_batch=int(ec.infer_max_token_len_per_gpu))
         r = self.daemon.forward_backward(packed.input_ids, packed.seq_lens, forward_only=True,
                                          **self._outputs(entropy), **common)
         losses, metrics = [], {}
