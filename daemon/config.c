@@ -365,9 +365,10 @@ int config_set(struct daemon_config *c, const char *section, const char *name,
 		errno = 0;
 		s = strtod(value, &end);
 		if (errno || end == value || *end || !isfinite(s) || s < 0 ||
-		    s * 1e3 > (double)k->max) {
-			errf(err, "[%s] %s: '%s' is not a number of seconds in [0, %lld]",
-			     section, name, value, (long long)(k->max / 1000));
+		    s * 1e3 > (double)k->max || llround(s * 1e3) < k->min) {
+			errf(err, "[%s] %s: '%s' is not a number of seconds in [%g, %lld]",
+			     section, name, value, (double)k->min / 1e3,
+			     (long long)(k->max / 1000));
 			return -EINVAL;
 		}
 		*(int64_t *)((char *)c + k->off) = (int64_t)llround(s * 1e3);

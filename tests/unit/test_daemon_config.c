@@ -312,6 +312,10 @@ START_TEST(seconds_into_milliseconds)
 			 "[0, 1000000]");
 	expect_set_error("watchdog", "stuck_job_s", "1e7",
 			 "[watchdog] stuck_job_s: '1e7' is not a number of seconds in [0, 1000000]");
+	/* A key's lower bound holds too: a collective waits at least 1 ms
+	 * (0 was taken as 0 ms). */
+	expect_set_error("dist", "timeout_s", "0",
+			 "[dist] timeout_s: '0' is not a number of seconds in [0.001, 86400]");
 }
 END_TEST
 
