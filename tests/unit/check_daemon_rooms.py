@@ -16,8 +16,9 @@ LAYERS = {
     # 0: leaves — each knows nothing of the rest of the daemon
     "config.h": 0, "presets.h": 0, "test_hold.h": 0, "auth.h": 0,
     "paths.h": 0, "omp_policy.h": 0, "fb_request.h": 0, "wire_check.h": 0, "rpc/rpc.h": 0, "rpc/tls.h": 0, "ops/metrics.h": 0,
-    "params.h": 0,
-    # 1: one RPC's lifecycle and the reply rules
+    "params.h": 0, "share_table.h": 0,
+    # 1: one RPC's lifecycle and the reply rules; the share socket (over the share table)
+    "share_socket.h": 1,
     "job.h": 1,
     # 2: the ops services, handed what they need
     "ops/health.h": 2, "ops/reflection.h": 2, "replay.h": 2,
