@@ -25,7 +25,7 @@ LAYERS = {
     # 3: the daemon's shared state
     "daemon.h": 3,
     # 4: the TrainingEngine handlers
-    "handlers.h": 4, "stream.c": 4, "group.c": 4,
+    "handlers.h": 4, "stream.c": 4, "group.c": 4, "share.c": 4,
     # 5: the method table (names the handlers)
     "methods.h": 5,
     # 6: the dispatcher and engine thread; 7: the program
@@ -33,6 +33,7 @@ LAYERS = {
 }
 # A .c file whose header has another name.
 OWN = {"rpc/rpc_grpc.c": "rpc/rpc.h", "stream.c": "handlers.h", "group.c": "handlers.h",
+       "share.c": "handlers.h",
        "dispatch.c": "daemon.h"}
 GRPC_ROOM = "rpc/"
 INCLUDE = re.compile(r'^\s*#\s*include\s+([<"])([^>"]+)[>"]', re.M)
