@@ -232,6 +232,8 @@ class Api:
         snapshot at the call: later steps do not change it. The pick-up
         blocks on the local socket (well under a millisecond), also in
         AsyncEngineClient."""
+        if as_torch:
+            import torch  # noqa: F401  (fail before a share is made for nothing)
         req = share_request(dtype, names, 1)
         return self._rpc("ShareWeights", req, pb.ShareWeightsResponse,
                          lambda rep: open_share(R.ShareTicket.from_proto(rep), as_torch),
