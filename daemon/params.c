@@ -70,6 +70,11 @@ int params_collect(struct engine *e, int dtype, char *const *names, size_t n_nam
 	int r = 0;
 
 	memset(s, 0, sizeof(*s));
+	/* Each name at most once: more names than parameters cannot all be
+	 * found, and the lookup's work stays bounded by the engine's size. */
+	if (unique && count > n)
+		return eng_fail(err, -EINVAL, "names: %lld names, the engine has %lld parameters",
+				(long long)count, (long long)n);
 	s->dtype = dtype == ENGINED__V1__DTYPE__DTYPE_UNSPECIFIED ?
 		   ENGINED__V1__DTYPE__FLOAT32 : (Engined__V1__DType)dtype;
 	s->edtype = s->dtype == ENGINED__V1__DTYPE__FLOAT32 ? ENGINE_DTYPE_F32 :

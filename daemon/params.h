@@ -52,8 +52,9 @@ int params_check_request(int dtype, char *const *names, size_t n_names,
 			 struct eng_error *err);
 
 /* Look the tensors up (engine thread). names NULL / n_names 0: all.
- * unique: a name given twice is -EINVAL (else it is exported twice). An
- * unknown name is -ENOENT naming it. Free with params_set_free. */
+ * unique: a name given twice, or more names than parameters, is -EINVAL
+ * (else a name given twice is exported twice). An unknown name is -ENOENT
+ * naming it. Free with params_set_free. */
 int params_collect(struct engine *e, int dtype, char *const *names, size_t n_names,
 		   bool unique, struct param_set *ret, struct eng_error *err);
 void params_set_free(struct param_set *s);

@@ -366,6 +366,9 @@ def test_bad_requests(c):
     expect(SC.INVALID_ARGUMENT, c.request_share,
            names=["model.norm.weight", "model.embed_tokens.weight", "model.norm.weight"],
            field="names[2]: 'model.norm.weight' given twice")
+    names = [name for name, _ in streamed(c)]
+    expect(SC.INVALID_ARGUMENT, c.request_share, names=names + ["model.norm.weight"],
+           field="names: %d names, the engine has %d parameters" % (len(names) + 1, len(names)))
     expect(SC.INVALID_ARGUMENT, c.request_share, uses=1025, field="uses")
     expect(SC.INVALID_ARGUMENT, c.request_share, uses=-1, field="uses")
     assert c.get_status().pending_shares == 0
