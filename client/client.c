@@ -250,6 +250,12 @@ static int call_msg(struct ec_client *c, const ProtobufCServiceDescriptor *svc,
 
 #define ENGINE_SVC &engined__v1__training_engine__descriptor
 
+int ec_share_weights(struct ec_client *c, const Engined__V1__ShareWeightsRequest *req,
+		     Engined__V1__ShareWeightsResponse **ret, struct ec_status *st)
+{
+	return call_msg(c, ENGINE_SVC, "ShareWeights", &req->base, (void **)ret, st);
+}
+
 int ec_initialize(struct ec_client *c, const Engined__V1__InitializeRequest *req,
 		  Engined__V1__InitializeResponse **ret, struct ec_status *st)
 {

@@ -119,6 +119,34 @@ int64_t ec_weights_messages(const struct ec_weights *w);
 /* Cancels the stream when it has not ended. Accepts NULL. */
 void ec_weights_close(struct ec_weights *w);
 
+/* --- same-host weights (ShareWeights) --------------------------------- */
+
+/* The weights in a sealed memfd of the daemon's host (README "Same-host
+ * weights"; the daemon needs [server] share_socket). ec_share_weights is
+ * the RPC alone: its reply (free with ec_free) carries the handle, the
+ * socket's path and the index, and may be handed to another process of the
+ * host; ec_share_open picks it up there (one use of the handle): the
+ * descriptor over the unix socket, its seals (write, shrink, grow) and size
+ * checked, mapped read-only. ec_share_weights_open does both. Errors:
+ * NOT_FOUND for an unknown, used up or expired handle, UNAVAILABLE when the
+ * socket cannot be reached, PERMISSION_DENIED when its mode refuses this
+ * user, FAILED_PRECONDITION for a file that is not sealed. */
+struct ec_share;
+
+int ec_share_weights(struct ec_client *c, const Engined__V1__ShareWeightsRequest *req,
+		     Engined__V1__ShareWeightsResponse **ret, struct ec_status *st);
+int ec_share_open(const Engined__V1__ShareWeightsResponse *reply, struct ec_share **ret,
+		  struct ec_status *st);
+int ec_share_weights_open(struct ec_client *c, const Engined__V1__ShareWeightsRequest *req,
+			  struct ec_share **ret, struct ec_status *st);
+/* The tensors, in the share's order: tensor i's data points into the
+ * mapping (valid until ec_share_close; never write it). -ERANGE past the
+ * last. */
+size_t ec_share_count(const struct ec_share *s);
+int ec_share_tensor(const struct ec_share *s, size_t i, struct ec_tensor *ret);
+int64_t ec_share_step(const struct ec_share *s);   /* the engine step of the weights */
+void ec_share_close(struct ec_share *s);            /* unmaps; accepts NULL */
+
 /* --- progress of a long call ------------------------------------------- */
 
 /* While one long call runs on c (Initialize, SaveCheckpoint,

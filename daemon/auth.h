@@ -7,8 +7,8 @@
  * NAME ([A-Za-z0-9_.-]+) shows in the logs instead of the token; without it
  * the token is called "line-N". A TOKEN is at least 16 printable characters
  * without spaces or ':'; the scope defaults to full. A read-only token may
- * call GetStatus, GetPerTensorParam, Health and reflection; a full one
- * anything. The file must not be readable by others (mode o-rwx).
+ * call GetStatus, GetPerTensorParam, ShareWeights, Health and reflection
+ * (the methods.c rows flagged M_READ_ONLY); a full one anything. The file must not be readable by others (mode o-rwx).
  *
  * Checks compare the presented token with every token, in time that
  * depends only on the presented token's length, and never stop early.

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/un.h>
 
 #include <ini.h>
 
@@ -66,6 +67,16 @@ static const struct key keys[] = {
 	  "write the bound TCP ports here (one a line) once serving" },
 	{ "server", "insecure", K_BOOL, F(insecure), 0, 0,
 	  "allow a non-loopback address without client authentication (tokens or mutual TLS)" },
+	{ "server", "share_socket", K_PATH, F(share_socket), 0, 0,
+	  "ShareWeights: the unix socket (an absolute path, made with mode 0660) where consumers "
+	  "on this host pick up shared weights; empty: ShareWeights is off" },
+	{ "server", "share_ttl_s", K_MS, F(share_ttl_ms), 1, 86400000LL,
+	  "ShareWeights: how long a share's handle stays valid (its memory is freed then)" },
+	{ "server", "max_shares", K_INT, F(max_shares), 1, 1024,
+	  "ShareWeights: shares not yet picked up at once (RESOURCE_EXHAUSTED above)" },
+	{ "server", "max_share_bytes", K_SIZE, F(max_share_bytes), 0, INT64_MAX / 2,
+	  "ShareWeights: bytes of shares not yet picked up (RESOURCE_EXHAUSTED above); 0: half "
+	  "the host's memory" },
 	{ "paths", "checkpoint_root", K_PATH, F(checkpoint_root), 0, 0,
 	  "SaveCheckpoint / LoadCheckpoint paths are relative to, and confined under, this directory" },
 	{ "paths", "model_root", K_PATH, F(model_root), 0, 0,
@@ -116,6 +127,9 @@ static const struct key keys[] = {
 };
 
 #define N_KEYS ((int)(sizeof(keys) / sizeof(keys[0])))
+
+_Static_assert(CONFIG_UNIX_PATH_MAX == sizeof(((struct sockaddr_un *)0)->sun_path),
+	       "CONFIG_UNIX_PATH_MAX is sun_path's size");
 
 _Static_assert(sizeof(keys) / sizeof(keys[0]) <=
 	       sizeof(((struct daemon_config *)0)->set_line) / sizeof(int),
@@ -177,6 +191,8 @@ int config_init(struct daemon_config *c)
 	c->grace_ms = 30000;
 	c->dist_timeout_ms = 300000;
 	c->metrics_idle_timeout_s = 5;
+	c->share_ttl_ms = 60000;
+	c->max_shares = 16;
 	return 0;
 }
 
@@ -322,6 +338,13 @@ int config_set(struct daemon_config *c, const char *section, const char *name,
 				}
 			}
 		}
+		if (k->off == F(share_socket) && value[0] &&
+		    (value[0] != '/' || strlen(value) >= CONFIG_UNIX_PATH_MAX)) {
+			errf(err, "[%s] %s: '%s' must be an absolute path shorter than %d bytes "
+			     "(a unix socket's; clients connect to it by that name)",
+			     section, name, value, CONFIG_UNIX_PATH_MAX);
+			return -EINVAL;
+		}
 		if (k->off == F(save_on_stop) && value[0]) {
 			if (value[0] == '/' || !strcmp(value, "..") || !strncmp(value, "../", 3) ||
 			    strstr(value, "/../") ||
@@ -365,9 +388,10 @@ int config_set(struct daemon_config *c, const char *section, const char *name,
 		errno = 0;
 		s = strtod(value, &end);
 		if (errno || end == value || *end || !isfinite(s) || s < 0 ||
-		    s * 1e3 > (double)k->max) {
-			errf(err, "[%s] %s: '%s' is not a number of seconds in [0, %lld]",
-			     section, name, value, (long long)(k->max / 1000));
+		    s * 1e3 > (double)k->max || llround(s * 1e3) < k->min) {
+			errf(err, "[%s] %s: '%s' is not a number of seconds in [%g, %lld]",
+			     section, name, value, (double)k->min / 1e3,
+			     (long long)(k->max / 1000));
 			return -EINVAL;
 		}
 		*(int64_t *)((char *)c + k->off) = (int64_t)llround(s * 1e3);

@@ -21,6 +21,7 @@
 
 #define CONFIG_MAX_LISTEN 8
 #define CONFIG_ERR_MAX 512
+#define CONFIG_UNIX_PATH_MAX 108     /* sizeof(sockaddr_un.sun_path) */
 
 struct daemon_config {
 	/* [server] */
@@ -37,6 +38,10 @@ struct daemon_config {
 	int64_t default_deadline_ms;  /* for calls without a deadline; 0: none */
 	char *port_file;              /* bound TCP ports, one a line */
 	bool insecure;                /* allow non-loopback without client auth */
+	char *share_socket;           /* ShareWeights' unix socket (absolute); NULL: off */
+	int64_t share_ttl_ms;         /* a share handle's lifetime */
+	int max_shares;               /* shares pending at once */
+	int64_t max_share_bytes;      /* their bytes; 0: derived (main.c: half the RAM) */
 
 	/* [paths] */
 	char *checkpoint_root;        /* realpath'ed by main before the start */

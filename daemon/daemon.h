@@ -26,6 +26,8 @@
 #include "job.h"
 #include "metrics.h"
 #include "rpc.h"
+#include "share_socket.h"
+#include "share_table.h"
 
 /* What the running job reported last (engine_progress_fn): `done` of
  * `total` `unit` in `phase`; all empty / 0 until it reports. */
@@ -57,6 +59,10 @@ struct daemon {
 	struct reflection *refl;
 	/* Outcomes of recent request ids (replay.c). */
 	struct replay *replay;
+	/* ShareWeights (share.c): the pending shares and the side socket that
+	 * hands them out; both NULL without server.share_socket. */
+	struct share_table *shares;
+	struct share_socket *share_sock;
 
 	/* Engine thread only. */
 	struct engine *engine;

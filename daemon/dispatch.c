@@ -562,6 +562,8 @@ static void metrics_sample(void *ctx, struct metrics_sample *out)
 			      (double)(now.tv_nsec - d->started.tv_nsec) * 1e-9;
 	out->bytes_streamed = d->rpc ? rpc_server_bytes_streamed(d->rpc) : 0;
 	out->inflight_request_bytes = d->rpc ? rpc_server_inflight_bytes(d->rpc) : 0;
+	if (d->shares)
+		share_table_counts(d->shares, &out->pending_shares, &out->pending_share_bytes);
 }
 
 int daemon_init(struct daemon *d, const struct daemon_config *cfg,
@@ -601,6 +603,18 @@ int daemon_init(struct daemon *d, const struct daemon_config *cfg,
 		snprintf(errbuf, errlen, "replay: out of memory");
 		return r;
 	}
+	if (cfg->share_socket) {
+		struct share_limits lim = { cfg->max_shares, cfg->max_share_bytes,
+					    cfg->share_ttl_ms };
+
+		r = share_table_new(&lim, &d->shares);
+		if (r < 0) {
+			snprintf(errbuf, errlen, "server.share_socket: %s", r == -EINVAL ?
+				 "max_shares, max_share_bytes and share_ttl_s must be positive" :
+				 "out of memory");
+			return r;
+		}
+	}
 	return 0;
 }
 
@@ -615,6 +629,22 @@ int daemon_start(struct daemon *d, char *errbuf, size_t errlen)
 		return -EAGAIN;
 	}
 	d->engine_thread_started = true;
+	if (d->shares) {
+		struct eng_error err;
+
+		eng_error_clear(&err);
+		r = share_socket_start(d->cfg.share_socket, d->shares, &d->share_sock, &err);
+		if (r < 0) {
+			snprintf(errbuf, errlen, "%s", err.msg);
+			pthread_mutex_lock(&d->lock);
+			d->stopping = true;
+			pthread_cond_broadcast(&d->cond);
+			pthread_mutex_unlock(&d->lock);
+			pthread_join(d->engine_thread, NULL);
+			d->engine_thread_started = false;
+			return r;
+		}
+	}
 	for (int i = 0; i < daemon_n_methods; i++) {
 		regs[i].path = daemon_methods[i].path;
 		regs[i].server_streaming = daemon_methods[i].server_streaming;
@@ -642,6 +672,8 @@ int daemon_start(struct daemon *d, char *errbuf, size_t errlen)
 		pthread_mutex_unlock(&d->lock);
 		pthread_join(d->engine_thread, NULL);
 		d->engine_thread_started = false;
+		share_socket_stop(d->share_sock);
+		d->share_sock = NULL;
 		return r;
 	}
 	if (d->cfg.metrics_listen) {
@@ -695,6 +727,10 @@ int daemon_stop(struct daemon *d)
 		pthread_join(d->engine_thread, NULL);
 		d->engine_thread_started = false;
 	}
+	/* No job makes shares any more: the socket goes (its file removed);
+	 * the shares still pending are closed by daemon_fini. */
+	share_socket_stop(d->share_sock);
+	d->share_sock = NULL;
 	health_broadcast(&d->health, true);
 	metrics_fini(&d->metrics);
 	if (d->rpc) {
@@ -746,6 +782,8 @@ void daemon_fini(struct daemon *d)
 	reflection_free(d->refl);
 	replay_free(d->replay);
 	d->replay = NULL;
+	share_table_free(d->shares);
+	d->shares = NULL;
 	d->refl = NULL;
 	health_fini(&d->health);
 	auth_fini(&d->auth);

@@ -742,6 +742,8 @@ int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err)
 	resp.busy = jv.busy;
 	resp.current_job = jv.job;
 	resp.queued_jobs = queued;
+	if (d->shares)
+		share_table_counts(d->shares, &resp.pending_shares, &resp.pending_share_bytes);
 	if (st.initialized && st.dist_world_size > 1) {
 		ds.rank = st.dist_rank;
 		ds.world_size = st.dist_world_size;

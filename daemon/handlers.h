@@ -33,4 +33,8 @@ int h_run_create_group(struct daemon *d, struct job *j, struct eng_error *err);
 int h_validate_get_params(struct daemon *d, struct job *j, struct eng_error *err);
 int h_run_get_params(struct daemon *d, struct job *j, struct eng_error *err);
 
+/* share.c: ShareWeights */
+int h_validate_share_weights(struct daemon *d, struct job *j, struct eng_error *err);
+int h_run_share_weights(struct daemon *d, struct job *j, struct eng_error *err);
+
 #endif

@@ -36,6 +36,7 @@
 #include <systemd/sd-daemon.h>
 #include <uv.h>
 
+#include "checked.h"
 #include "daemon.h"
 #include "device/cpu_budget.h"
 #include "device/device.h"
@@ -69,6 +70,7 @@ static void usage(FILE *f)
 		"  --max-request-bytes N    server.max_request_bytes (default 512M)\n"
 		"  --pollers N              server.pollers (default 1)\n"
 		"  --port-file PATH         server.port_file: bound TCP ports, one a line\n"
+		"  --share-socket PATH      server.share_socket: ShareWeights' unix socket\n"
 		"  --tls-cert FILE          tls.cert     --tls-key FILE   tls.key\n"
 		"  --tls-client-ca FILE     tls.client_ca (mutual TLS)\n"
 		"  --token-file FILE        auth.token_file (bearer tokens)\n"
@@ -87,7 +89,7 @@ struct flag_key {
 enum {
 	OPT_CHECK = 1000, OPT_LISTEN, OPT_CKPT, OPT_MODEL, OPT_DIST_STORE, OPT_THREADS, OPT_LEVEL,
 	OPT_MAXREQ, OPT_POLLERS, OPT_PORTFILE, OPT_CERT, OPT_KEY, OPT_CA, OPT_TOKENS,
-	OPT_METRICS, OPT_INSECURE, OPT_VERSION,
+	OPT_METRICS, OPT_INSECURE, OPT_VERSION, OPT_SHARE_SOCKET,
 };
 
 static const struct flag_key flag_keys[] = {
@@ -100,6 +102,7 @@ static const struct flag_key flag_keys[] = {
 	{ OPT_MAXREQ, "server", "max_request_bytes" },
 	{ OPT_POLLERS, "server", "pollers" },
 	{ OPT_PORTFILE, "server", "port_file" },
+	{ OPT_SHARE_SOCKET, "server", "share_socket" },
 	{ OPT_CERT, "tls", "cert" },
 	{ OPT_KEY, "tls", "key" },
 	{ OPT_CA, "tls", "client_ca" },
@@ -121,6 +124,7 @@ static const struct option opts[] = {
 	{ "max-request-bytes", required_argument, NULL, OPT_MAXREQ },
 	{ "pollers", required_argument, NULL, OPT_POLLERS },
 	{ "port-file", required_argument, NULL, OPT_PORTFILE },
+	{ "share-socket", required_argument, NULL, OPT_SHARE_SOCKET },
 	{ "tls-cert", required_argument, NULL, OPT_CERT },
 	{ "tls-key", required_argument, NULL, OPT_KEY },
 	{ "tls-client-ca", required_argument, NULL, OPT_CA },
@@ -235,6 +239,13 @@ static int parse_args(int argc, char **argv, struct daemon_config *cfg,
 	}
 	if (cfg->max_inflight_request_bytes == 0)
 		cfg->max_inflight_request_bytes = 2 * cfg->max_request_bytes;
+	if (cfg->max_share_bytes == 0) {
+		long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+		int64_t ram;
+
+		cfg->max_share_bytes = pages > 0 && page > 0 &&
+				       ck_mul_i64(pages, page, &ram) ? ram / 2 : (1LL << 30);
+	}
 	*ret_check = check;
 	return 0;
 }
@@ -593,6 +604,11 @@ int main(int argc, char **argv)
 			"idle ones closed after %d s)", cfg.metrics_listen, d.metrics.http_port,
 			d.metrics.max_conns, d.metrics.max_conns_per_addr,
 			d.metrics.idle_timeout_s);
+	if (cfg.share_socket)
+		log_msg(LOG_LVL_INFO,
+			"ShareWeights on %s (mode 0660): handles valid %.1f s, at most %d shares "
+			"and %lld bytes pending", cfg.share_socket, (double)cfg.share_ttl_ms / 1e3,
+			cfg.max_shares, (long long)cfg.max_share_bytes);
 	(void)write_port_file(&cfg, &d);
 
 	/* Every address is bound and the pollers run: calls are answered. */

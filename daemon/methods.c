@@ -70,6 +70,11 @@ struct method daemon_methods[] = {
 	{ .service = REFLECTION_SVC, .name = "ServerReflectionInfo", .label = "Reflection.v1",
 	  .server_streaming = true, .client_streaming = true, .flags = M_READ_ONLY,
 	  .where = RUN_OWN, .modes = MODES_ANY, .run = run_reflection },
+	/* Rows are only ever added at the end: a row's index is its metrics
+	 * row and the fuzz seeds' byte 0 (tests/fuzz/make_corpus.py ROWS). */
+	{ .service = ENGINE_SVC, .name = "ShareWeights", .flags = M_READ_ONLY,
+	  .where = RUN_ENGINE, .needs_init = true, .modes = MODES_ANY,
+	  .validate = h_validate_share_weights, .run = h_run_share_weights },
 };
 #define N_METHODS (int)(sizeof(daemon_methods) / sizeof(daemon_methods[0]))
 const int daemon_n_methods = N_METHODS;

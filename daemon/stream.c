@@ -43,32 +43,16 @@
 #include <unistd.h>
 
 #include "engined/v1/engine.pb-c.h"
-#include "io/safetensors.h"
 #include "log.h"
+#include "params.h"
 #include "test_hold.h"
 
 #define DEFAULT_BUCKET_BYTES (4 << 20)
 #define MIN_BUCKET_BYTES 1024
 #define MAX_SLOTS 4
 #define MAX_WORKERS (MAX_SLOTS - 2)
-/* Conversion step (fp32 elements: 4 KiB) and how far ahead of it the
- * source is prefetched; measured best on these machines (a plain loop
- * reads ~8 GB/s per core, this ~12). */
-#define CONV_BLOCK 1024
-#define PREFETCH_AHEAD 8192
 /* Engine-thread polling of a cancelled call while it waits for workers. */
 #define WAIT_POLL_MS 50
-
-/* One tensor of the stream, looked up once on the engine thread. */
-struct tensor_ref {
-	int64_t index;                  /* engine parameter index */
-	const char *name;               /* engine-owned, valid during the job */
-	int ndim;
-	int64_t shape[4];
-	int64_t bytes;                  /* in the streamed dtype */
-	const float *host;              /* fp32 [numel], stable during the job;
-					 * NULL: copy through engine_param_copy */
-};
 
 /* Bytes [off, off + len) of tensor t, at data_off in the bucket. */
 struct piece {
@@ -117,13 +101,9 @@ struct stream {
 	struct daemon *d;
 	struct rpc_call *call;
 	struct ring *ring;
-	Engined__V1__DType dtype;
-	enum engine_dtype edtype;
-	size_t esz;
+	struct param_set set;           /* the tensors, looked up once (params.h) */
 	int64_t bucket_bytes;
 	bool zero_copy;                 /* FLOAT32 from host memory */
-	struct tensor_ref *tensors;     /* [n_tensors] */
-	int64_t n_tensors;
 
 	int64_t cur_t, cur_off;         /* ring: the planner's position */
 	int64_t next_bucket;            /* ring: next bucket number to claim */
@@ -134,7 +114,6 @@ struct stream {
 	pthread_t workers[MAX_WORKERS];
 	int n_workers;
 	int64_t messages, bytes;
-	int64_t total_bytes;            /* of every tensor asked for: the progress */
 };
 
 /* --- validation ---------------------------------------------------------- */
@@ -143,21 +122,14 @@ int h_validate_get_params(struct daemon *d, struct job *j, struct eng_error *err
 {
 	const Engined__V1__GetPerTensorParamRequest *q = (const void *)j->req;
 	int64_t max = d->cfg.max_send_bytes - (1 << 20);
+	int r = params_check_request(q->dtype, q->names, q->n_names, err);
 
-	if (q->dtype != ENGINED__V1__DTYPE__DTYPE_UNSPECIFIED &&
-	    q->dtype != ENGINED__V1__DTYPE__FLOAT32 &&
-	    q->dtype != ENGINED__V1__DTYPE__BFLOAT16 &&
-	    q->dtype != ENGINED__V1__DTYPE__FLOAT16)
-		return eng_fail(err, -EINVAL,
-				"dtype: %d not supported (FLOAT32, BFLOAT16, FLOAT16)",
-				(int)q->dtype);
+	if (r < 0)
+		return r;
 	if (q->bucket_bytes != 0 &&
 	    (q->bucket_bytes < MIN_BUCKET_BYTES || q->bucket_bytes > max))
 		return eng_fail(err, -EINVAL, "bucket_bytes: %lld not in [%d, %lld]",
 				(long long)q->bucket_bytes, MIN_BUCKET_BYTES, (long long)max);
-	for (size_t i = 0; i < q->n_names; i++)
-		if (!q->names[i][0])
-			return eng_fail(err, -EINVAL, "names[%zu]: empty name", i);
 	return 0;
 }
 
@@ -290,8 +262,8 @@ static int plan_locked(struct stream *s, struct slot *sl)
 	sl->bucket = s->next_bucket++;
 	sl->n = 0;
 	sl->data_len = 0;
-	while (s->cur_t < s->n_tensors) {
-		const struct tensor_ref *t = &s->tensors[s->cur_t];
+	while (s->cur_t < s->set.n) {
+		const struct param_ref *t = &s->set.t[s->cur_t];
 		int64_t take = s->bucket_bytes - sl->data_len;
 
 		if (take == 0)
@@ -308,32 +280,13 @@ static int plan_locked(struct stream *s, struct slot *sl)
 			s->cur_off = 0;
 		}
 	}
-	sl->last = s->cur_t == s->n_tensors;
+	sl->last = s->cur_t == s->set.n;
 	if (sl->last)
 		s->planned_all = true;
 	return 0;
 }
 
 /* --- filling (the slot's owner, unlocked) --------------------------------- */
-
-/* fp32 [n] -> bf16 / f16 [n], the rounding of engines/io (as the engine's
- * own kernels and the checkpoint writer). */
-static void convert_host(enum engine_dtype dt, const float *src, uint16_t *dst, int64_t n)
-{
-	for (int64_t i = 0; i < n; i += CONV_BLOCK) {
-		int64_t m = n - i < CONV_BLOCK ? n - i : CONV_BLOCK;
-		/* An address, not a pointer: it may lie past the tensor (a
-		 * prefetch never faults). */
-		uintptr_t ahead = (uintptr_t)(src + i) + PREFETCH_AHEAD;
-
-		for (int k = 0; k < CONV_BLOCK * 4; k += 64)
-			__builtin_prefetch((const void *)(ahead + (uintptr_t)k), 0, 2);
-		if (dt == ENGINE_DTYPE_BF16)
-			f32_to_bf16_n(src + i, dst + i, (size_t)m);
-		else
-			f32_to_f16_n(src + i, dst + i, (size_t)m);
-	}
-}
 
 static size_t put_varint(uint8_t *p, uint64_t v)
 {
@@ -355,12 +308,12 @@ static int encode_header(const struct stream *s, struct slot *sl)
 
 	for (size_t i = 0; i < sl->n; i++) {
 		const struct piece *p = &sl->pieces[i];
-		const struct tensor_ref *t = &s->tensors[p->t];
+		const struct param_ref *t = &s->set.t[p->t];
 		Engined__V1__TensorSlice *m = &sl->msgs[i];
 
 		engined__v1__tensor_slice__init(m);
 		m->name = (char *)t->name;
-		m->dtype = s->dtype;
+		m->dtype = s->set.dtype;
 		m->n_shape = (size_t)t->ndim;
 		m->shape = (int64_t *)t->shape;
 		m->tensor_bytes = t->bytes;
@@ -401,19 +354,11 @@ static int fill(struct stream *s, struct slot *sl, struct eng_error *err)
 	}
 	for (size_t i = 0; i < sl->n && !s->zero_copy; i++) {
 		const struct piece *p = &sl->pieces[i];
-		const struct tensor_ref *t = &s->tensors[p->t];
-		int64_t start = p->off / (int64_t)s->esz, count = p->len / (int64_t)s->esz;
-		int r;
+		const struct param_ref *t = &s->set.t[p->t];
+		int64_t esz = (int64_t)s->set.esz;
+		int r = params_read(s->d->engine, &s->set, t, p->off / esz, p->len / esz,
+				    sl->data + p->data_off, err);
 
-		if (count == 0)
-			continue;
-		if (t->host && s->esz == 2) {
-			convert_host(s->edtype, t->host + start,
-				     (uint16_t *)(sl->data + p->data_off), count);
-			continue;
-		}
-		r = engine_param_copy(s->d->engine, t->index, s->edtype, start, count,
-				      sl->data + p->data_off, err);
 		if (r < 0)
 			return r;
 	}
@@ -470,7 +415,7 @@ static int worker_count(const struct stream *s)
 {
 	long n = s->d->cfg.threads > 0 ? s->d->cfg.threads : sysconf(_SC_NPROCESSORS_ONLN);
 
-	if (s->zero_copy || !s->n_tensors || !s->tensors[0].host)
+	if (s->zero_copy || !s->set.n || !s->set.on_host)
 		return 0;
 	n /= 2;
 	if (n > s->ring->n_slots - 2)
@@ -584,7 +529,7 @@ static int send_slot(struct stream *s, struct slot *sl, struct eng_error *err)
 			const struct piece *p = &sl->pieces[i];
 
 			out[n++] = (struct rpc_piece){
-				(const uint8_t *)s->tensors[p->t].host + p->off,
+				(const uint8_t *)s->set.t[p->t].host + p->off,
 				(size_t)p->len, engine_mem_release, d };
 		}
 	} else if (sl->data_len > 0) {
@@ -595,7 +540,7 @@ static int send_slot(struct stream *s, struct slot *sl, struct eng_error *err)
 		out[n++] = (struct rpc_piece){ sl->data, (size_t)sl->data_len, slot_release, sl };
 	}
 	s->bytes += sl->data_len;
-	daemon_progress(s->d, "send", s->bytes, s->total_bytes, "bytes");
+	daemon_progress(s->d, "send", s->bytes, s->set.total_bytes, "bytes");
 	r = rpc_stream_send(s->call, out, n);
 	if (n == 1 || s->zero_copy) {
 		/* Nothing of the slot is lent (its `out` was read until now). */
@@ -653,101 +598,23 @@ static int run_stream(struct stream *s, struct eng_error *err)
 
 /* --- the job --------------------------------------------------------------- */
 
-/* Whether the parameters are the engine's own host memory (the CPU device),
- * valid for the whole job and readable from the workers, so that FLOAT32
- * goes out zero-copy. Otherwise (device memory: CUDA, or the CPU device in
- * discrete mode) slices come through engine_param_copy on the engine thread.
- * All parameters share one family, so the first tells for all. */
-static bool params_on_host(struct engine *e)
-{
-	struct engine_param_view v;
-
-	return engine_num_params(e) > 0 && engine_param_info(e, 0, &v, NULL) == 0 &&
-	       v.host_resident;
-}
-
-static int find_param(struct engine *e, int64_t n, const char *name, int64_t *ret,
-		      struct eng_error *err)
-{
-	struct engine_param_view v;
-
-	for (int64_t i = 0; i < n; i++) {
-		int r = engine_param_info(e, i, &v, err);
-
-		if (r < 0)
-			return r;
-		if (strcmp(v.name, name) == 0) {
-			*ret = i;
-			return 0;
-		}
-	}
-	return -ENOENT;
-}
-
-/* The tensors asked for, in the order asked (all: engine order). */
-static int collect_tensors(struct stream *s, const Engined__V1__GetPerTensorParamRequest *q,
-			   bool on_host, struct eng_error *err)
-{
-	struct engine *e = s->d->engine;
-	int64_t n = engine_num_params(e);
-	int64_t count = q->n_names ? (int64_t)q->n_names : n;
-
-	s->tensors = calloc((size_t)(count ? count : 1), sizeof(*s->tensors));
-	if (!s->tensors)
-		return eng_fail(err, -ENOMEM, "out of memory");
-	for (int64_t i = 0; i < count; i++) {
-		struct tensor_ref *t = &s->tensors[i];
-		struct engine_param_view v;
-		int r;
-
-		t->index = i;
-		if (q->n_names) {
-			r = find_param(e, n, q->names[i], &t->index, err);
-			if (r == -ENOENT)
-				r = eng_fail(err, -ENOENT, "names[%lld]: no parameter '%s'",
-					     (long long)i, q->names[i]);
-			if (r < 0)
-				return r;
-		}
-		r = engine_param_info(e, t->index, &v, err);
-		if (r < 0)
-			return r;
-		t->name = v.name;
-		t->ndim = v.ndim > 4 ? 4 : v.ndim;
-		for (int k = 0; k < t->ndim; k++)
-			t->shape[k] = v.shape[k];
-		t->bytes = v.numel * (int64_t)s->esz;
-		t->host = on_host ? v.host_data : NULL;
-		s->total_bytes += t->bytes;
-	}
-	s->n_tensors = count;
-	daemon_progress(s->d, "send", 0, s->total_bytes, "bytes");
-	return 0;
-}
-
 int h_run_get_params(struct daemon *d, struct job *j, struct eng_error *err)
 {
 	const Engined__V1__GetPerTensorParamRequest *q = (const void *)j->req;
 	struct stream s;
-	bool on_host = params_on_host(d->engine);
 	int r;
 
 	memset(&s, 0, sizeof(s));
 	s.d = d;
 	s.call = j->call;
-	s.dtype = q->dtype == ENGINED__V1__DTYPE__DTYPE_UNSPECIFIED ?
-		  ENGINED__V1__DTYPE__FLOAT32 : q->dtype;
-	s.edtype = s.dtype == ENGINED__V1__DTYPE__FLOAT32 ? ENGINE_DTYPE_F32 :
-		   s.dtype == ENGINED__V1__DTYPE__BFLOAT16 ? ENGINE_DTYPE_BF16 :
-		   ENGINE_DTYPE_F16;
-	s.esz = engine_dtype_size(s.edtype);
-	s.zero_copy = on_host && s.esz == 4;
 	/* A multiple of 4: pieces never split an element of any dtype. */
 	s.bucket_bytes = (q->bucket_bytes ? q->bucket_bytes : DEFAULT_BUCKET_BYTES) & ~(int64_t)3;
 
-	r = collect_tensors(&s, q, on_host, err);
+	r = params_collect(d->engine, q->dtype, q->names, q->n_names, false, &s.set, err);
 	if (r < 0)
 		goto out;
+	s.zero_copy = s.set.on_host && s.set.esz == 4;
+	daemon_progress(d, "send", 0, s.set.total_bytes, "bytes");
 	/* Up to 4 buffers: one in gRPC's hands, one ready, the rest being
 	 * converted; fewer for buckets so large that memory matters more. */
 	s.ring = ring_new(s.zero_copy || s.bucket_bytes > (16 << 20) ? 3 : MAX_SLOTS);
@@ -761,9 +628,9 @@ int h_run_get_params(struct daemon *d, struct job *j, struct eng_error *err)
 	r = run_stream(&s, err);
 	if (r == 0)
 		log_msg(LOG_LVL_DEBUG, "stream: %lld tensors, %lld messages, %lld bytes",
-			(long long)s.n_tensors, (long long)s.messages, (long long)s.bytes);
+			(long long)s.set.n, (long long)s.messages, (long long)s.bytes);
 out:
-	free(s.tensors);
+	params_set_free(&s.set);
 	if (s.ring) {
 		pthread_mutex_lock(&s.ring->lock);
 		ring_unref_locked(s.ring);

@@ -273,6 +273,13 @@ static void render(struct metrics *m, struct page *p)
 	       "(bounded by server.max_inflight_request_bytes).\n"
 	       "# TYPE engined_request_bytes_in_flight gauge\nengined_request_bytes_in_flight %lld\n",
 	    (long long)smp.inflight_request_bytes);
+	put(p, "# HELP engined_shares_pending ShareWeights handles not yet picked up (by all their uses).\n"
+	       "# TYPE engined_shares_pending gauge\nengined_shares_pending %d\n",
+	    smp.pending_shares);
+	put(p, "# HELP engined_share_bytes_pending Bytes of shared memory those handles hold until "
+	       "picked up or expired (bounded by server.max_share_bytes).\n"
+	       "# TYPE engined_share_bytes_pending gauge\nengined_share_bytes_pending %lld\n",
+	    (long long)smp.pending_share_bytes);
 
 	put(p, "# HELP engined_engine_initialized 1 once Initialize succeeded.\n"
 	       "# TYPE engined_engine_initialized gauge\nengined_engine_initialized %d\n",

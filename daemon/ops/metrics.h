@@ -29,6 +29,8 @@ struct metrics_sample {
 	double uptime_seconds;
 	int64_t bytes_streamed;
 	int64_t inflight_request_bytes;  /* received, not yet released by their calls */
+	int pending_shares;           /* ShareWeights handles not yet picked up */
+	int64_t pending_share_bytes;  /* the shared memory they hold */
 };
 typedef void (*metrics_sample_fn)(void *ctx, struct metrics_sample *out);
 

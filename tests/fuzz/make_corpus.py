@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 # The rows of daemon/methods.c's table, in order (fuzz_request's byte 0).
 ROWS = ["Initialize", "SetMode", "ForwardBackward", "OptimizerStep", "ZeroGrad", "LrSchedulerStep",
         "ToDevice", "GetPerTensorParam", "SaveCheckpoint", "LoadCheckpoint", "GetStatus", "CreateGroup",
-        "Health.Check", "Health.Watch", "Reflection.v1alpha", "Reflection.v1"]
+        "Health.Check", "Health.Watch", "Reflection.v1alpha", "Reflection.v1", "ShareWeights"]
 VALUE_MODEL = 0x80
 
 # LOSS_REQUEST_INPUTS of engines/loss/loss.h, in order (fuzz_loss_spec's byte 0).
@@ -161,6 +161,9 @@ def requests(pb):
     req("LoadCheckpoint", pb.LoadCheckpointRequest(path="run/step-1", contents=["extra"]))
     req("GetStatus", pb.GetStatusRequest())
     req("CreateGroup", pb.CreateGroupRequest(device="cpu", world_size=3))
+    req("ShareWeights", pb.ShareWeightsRequest(
+        dtype=pb.BFLOAT16, names=["model.norm.weight", "lm_head.weight"], uses=4))
+    req("ShareWeights", pb.ShareWeightsRequest(), tag="-all")
 
     def s(field, text):   # a length-delimited string field
         b = text.encode()

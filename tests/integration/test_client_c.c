@@ -254,10 +254,57 @@ START_TEST(test_stream_cancel)
 }
 END_TEST
 
+/* The same-host weights (ShareWeights): the mapped share holds, tensor by
+ * tensor and in order, the bytes the stream sends; a handle serves once. */
+START_TEST(test_share)
+{
+	struct ec_client *c = client();
+	Engined__V1__ShareWeightsRequest q = ENGINED__V1__SHARE_WEIGHTS_REQUEST__INIT;
+	Engined__V1__GetPerTensorParamRequest gr = ENGINED__V1__GET_PER_TENSOR_PARAM_REQUEST__INIT;
+	Engined__V1__ShareWeightsResponse *reply = NULL;
+	struct ec_share *s = NULL, *s2 = NULL;
+	struct ec_weights *w = NULL;
+	struct ec_tensor t, u;
+	struct ec_status st;
+	size_t i;
+	int done = 0;
+
+	for (int pass = 0; pass < 2; pass++) {
+		q.dtype = gr.dtype = pass ? ENGINED__V1__DTYPE__BFLOAT16 : ENGINED__V1__DTYPE__FLOAT32;
+		ck_assert_msg(ec_share_weights_open(c, &q, &s, &st) == 0, "%s", st.message);
+		ck_assert_int_eq(ec_weights_open(c, &gr, &w, &st), 0);
+		i = 0;
+		while (ec_weights_next(w, &t, &done, &st) == 0 && !done) {
+			ck_assert_int_eq(ec_share_tensor(s, i++, &u), 0);
+			ck_assert_str_eq(u.name, t.name);
+			ck_assert_int_eq(u.dtype, q.dtype);
+			ck_assert_int_eq(u.ndim, t.ndim);
+			for (int k = 0; k < t.ndim; k++)
+				ck_assert_int_eq(u.shape[k], t.shape[k]);
+			ck_assert_uint_eq(u.nbytes, t.nbytes);
+			ck_assert_msg(memcmp(u.data, t.data, t.nbytes) == 0, "%s differs", t.name);
+		}
+		ck_assert_msg(st.code == 0, "%s", st.message);
+		ck_assert_uint_eq(i, ec_share_count(s));
+		ck_assert_int_eq(ec_share_tensor(s, i, &u), -ERANGE);
+		ec_weights_close(w);
+		ec_share_close(s);
+	}
+	ck_assert_int_eq(ec_share_weights(c, &q, &reply, &st), 0);
+	ck_assert_uint_eq(reply->handle.len, 16);
+	ck_assert_int_eq(ec_share_open(reply, &s, &st), 0);
+	ck_assert_int_eq(ec_share_open(reply, &s2, &st), EC_NOT_FOUND);
+	ck_assert_ptr_nonnull(strstr(st.message, "unknown, used up or expired"));
+	ec_share_close(s);
+	ec_free(reply);
+	ec_close(c);
+}
+END_TEST
+
 static int start_daemon(const char *bin)
 {
 	char tmpl[] = "/tmp/engined-ct-XXXXXX", port_file[300], port_arg[32];
-	char *dir = mkdtemp(tmpl), model_root[300];
+	char *dir = mkdtemp(tmpl), model_root[300], share_sock[300];
 	FILE *f;
 	int port = 0;
 
@@ -266,11 +313,12 @@ static int start_daemon(const char *bin)
 	snprintf(ckpt_root, sizeof(ckpt_root), "%s/checkpoints", dir);
 	snprintf(model_root, sizeof(model_root), "%s/models", dir);
 	snprintf(port_file, sizeof(port_file), "%s/port", dir);
+	snprintf(share_sock, sizeof(share_sock), "%s/share.sock", dir);
 	daemon_pid = fork();
 	if (daemon_pid == 0) {
 		execl(bin, bin, "--listen", "127.0.0.1:0", "--port-file", port_file,
 		      "--checkpoint-root", ckpt_root, "--model-root", model_root,
-		      "--log-level", "warn", (char *)NULL);
+		      "--share-socket", share_sock, "--log-level", "warn", (char *)NULL);
 		_exit(127);
 	}
 	for (int i = 0; i < 400 && port == 0; i++) {
@@ -357,6 +405,7 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, test_before_init);
 	tcase_add_test(tc, test_full_cycle);
 	tcase_add_test(tc, test_stream_cancel);
+	tcase_add_test(tc, test_share);
 	tcase_add_test(tc, test_request_ids);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);

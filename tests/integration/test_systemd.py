@@ -271,6 +271,7 @@ def test_unit_files():
                 "Environment=CUDA_VISIBLE_DEVICES=%i", "ProtectSystem=strict",
                 "ReadWritePaths=/var/lib/engined", "PrivateTmp=yes", "NoNewPrivileges=yes",
                 "ProtectHome=yes", "DeviceAllow=char-nvidia-frontend rw",
+                "RuntimeDirectory=engined/%i", "RuntimeDirectoryMode=0750",
                 "ExecStart=%s --config /etc/engined/%%i.conf" % ENGINED_INSTALLED(build)]:
         assert key in text, key
     # verify checks that ExecStart exists: point it at the built binary.

@@ -16,14 +16,16 @@ LAYERS = {
     # 0: leaves — each knows nothing of the rest of the daemon
     "config.h": 0, "presets.h": 0, "test_hold.h": 0, "auth.h": 0,
     "paths.h": 0, "omp_policy.h": 0, "fb_request.h": 0, "wire_check.h": 0, "rpc/rpc.h": 0, "rpc/tls.h": 0, "ops/metrics.h": 0,
-    # 1: one RPC's lifecycle and the reply rules
+    "params.h": 0, "share_table.h": 0,
+    # 1: one RPC's lifecycle and the reply rules; the share socket (over the share table)
+    "share_socket.h": 1,
     "job.h": 1,
     # 2: the ops services, handed what they need
     "ops/health.h": 2, "ops/reflection.h": 2, "replay.h": 2,
     # 3: the daemon's shared state
     "daemon.h": 3,
     # 4: the TrainingEngine handlers
-    "handlers.h": 4, "stream.c": 4, "group.c": 4,
+    "handlers.h": 4, "stream.c": 4, "group.c": 4, "share.c": 4,
     # 5: the method table (names the handlers)
     "methods.h": 5,
     # 6: the dispatcher and engine thread; 7: the program
@@ -31,6 +33,7 @@ LAYERS = {
 }
 # A .c file whose header has another name.
 OWN = {"rpc/rpc_grpc.c": "rpc/rpc.h", "stream.c": "handlers.h", "group.c": "handlers.h",
+       "share.c": "handlers.h",
        "dispatch.c": "daemon.h"}
 GRPC_ROOM = "rpc/"
 INCLUDE = re.compile(r'^\s*#\s*include\s+([<"])([^>"]+)[>"]', re.M)

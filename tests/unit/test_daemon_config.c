@@ -116,6 +116,10 @@ START_TEST(defaults_after_init)
 	ck_assert_int_eq(c.default_deadline_ms, 0);
 	ck_assert_ptr_null(c.port_file);
 	ck_assert(!c.insecure);
+	ck_assert_ptr_null(c.share_socket);
+	ck_assert_int_eq(c.share_ttl_ms, 60000);
+	ck_assert_int_eq(c.max_shares, 16);
+	ck_assert_int_eq(c.max_share_bytes, 0);
 	ck_assert_str_eq(c.checkpoint_root, "./var/checkpoints");
 	ck_assert_str_eq(c.model_root, "./var/models");
 	ck_assert_int_eq(c.threads, 0);
@@ -312,6 +316,21 @@ START_TEST(seconds_into_milliseconds)
 			 "[0, 1000000]");
 	expect_set_error("watchdog", "stuck_job_s", "1e7",
 			 "[watchdog] stuck_job_s: '1e7' is not a number of seconds in [0, 1000000]");
+	/* A key's lower bound holds too: a share's handle lives at least a
+	 * millisecond, a collective waits at least one. */
+	ck_assert_int_eq(config_init(&c), 0);
+	set_ok(&c, "server", "share_ttl_s", "0.001");
+	ck_assert_int_eq(c.share_ttl_ms, 1);
+	set_ok(&c, "server", "share_ttl_s", "1.5");
+	ck_assert_int_eq(c.share_ttl_ms, 1500);
+	config_free(&c);
+	expect_set_error("server", "share_ttl_s", "0",
+			 "[server] share_ttl_s: '0' is not a number of seconds in [0.001, 86400]");
+	expect_set_error("server", "share_ttl_s", "0.0004",
+			 "[server] share_ttl_s: '0.0004' is not a number of seconds in "
+			 "[0.001, 86400]");
+	expect_set_error("dist", "timeout_s", "0",
+			 "[dist] timeout_s: '0' is not a number of seconds in [0.001, 86400]");
 }
 END_TEST
 
@@ -368,6 +387,10 @@ START_TEST(strings_paths_and_addresses)
 	ck_assert_str_eq(c.save_on_stop, "..x/y..");
 	set_ok(&c, "shutdown", "save_on_stop", "");
 	ck_assert_ptr_null(c.save_on_stop);
+	set_ok(&c, "server", "share_socket", "/run/engined/0/share.sock");
+	ck_assert_str_eq(c.share_socket, "/run/engined/0/share.sock");
+	set_ok(&c, "server", "share_socket", "");
+	ck_assert_ptr_null(c.share_socket);
 
 	longv = malloc(4097);
 	ck_assert_ptr_nonnull(longv);
@@ -393,6 +416,23 @@ START_TEST(strings_paths_and_addresses)
 	expect_set_error("shutdown", "save_on_stop", "a/../b", STOP_ERR("a/../b"));
 	expect_set_error("shutdown", "save_on_stop", "a/..", STOP_ERR("a/.."));
 #undef STOP_ERR
+#define SOCK_ERR(v) "[server] share_socket: '" v "' must be an absolute path shorter than " \
+	"108 bytes (a unix socket's; clients connect to it by that name)"
+	expect_set_error("server", "share_socket", "run/share.sock", SOCK_ERR("run/share.sock"));
+	{
+		char p[120], want[CONFIG_ERR_MAX];
+
+		memset(p, 'a', sizeof(p) - 1);
+		p[0] = '/';
+		p[108] = '\0';  /* 108 bytes: no room for sun_path's NUL */
+		snprintf(want, sizeof(want), SOCK_ERR("%s"), p);
+		expect_set_error("server", "share_socket", p, want);
+		p[107] = '\0';
+		ck_assert_int_eq(config_init(&c), 0);
+		set_ok(&c, "server", "share_socket", p);
+		config_free(&c);
+	}
+#undef SOCK_ERR
 	expect_set_error("metrics", "listen", "9400",
 			 "[metrics] listen: '9400' is not host:port");
 	expect_set_error("metrics", "listen", "host:99999",

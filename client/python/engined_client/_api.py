@@ -9,6 +9,7 @@ import numpy as np
 
 from . import results as R
 from ._pb import pb
+from .shared import open_share
 from .tensors import DTYPES, tensor
 
 _MODES = {"idle": pb.MODE_IDLE, "train": pb.MODE_TRAIN, "eval": pb.MODE_EVAL}
@@ -79,13 +80,19 @@ def param_request(dtype="float32", names=None, bucket_bytes=0):
                                        bucket_bytes=bucket_bytes)
 
 
+def share_request(dtype="float32", names=None, uses=1):
+    dt = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    return pb.ShareWeightsRequest(dtype=dt, names=list(names or []), uses=uses)
+
+
 class Api:
     """The methods of engined.v1.TrainingEngine (see EngineClient)."""
 
     # The methods aio.AsyncEngineClient turns into coroutines.
     RPC_METHODS = ("initialize", "set_mode", "forward_backward", "optimizer_step",
                    "zero_grad", "lr_scheduler_step", "to_device", "save_checkpoint",
-                   "load_checkpoint", "get_status", "create_group", "health", "call_raw")
+                   "load_checkpoint", "get_status", "create_group", "health", "call_raw",
+                   "share_weights", "request_share")
 
     def initialize(self, *, preset="", hf_config_json="", model_path="",
                    model_type="", backend="", device="", seed=0, optimizer=None,
@@ -210,6 +217,36 @@ class Api:
             path=path, contents=list(contents or [])),
             pb.LoadCheckpointResponse, R.LoadResult.from_proto, timeout, request_id,
             progress)
+
+    def share_weights(self, dtype="float32", names=None, as_torch=False, timeout=None):
+        """The weights through shared memory, for a process on the daemon's
+        host (README "Same-host weights"; the daemon needs [server]
+        share_socket): ShareWeights, then the share picked up over its
+        unix socket and mapped. Returns a SharedWeights: a mapping name ->
+        read-only numpy view (bfloat16 as ml_dtypes.bfloat16, uint16 bits
+        without ml_dtypes, as stream_weights), in the order asked (names:
+        a subset, each once; None: all); .close() or `with` unmaps it.
+        as_torch: torch tensors over the same memory; treat them as
+        read-only views (an in-place op writes a private copy of the pages
+        it touches, the share itself is sealed). The memory is the daemon's
+        snapshot at the call: later steps do not change it. The pick-up
+        blocks on the local socket (well under a millisecond), also in
+        AsyncEngineClient."""
+        if as_torch:
+            import torch  # noqa: F401  (fail before a share is made for nothing)
+        req = share_request(dtype, names, 1)
+        return self._rpc("ShareWeights", req, pb.ShareWeightsResponse,
+                         lambda rep: open_share(R.ShareTicket.from_proto(rep), as_torch),
+                         timeout)
+
+    def request_share(self, dtype="float32", names=None, uses=1, timeout=None):
+        """ShareWeights alone: a ShareTicket (picklable) that
+        engined_client.open_share(ticket) turns into SharedWeights in any
+        process of this host, up to `uses` times (e.g. one per rollout
+        worker: one copy of the weights in memory for all) until
+        ticket.expires_in_s have passed."""
+        return self._rpc("ShareWeights", share_request(dtype, names, uses),
+                         pb.ShareWeightsResponse, R.ShareTicket.from_proto, timeout)
 
     def get_status(self, timeout=None):
         """Returns a Status (every GetStatusResponse field)."""

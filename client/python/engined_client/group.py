@@ -534,6 +534,15 @@ class EngineGroup(_GroupBase):
         except EngineError as e:
             raise GroupError("GetPerTensorParam", {0: e}, self.addresses) from None
 
+    def share_weights(self, dtype="float32", names=None, as_torch=False, timeout=None):
+        """EngineClient.share_weights of rank 0 (whose daemon must run on
+        this host); a failure raises GroupError naming rank 0."""
+        try:
+            return self.clients[0].share_weights(dtype=dtype, names=names,
+                                                 as_torch=as_torch, timeout=timeout)
+        except EngineError as e:
+            raise GroupError("ShareWeights", {0: e}, self.addresses) from None
+
 
 class AsyncEngineGroup(_GroupBase):
     """EngineGroup over AsyncEngineClient: the same methods as coroutines
@@ -653,3 +662,10 @@ class AsyncEngineGroup(_GroupBase):
                 yield item
         except EngineError as e:
             raise GroupError("GetPerTensorParam", {0: e}, self.addresses) from None
+
+    async def share_weights(self, dtype="float32", names=None, as_torch=False, timeout=None):
+        try:
+            return await self.clients[0].share_weights(dtype=dtype, names=names,
+                                                       as_torch=as_torch, timeout=timeout)
+        except EngineError as e:
+            raise GroupError("ShareWeights", {0: e}, self.addresses) from None

@@ -17,6 +17,10 @@ unchanged). Both clients return the same types.
                        dist: DistStatus or None when the engine runs alone,
                        progress: JobProgress or None when idle)
   create_group      -> CreateGroupResult (group_id: bytes, backend)
+  request_share     -> ShareTicket (handle: bytes, total_bytes, socket_path,
+                       tensors: tuple of SharedTensor, expires_in_s, step)
+  share_weights     -> shared.SharedWeights (a mapping of array views, not a
+                       reply's fields: its .ticket is the ShareTicket)
 
 Results compare with == field by field (arrays by shape, dtype and values),
 so two replies of one request id compare equal.
@@ -170,6 +174,41 @@ class CreateGroupResult:
 
 
 @dataclass(frozen=True)
+class SharedTensor:
+    """One tensor of a share: `bytes` bytes at `offset` of the shared file
+    (a multiple of 64); dtype a DType value, shape a tuple."""
+    name: str
+    dtype: int
+    shape: tuple
+    offset: int
+    bytes: int
+
+    @classmethod
+    def from_proto(cls, m):
+        return _from(cls, m, shape=tuple)
+
+
+@dataclass(frozen=True)
+class ShareTicket:
+    """ShareWeights: what picks the share up (shared.open_share), from any
+    process of the daemon's host: the handle (a secret, good for the uses
+    asked for until expires_in_s after the reply), the side socket's path,
+    the file's size and its index; step: the engine step the weights are
+    of. Picklable, to hand it to the process that opens it."""
+    handle: bytes
+    total_bytes: int
+    socket_path: str
+    tensors: tuple
+    expires_in_s: float
+    step: int
+
+    @classmethod
+    def from_proto(cls, m):
+        return _from(cls, m, handle=bytes,
+                     tensors=lambda ts: tuple(SharedTensor.from_proto(t) for t in ts))
+
+
+@dataclass(frozen=True)
 class Status:
     """GetStatus: every field of GetStatusResponse."""
     engine_key: str
@@ -191,6 +230,8 @@ class Status:
     last_request_id: str
     dist: Optional[DistStatus]
     progress: Optional[JobProgress]
+    pending_shares: int
+    pending_share_bytes: int
 
     @classmethod
     def from_proto(cls, m):
@@ -317,4 +358,6 @@ REPLY_TYPES = {
     DistStatus: pb.DistStatus,
     JobProgress: pb.JobProgress,
     CreateGroupResult: pb.CreateGroupResponse,
+    ShareTicket: pb.ShareWeightsResponse,
+    SharedTensor: pb.SharedTensor,
 }

@@ -1,0 +1,176 @@
+/* params.c — the parameters as the weight exports see them (see params.h). */
+#include "params.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checked.h"
+#include "io/safetensors.h"
+
+/* Conversion step (fp32 elements: 4 KiB) and how far ahead of it the
+ * source is prefetched; measured best on these machines (a plain loop
+ * reads ~8 GB/s per core, this ~12): the hardware prefetcher stops at each
+ * 4 KiB page. */
+#define CONV_BLOCK 1024
+#define PREFETCH_AHEAD 8192
+
+int params_check_request(int dtype, char *const *names, size_t n_names,
+			 struct eng_error *err)
+{
+	if (dtype != ENGINED__V1__DTYPE__DTYPE_UNSPECIFIED &&
+	    dtype != ENGINED__V1__DTYPE__FLOAT32 &&
+	    dtype != ENGINED__V1__DTYPE__BFLOAT16 &&
+	    dtype != ENGINED__V1__DTYPE__FLOAT16)
+		return eng_fail(err, -EINVAL,
+				"dtype: %d not supported (FLOAT32, BFLOAT16, FLOAT16)", dtype);
+	for (size_t i = 0; i < n_names; i++)
+		if (!names[i][0])
+			return eng_fail(err, -EINVAL, "names[%zu]: empty name", i);
+	return 0;
+}
+
+/* Whether the parameters are the engine's own host memory (the CPU device),
+ * valid for the whole job and readable from other threads. Otherwise
+ * (device memory: CUDA, or the CPU device in discrete mode) slices come
+ * through engine_param_copy on the engine thread. All parameters share one
+ * family, so the first tells for all. */
+static bool params_on_host(struct engine *e)
+{
+	struct engine_param_view v;
+
+	return engine_num_params(e) > 0 && engine_param_info(e, 0, &v, NULL) == 0 &&
+	       v.host_resident;
+}
+
+static int find_param(struct engine *e, int64_t n, const char *name, int64_t *ret,
+		      struct eng_error *err)
+{
+	struct engine_param_view v;
+
+	for (int64_t i = 0; i < n; i++) {
+		int r = engine_param_info(e, i, &v, err);
+
+		if (r < 0)
+			return r;
+		if (strcmp(v.name, name) == 0) {
+			*ret = i;
+			return 0;
+		}
+	}
+	return -ENOENT;
+}
+
+int params_collect(struct engine *e, int dtype, char *const *names, size_t n_names,
+		   bool unique, struct param_set *s, struct eng_error *err)
+{
+	int64_t n = engine_num_params(e);
+	int64_t count = n_names ? (int64_t)n_names : n;
+	bool *seen = NULL;
+	int r = 0;
+
+	memset(s, 0, sizeof(*s));
+	/* Each name at most once: more names than parameters cannot all be
+	 * found, and the lookup's work stays bounded by the engine's size. */
+	if (unique && count > n)
+		return eng_fail(err, -EINVAL, "names: %lld names, the engine has %lld parameters",
+				(long long)count, (long long)n);
+	s->dtype = dtype == ENGINED__V1__DTYPE__DTYPE_UNSPECIFIED ?
+		   ENGINED__V1__DTYPE__FLOAT32 : (Engined__V1__DType)dtype;
+	s->edtype = s->dtype == ENGINED__V1__DTYPE__FLOAT32 ? ENGINE_DTYPE_F32 :
+		    s->dtype == ENGINED__V1__DTYPE__BFLOAT16 ? ENGINE_DTYPE_BF16 :
+		    ENGINE_DTYPE_F16;
+	s->esz = engine_dtype_size(s->edtype);
+	s->on_host = params_on_host(e);
+	s->t = calloc((size_t)(count ? count : 1), sizeof(*s->t));
+	if (unique && n_names)
+		seen = calloc((size_t)(n ? n : 1), sizeof(*seen));
+	if (!s->t || (unique && n_names && !seen)) {
+		r = eng_fail(err, -ENOMEM, "out of memory");
+		goto out;
+	}
+	for (int64_t i = 0; i < count; i++) {
+		struct param_ref *t = &s->t[i];
+		struct engine_param_view v;
+
+		t->index = i;
+		if (n_names) {
+			r = find_param(e, n, names[i], &t->index, err);
+			if (r == -ENOENT)
+				r = eng_fail(err, -ENOENT, "names[%lld]: no parameter '%s'",
+					     (long long)i, names[i]);
+			if (r < 0)
+				goto out;
+			if (seen && seen[t->index]) {
+				r = eng_fail(err, -EINVAL, "names[%lld]: '%s' given twice",
+					     (long long)i, names[i]);
+				goto out;
+			}
+			if (seen)
+				seen[t->index] = true;
+		}
+		r = engine_param_info(e, t->index, &v, err);
+		if (r < 0)
+			goto out;
+		t->name = v.name;
+		t->ndim = v.ndim > 4 ? 4 : v.ndim;
+		for (int k = 0; k < t->ndim; k++)
+			t->shape[k] = v.shape[k];
+		t->numel = v.numel;
+		t->host = s->on_host ? v.host_data : NULL;
+		if (!ck_mul_i64(v.numel, (int64_t)s->esz, &t->bytes) ||
+		    !ck_add_i64(s->total_bytes, t->bytes, &s->total_bytes)) {
+			r = eng_fail(err, -E2BIG, "%s: size overflows", v.name);
+			goto out;
+		}
+	}
+	s->n = count;
+out:
+	free(seen);
+	if (r < 0)
+		params_set_free(s);
+	return r;
+}
+
+void params_set_free(struct param_set *s)
+{
+	free(s->t);
+	s->t = NULL;
+	s->n = 0;
+}
+
+void params_convert(enum engine_dtype dt, const float *src, uint16_t *dst, int64_t n)
+{
+	for (int64_t i = 0; i < n; i += CONV_BLOCK) {
+		int64_t m = n - i < CONV_BLOCK ? n - i : CONV_BLOCK;
+		/* An address, not a pointer: it may lie past the tensor (a
+		 * prefetch never faults). */
+		uintptr_t ahead = (uintptr_t)(src + i) + PREFETCH_AHEAD;
+
+		for (int k = 0; k < CONV_BLOCK * 4; k += 64)
+			__builtin_prefetch((const void *)(ahead + (uintptr_t)k), 0, 2);
+		if (dt == ENGINE_DTYPE_BF16)
+			f32_to_bf16_n(src + i, dst + i, (size_t)m);
+		else
+			f32_to_f16_n(src + i, dst + i, (size_t)m);
+	}
+}
+
+int params_read(struct engine *e, const struct param_set *s, const struct param_ref *t,
+		int64_t start, int64_t count, void *dst, struct eng_error *err)
+{
+	if (count <= 0)
+		return 0;
+	if (start < 0 || start > t->numel - count)
+		return eng_fail(err, -EINVAL, "%s: elements [%lld, +%lld) outside its %lld",
+				t->name, (long long)start, (long long)count, (long long)t->numel);
+	if (t->host && s->esz == 4) {
+		memcpy(dst, t->host + start, (size_t)count * 4);
+		return 0;
+	}
+	if (t->host) {
+		params_convert(s->edtype, t->host + start, dst, count);
+		return 0;
+	}
+	return engine_param_copy(e, t->index, s->edtype, start, count, dst, err);
+}

@@ -1,0 +1,72 @@
+/* params.h — the parameters as the weight exports see them: GetPerTensorParam's
+ * stream (stream.c) and ShareWeights' shared memory (share.c). One place
+ * for what both need: the dtypes a client may ask for, the tensors asked
+ * for (by name or all, in order) looked up once, and reading a slice of
+ * one in the asked dtype (fp32 host memory copied or converted with the
+ * rounding of engines/io, anything else through engine_param_copy).
+ *
+ * Threads: params_collect and params_read of a set without host memory on
+ * the engine thread (they call the engine); params_read of a host set and
+ * params_convert from any thread while the job runs (the parameters cannot
+ * change: the job is on the engine thread). Knows the engine library and
+ * the proto's DType, nothing of the daemon.
+ */
+#ifndef ENGINED_DAEMON_PARAMS_H
+#define ENGINED_DAEMON_PARAMS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+#include "engined/v1/engine.pb-c.h"
+#include "err.h"
+
+/* One tensor of an export. */
+struct param_ref {
+	int64_t index;                  /* engine parameter index */
+	const char *name;               /* engine-owned, valid during the job */
+	int ndim;
+	int64_t shape[4];
+	int64_t numel;
+	int64_t bytes;                  /* numel * the set's element size */
+	const float *host;              /* fp32 [numel], stable during the job;
+					 * NULL: read through engine_param_copy */
+};
+
+/* The tensors asked for, in the order asked (all: engine order). */
+struct param_set {
+	Engined__V1__DType dtype;       /* FLOAT32, BFLOAT16 or FLOAT16 */
+	enum engine_dtype edtype;
+	size_t esz;                     /* bytes per element: 4 or 2 */
+	bool on_host;                   /* every tensor has `host` */
+	struct param_ref *t;            /* [n] */
+	int64_t n;
+	int64_t total_bytes;            /* sum of t[i].bytes */
+};
+
+/* A request's dtype and names, before anything is queued: dtype one of
+ * UNSPECIFIED (= FLOAT32), FLOAT32, BFLOAT16, FLOAT16; no empty name.
+ * -EINVAL naming the field. */
+int params_check_request(int dtype, char *const *names, size_t n_names,
+			 struct eng_error *err);
+
+/* Look the tensors up (engine thread). names NULL / n_names 0: all.
+ * unique: a name given twice, or more names than parameters, is -EINVAL
+ * (else a name given twice is exported twice). An unknown name is -ENOENT
+ * naming it. Free with params_set_free. */
+int params_collect(struct engine *e, int dtype, char *const *names, size_t n_names,
+		   bool unique, struct param_set *ret, struct eng_error *err);
+void params_set_free(struct param_set *s);
+
+/* Elements [start, start + count) of t in the set's dtype into dst
+ * (count * esz bytes): host tensors copied or converted here, others by the
+ * engine's device (engine thread only). */
+int params_read(struct engine *e, const struct param_set *s, const struct param_ref *t,
+		int64_t start, int64_t count, void *dst, struct eng_error *err);
+
+/* fp32 [n] -> bf16 / f16 [n], rounded to nearest even as the engine's own
+ * kernels and the checkpoint writer do (engines/io). */
+void params_convert(enum engine_dtype dt, const float *src, uint16_t *dst, int64_t n);
+
+#endif

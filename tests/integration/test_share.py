@@ -1,0 +1,507 @@
+"""ShareWeights, the same-host fast path (README "Same-host weights"): the
+weights in a sealed memfd picked up over the daemon's unix socket.
+
+The reference is the weight stream (GetPerTensorParam) of the same daemon:
+every tensor of a share must have its name, dtype, shape and bytes, for
+float32, bfloat16 and float16, for a subset of names in the order asked,
+and after a training step (the share is the weights of the call, not a
+stale copy). The rest: the file is sealed and the socket's mode is 0660, a
+handle is good for its uses only, bad datagrams are answered and change
+nothing, expired handles are refused, the bounds on pending shares, the
+RPC's authentication, the path through engine_param_copy (CPU device in
+discrete mode), torch views, a stale or busy socket path at start.
+Each test that needs its own settings starts its own daemon.
+Run from the source root (meson runs it through run_py.sh):
+ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/tests/integration
+/usr/bin/python3 -m pytest tests/integration/test_share.py [-k name]
+"""
+import fcntl
+import gc
+import mmap
+import os
+import re
+import shutil
+import socket
+import stat
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+
+from daemon_fixture import Daemon, wait_for
+from rpc_expect import expect
+
+from engined_client import EngineClient, HAVE_ML_DTYPES, open_share
+from engined_client.shared import receive_fd
+
+SC = grpc.StatusCode
+SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
+TOK_FULL = "alice-0123456789abcdef0123456789"
+TOK_RO = "ci-ro-0123456789abcdef0123456789"
+
+
+@pytest.fixture(scope="module")
+def tmp():
+    d = tempfile.mkdtemp(prefix="engined-share-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def start(tmp, name, *args, **kw):
+    """A daemon whose share socket is tmp/name.sock."""
+    return Daemon("--share-socket", os.path.join(tmp, name + ".sock"), *args, **kw)
+
+
+@pytest.fixture(scope="module")
+def sd(request, tmp):
+    d = start(tmp, "main")
+    failed = request.session.testsfailed
+    try:
+        yield d
+    finally:
+        code = d.stop()
+        if code != 0 or request.session.testsfailed > failed:
+            print("\n--- engined log (tail) ---\n" + d.log_text()[-4000:])
+    assert code == 0
+    assert not os.path.exists(os.path.join(tmp, "main.sock")), "socket file left behind"
+
+
+@pytest.fixture(scope="module")
+def c(sd):
+    with EngineClient(sd.addr, timeout=120) as cl:
+        cl.initialize(preset="tiny", seed=5, optimizer={"lr": 1e-2})
+        yield cl
+
+
+def streamed(c, dtype="float32", names=None):
+    return [(n, a) for n, a in c.stream_weights(dtype=dtype, names=names)]
+
+
+def same(shared, ref):
+    """Every tensor of ref in shared, in ref's order, bit for bit."""
+    assert list(shared) == [n for n, _ in ref]
+    for n, a in ref:
+        b = shared[n]
+        assert b.dtype == a.dtype and b.shape == a.shape, n
+        assert b.tobytes() == a.tobytes(), n
+
+
+def train_step(c):
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 1024, 24).astype(np.int32)
+    c.forward_backward(ids, [10, 14], loss="sft")
+    return c.optimizer_step()
+
+
+# --- what a share holds --------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_share_is_the_stream_bit_for_bit(c, dtype):
+    ref = streamed(c, dtype)
+    with c.share_weights(dtype=dtype) as w:
+        same(w, ref)
+        assert len(w) == len(ref) > 30
+        assert w.step == c.get_status().step
+        if dtype == "bfloat16":
+            assert w["model.norm.weight"].dtype == (np.dtype("bfloat16") if HAVE_ML_DTYPES
+                                                    else np.uint16)
+        # The views are read-only numpy arrays over the mapping.
+        a = w["model.embed_tokens.weight"]
+        assert not a.flags.writeable and not a.flags.owndata
+        with pytest.raises(ValueError):
+            a[0, 0] = 1
+
+
+def test_layout_offsets_are_aligned_and_gaps_zero(c):
+    t = c.request_share(dtype="bfloat16")
+    fd = receive_fd(t.socket_path, t.handle)
+    try:
+        assert os.fstat(fd).st_size == t.total_bytes
+        raw = mmap.mmap(fd, t.total_bytes, prot=mmap.PROT_READ)
+        end = 0
+        for x in t.tensors:
+            assert x.offset % 64 == 0 and x.offset >= end
+            assert raw[end:x.offset] == bytes(x.offset - end)
+            end = x.offset + x.bytes
+        assert end == t.total_bytes
+        raw.close()
+    finally:
+        os.close(fd)
+
+
+def test_names_subset_in_the_order_asked(c):
+    names = ["model.norm.weight", "model.layers.1.mlp.down_proj.weight",
+             "model.embed_tokens.weight"]
+    for dtype in ("float32", "bfloat16"):
+        ref = streamed(c, dtype, names)
+        with c.share_weights(dtype=dtype, names=names) as w:
+            same(w, ref)
+            assert list(w) == names
+
+
+def test_after_a_training_step_the_share_is_new(c):
+    with c.share_weights() as before_share:
+        before = {n: np.array(a) for n, a in before_share.items()}
+    s = train_step(c)
+    assert s.step >= 1
+    ref = streamed(c)
+    with c.share_weights() as w:
+        same(w, ref)
+        assert w.step == s.step
+        assert any(not np.array_equal(before[n], w[n]) for n in w)
+    # bf16 after the step too.
+    with c.share_weights(dtype="bfloat16") as w:
+        same(w, streamed(c, "bfloat16"))
+
+
+def test_a_share_is_a_snapshot(c):
+    """The memory of a share taken before a step does not change with it."""
+    with c.share_weights(dtype="bfloat16") as w:
+        first = {n: a.tobytes() for n, a in w.items()}
+        train_step(c)
+        assert {n: a.tobytes() for n, a in w.items()} == first
+        with c.share_weights(dtype="bfloat16") as w2:
+            assert any(w2[n].tobytes() != first[n] for n in first)
+
+
+def test_torch_views(c):
+    torch = pytest.importorskip("torch")
+    ref = dict(c.stream_weights(dtype="bfloat16", as_torch=True))
+    with c.share_weights(dtype="bfloat16", as_torch=True) as w:
+        assert list(w) == list(ref)
+        for n, t in ref.items():
+            assert w[n].dtype == torch.bfloat16 and w[n].shape == t.shape
+            assert torch.equal(w[n].view(torch.int16), t.view(torch.int16)), n
+        # An in-place op writes a private copy: no crash, the share is sealed.
+        w["model.norm.weight"].mul_(2)
+        with c.share_weights(dtype="bfloat16", as_torch=True) as again:
+            assert torch.equal(again["model.norm.weight"].view(torch.int16),
+                               ref["model.norm.weight"].view(torch.int16))
+
+
+def test_async_client_and_group(c, sd):
+    import asyncio
+    from engined_client import AsyncEngineClient, EngineGroup
+    ref = streamed(c, "bfloat16")
+
+    async def run():
+        async with AsyncEngineClient(sd.addr, timeout=60) as ac:
+            with await ac.share_weights(dtype="bfloat16") as w:
+                same(w, ref)
+            t = await ac.request_share(names=["model.norm.weight"], uses=2)
+            with open_share(t) as a, open_share(t) as b:
+                assert a["model.norm.weight"].tobytes() == b["model.norm.weight"].tobytes()
+    asyncio.run(run())
+    with EngineGroup([sd.addr], timeout=60) as g:
+        with g.share_weights(dtype="bfloat16") as w:
+            same(w, ref)
+
+
+def test_close_keeps_live_views_valid(c):
+    def mapped():
+        with open("/proc/self/maps") as f:
+            return sum("memfd:engined-weights" in line for line in f)
+    gc.collect()
+    base = mapped()
+    w = c.share_weights()
+    keep = w["model.norm.weight"]
+    expect_bytes = keep.tobytes()
+    w.close()
+    assert w.closed and len(w) == 0
+    with pytest.raises(ValueError):
+        w["model.norm.weight"]
+    assert keep.tobytes() == expect_bytes        # still mapped for the view
+    assert mapped() == base + 1
+    del keep
+    gc.collect()
+    assert mapped() == base                      # unmapped with the last view
+    with c.share_weights() as w:
+        pass
+    assert mapped() == base                      # no view: unmapped at close
+
+
+# --- the file and the socket ---------------------------------------------------------
+
+def test_sealed_file_and_socket_mode(c, sd, tmp):
+    path = os.path.join(tmp, "main.sock")
+    st = os.stat(path)
+    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o660
+    t = c.request_share(names=["model.norm.weight"])
+    assert t.socket_path == path and len(t.handle) == 16
+    fd = receive_fd(t.socket_path, t.handle)
+    try:
+        assert fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SEALS == SEALS
+        with pytest.raises(PermissionError):
+            os.pwrite(fd, b"x", 0)
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 0)
+        with pytest.raises(PermissionError):
+            mmap.mmap(fd, t.total_bytes, flags=mmap.MAP_SHARED,
+                      prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        assert os.readlink("/proc/self/fd/%d" % fd).startswith("/memfd:engined-weights")
+    finally:
+        os.close(fd)
+    assert "handed to pid %d uid %d" % (os.getpid(), os.getuid()) in sd.log_text()
+
+
+def test_a_handle_is_used_once(c):
+    t = c.request_share()
+    with open_share(t) as w:
+        assert len(w) == len(t.tensors)
+    e = expect(SC.NOT_FOUND, open_share, t)
+    assert "unknown, used up or expired" in e.details()
+    assert c.get_status().pending_shares == 0
+    with c.share_weights(names=["model.norm.weight"]) as w:   # still serving
+        assert list(w) == ["model.norm.weight"]
+
+
+def test_uses_share_one_file(c):
+    t = c.request_share(dtype="bfloat16", uses=3)
+    st = c.get_status()
+    assert (st.pending_shares, st.pending_share_bytes) == (1, t.total_bytes)
+    fds = [receive_fd(t.socket_path, t.handle) for _ in range(2)]
+    assert c.get_status().pending_shares == 1
+    fds.append(receive_fd(t.socket_path, t.handle))
+    try:
+        inodes = {os.fstat(fd).st_ino for fd in fds}
+        assert len(inodes) == 1                  # one copy in memory for all
+    finally:
+        for fd in fds:
+            os.close(fd)
+    st = c.get_status()
+    assert (st.pending_shares, st.pending_share_bytes) == (0, 0)
+    expect(SC.NOT_FOUND, receive_fd, t.socket_path, t.handle)
+
+
+def datagram(path, data, fds=()):
+    """Send one datagram to the share socket: the answer (b"" when closed)
+    and the descriptors that came with it."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(30)
+    try:
+        s.connect(path)
+        if fds:
+            socket.send_fds(s, [data], list(fds))
+        else:
+            s.send(data)
+        msg, got, _, _ = socket.recv_fds(s, 512, 4)
+        for fd in got:
+            os.close(fd)
+        return msg, len(got)
+    finally:
+        s.close()
+
+
+def fd_count(pid):
+    return len(os.listdir("/proc/%d/fd" % pid))
+
+
+def test_bad_datagrams_are_refused(c, sd, tmp):
+    path = os.path.join(tmp, "main.sock")
+    t = c.request_share(names=["model.norm.weight"])
+    before = fd_count(sd.proc.pid)
+    msg, n = datagram(path, os.urandom(16))
+    assert msg[0] == 1 and n == 0 and b"unknown, used up or expired" in msg
+    msg, n = datagram(path, t.handle[:5])
+    assert msg[0] == 2 and n == 0 and b"got 5 bytes" in msg
+    msg, n = datagram(path, t.handle + b"x" * 100)
+    assert msg[0] == 2 and b"got 116 bytes" in msg
+    # A descriptor sent to the daemon is dropped, not kept.
+    with open(os.devnull, "rb") as f:
+        msg, n = datagram(path, t.handle, fds=[f.fileno()] * 3)
+    assert msg[0] == 2 and b"ancillary data" in msg
+    # The empty datagram reads as a peer that left: closed without an answer.
+    assert datagram(path, b"")[0] == b""
+    wait_for(lambda: fd_count(sd.proc.pid) <= before, "the daemon to close its connections")
+    # None of these spent the handle; nothing changed.
+    with open_share(t) as w:
+        assert w["model.norm.weight"].tobytes() == streamed(
+            c, names=["model.norm.weight"])[0][1].tobytes()
+    assert c.get_status().pending_shares == 0
+
+
+def test_idle_connections_are_bounded_and_closed(c, tmp):
+    """An idle connection does not hold up others; SHARE_SOCKET_MAX_CONNS
+    idle ones make the next wait in the backlog until the daemon closes
+    them at SHARE_SOCKET_TIMEOUT_MS (5 s)."""
+    path = os.path.join(tmp, "main.sock")
+    one = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    one.connect(path)
+    with c.share_weights(names=["model.norm.weight"]) as w:
+        assert len(w) == 1
+    idle = [one]
+    for _ in range(15):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.connect(path)
+        idle.append(s)
+    t = c.request_share(names=["model.norm.weight"])
+    with open_share(t, timeout=60) as w:         # waits for a free slot
+        assert len(w) == 1
+    for s in idle:
+        s.settimeout(60)
+        assert s.recv(16) == b""                 # closed by the daemon
+        s.close()
+
+
+def test_not_configured(tmp):
+    d = Daemon()
+    try:
+        with EngineClient(d.addr, timeout=60) as cl:
+            cl.initialize(preset="tiny")
+            expect(SC.FAILED_PRECONDITION, cl.share_weights, field="share_socket")
+            expect(SC.FAILED_PRECONDITION, cl.request_share, field="[server] share_socket")
+    finally:
+        assert d.stop() == 0
+
+
+def test_bad_requests(c):
+    expect(SC.INVALID_ARGUMENT, c.request_share, dtype=4, field="dtype")
+    expect(SC.INVALID_ARGUMENT, c.request_share, names=[""], field="names[0]")
+    expect(SC.NOT_FOUND, c.request_share, names=["model.norm.weight", "nope"],
+           field="names[1]: no parameter 'nope'")
+    expect(SC.INVALID_ARGUMENT, c.request_share,
+           names=["model.norm.weight", "model.embed_tokens.weight", "model.norm.weight"],
+           field="names[2]: 'model.norm.weight' given twice")
+    names = [name for name, _ in streamed(c)]
+    expect(SC.INVALID_ARGUMENT, c.request_share, names=names + ["model.norm.weight"],
+           field="names: %d names, the engine has %d parameters" % (len(names) + 1, len(names)))
+    expect(SC.INVALID_ARGUMENT, c.request_share, uses=1025, field="uses")
+    expect(SC.INVALID_ARGUMENT, c.request_share, uses=-1, field="uses")
+    assert c.get_status().pending_shares == 0
+
+
+# --- lifetime and bounds --------------------------------------------------------
+
+def test_expired_handles_are_refused(tmp):
+    d = start(tmp, "ttl", "-o", "server.share_ttl_s=0.5")
+    try:
+        with EngineClient(d.addr, timeout=60) as cl:
+            expect(SC.FAILED_PRECONDITION, cl.share_weights, field="not initialized")
+            cl.initialize(preset="tiny")
+            t = cl.request_share()
+            assert t.expires_in_s == 0.5
+            assert cl.get_status().pending_shares == 1
+            wait_for(lambda: time.sleep(0.05) or cl.get_status().pending_shares == 0,
+                     "the share to expire")
+            assert cl.get_status().pending_share_bytes == 0
+            expect(SC.NOT_FOUND, open_share, t)
+            # A share picked up in time works.
+            with cl.share_weights(names=["model.norm.weight"]) as w:
+                assert len(w) == 1
+    finally:
+        assert d.stop() == 0
+    assert "share #1 expired unclaimed after 0.5 s" in d.log_text()
+
+
+def test_pending_bounds(tmp):
+    d = start(tmp, "bounds", "-o", "server.max_shares=2", "-o", "server.max_share_bytes=5M",
+              "--metrics-listen", "127.0.0.1:0")
+    try:
+        with EngineClient(d.addr, timeout=60) as cl:
+            cl.initialize(preset="tiny")            # 3.67 MB of fp32 weights
+            big = cl.request_share()
+            e = expect(SC.RESOURCE_EXHAUSTED, cl.request_share, field="server.max_share_bytes")
+            assert "%d bytes of shares waiting" % big.total_bytes in e.details()
+            small = cl.request_share(names=["model.norm.weight"])
+            expect(SC.RESOURCE_EXHAUSTED, cl.request_share, names=["model.embed_tokens.weight"],
+                   field="server.max_shares = 2")
+            st = cl.get_status()
+            assert (st.pending_shares, st.pending_share_bytes) == (
+                2, big.total_bytes + small.total_bytes)
+            port = re.search(r"metrics on http://\S+ \(port (\d+)[;)]", d.log_text()).group(1)
+            page = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % port,
+                                          timeout=30).read().decode()
+            assert "engined_shares_pending 2\n" in page
+            assert "engined_share_bytes_pending %d\n" % (
+                big.total_bytes + small.total_bytes) in page
+            with open_share(big):
+                pass
+            with cl.share_weights(dtype="bfloat16") as w:   # room again
+                assert len(w) == len(big.tensors)
+    finally:
+        assert d.stop() == 0
+
+
+def test_engine_param_copy_path(tmp):
+    """Parameters in (simulated) device memory: every slice through the
+    engine's param copy, on the engine thread."""
+    d = start(tmp, "discrete", env={"ENGINED_CPU_DISCRETE": "1"})
+    try:
+        with EngineClient(d.addr, timeout=60) as cl:
+            cl.initialize(preset="tiny", seed=2)
+            train_step(cl)
+            for dtype in ("float32", "bfloat16"):
+                with cl.share_weights(dtype=dtype) as w:
+                    same(w, streamed(cl, dtype))
+    finally:
+        assert d.stop() == 0
+
+
+# --- authentication ---------------------------------------------------------------
+
+def test_tokens(tmp):
+    tf = os.path.join(tmp, "tokens")
+    with open(tf, "w") as f:
+        f.write("alice:%s\nci:%s read-only\n" % (TOK_FULL, TOK_RO))
+    os.chmod(tf, 0o600)
+    d = start(tmp, "tokens", "--token-file", tf)
+    try:
+        with EngineClient(d.addr, timeout=60, token=TOK_FULL) as full:
+            full.initialize(preset="tiny")
+        with EngineClient(d.addr, timeout=60) as anon:
+            expect(SC.UNAUTHENTICATED, anon.share_weights, field="authorization")
+        with EngineClient(d.addr, timeout=60, token="x" * len(TOK_FULL)) as bad:
+            expect(SC.UNAUTHENTICATED, bad.request_share, field="authorization")
+        with EngineClient(d.addr, timeout=60, token=TOK_RO) as ro:
+            with ro.share_weights(names=["model.norm.weight"]) as w:  # reads weights
+                assert len(w) == 1
+            assert ro.get_status().pending_shares == 0
+    finally:
+        assert d.stop() == 0
+    assert "identity=token:ci" in d.log_text()
+
+
+# --- the socket path at start and stop ---------------------------------------------
+
+def test_socket_path_at_start(tmp):
+    path = os.path.join(tmp, "start.sock")
+    bin_path = os.environ.get("ENGINED_BIN", "build/daemon/engined")
+    # A stale socket of a daemon that died is replaced.
+    d = Daemon("--share-socket", path)
+    d.proc.kill()
+    d.proc.wait()
+    d.log.close()
+    assert stat.S_ISSOCK(os.lstat(path).st_mode)
+    d = Daemon("--share-socket", path)
+    try:
+        assert "replaced the stale socket file" in d.log_text()
+        # A second daemon on a live socket refuses to start.
+        r = subprocess.run([bin_path, "--listen", "127.0.0.1:0", "--share-socket", path,
+                            "--checkpoint-root", os.path.join(d.tmp, "checkpoints"),
+                            "--model-root", os.path.join(d.tmp, "models")],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and "another process serves it" in r.stderr
+        with EngineClient(d.addr, timeout=60) as cl:
+            cl.initialize(preset="tiny")
+            with cl.share_weights(names=["model.norm.weight"]) as w:
+                assert len(w) == 1
+    finally:
+        assert d.stop() == 0
+    assert not os.path.exists(path)
+    # Not a socket: left alone, the daemon does not start.
+    with open(path, "w") as f:
+        f.write("keep me")
+    r = subprocess.run([bin_path, "--listen", "127.0.0.1:0", "--share-socket", path,
+                        "--checkpoint-root", os.path.join(tmp, "ck"),
+                        "--model-root", os.path.join(tmp, "models")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "exists and is not a socket" in r.stderr
+    assert open(path).read() == "keep me"
+    # A relative path is a configuration error.
+    r = subprocess.run([bin_path, "-o", "server.share_socket=rel.sock"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "must be an absolute path" in r.stderr
