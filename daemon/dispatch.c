@@ -618,6 +618,17 @@ int daemon_init(struct daemon *d, const struct daemon_config *cfg,
 	return 0;
 }
 
+/* A start that failed after the engine thread began: stop and join it. */
+static void stop_engine_thread(struct daemon *d)
+{
+	pthread_mutex_lock(&d->lock);
+	d->stopping = true;
+	pthread_cond_broadcast(&d->cond);
+	pthread_mutex_unlock(&d->lock);
+	pthread_join(d->engine_thread, NULL);
+	d->engine_thread_started = false;
+}
+
 int daemon_start(struct daemon *d, char *errbuf, size_t errlen)
 {
 	static struct rpc_method_reg regs[32];
@@ -636,12 +647,7 @@ int daemon_start(struct daemon *d, char *errbuf, size_t errlen)
 		r = share_socket_start(d->cfg.share_socket, d->shares, &d->share_sock, &err);
 		if (r < 0) {
 			snprintf(errbuf, errlen, "%s", err.msg);
-			pthread_mutex_lock(&d->lock);
-			d->stopping = true;
-			pthread_cond_broadcast(&d->cond);
-			pthread_mutex_unlock(&d->lock);
-			pthread_join(d->engine_thread, NULL);
-			d->engine_thread_started = false;
+			stop_engine_thread(d);
 			return r;
 		}
 	}
@@ -666,12 +672,7 @@ int daemon_start(struct daemon *d, char *errbuf, size_t errlen)
 	r = rpc_server_start(&rc, regs, daemon_n_methods, on_call, d, &d->rpc,
 			     errbuf, errlen);
 	if (r < 0) {
-		pthread_mutex_lock(&d->lock);
-		d->stopping = true;
-		pthread_cond_broadcast(&d->cond);
-		pthread_mutex_unlock(&d->lock);
-		pthread_join(d->engine_thread, NULL);
-		d->engine_thread_started = false;
+		stop_engine_thread(d);
 		share_socket_stop(d->share_sock);
 		d->share_sock = NULL;
 		return r;
