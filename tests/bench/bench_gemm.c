@@ -11,6 +11,14 @@
  * oneDNN's dnnl_sgemm on the same fp32 operands, the alternative the
  * device's matmul-primitive path was chosen over. The machines are shared
  * and noisy: compare ratios from one run, not times between runs.
+ *
+ * The calls are the engine's (engines/model/llama.c): a weight operand (B
+ * of the forward x W^T and the input gradient dy W) lies in the device's
+ * parameter region, so in bf16 it is rounded once (param_bf16) and not per
+ * call, while activations are rounded per call; weight gradients
+ * accumulate (beta 1: dW += dy^T x); the LM head runs in its logits tiles
+ * (16M floats: T rows x 65536 vocabulary columns at T = 256), the last
+ * tile of the vocabulary narrower.
  */
 #include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
@@ -84,6 +92,9 @@ struct shape {
 	const char *name;
 	bool ta, tb;
 	int64_t M, N, K;
+	bool weight_b;   /* B is a parameter (rounded to bf16 once) */
+	float beta;      /* 1: a weight gradient accumulates */
+	int reps;        /* calls per timing: the LM head's tiles */
 };
 
 /* Median seconds of one gemm (device kernel, or dnnl_sgemm when dev is
@@ -99,13 +110,16 @@ static double time_gemm(struct device *dev, const struct shape *s, const float *
 		double t0 = now();
 		int rc;
 
-		if (dev)
-			rc = dev->k->gemm(dev, s->ta, s->tb, s->M, s->N, s->K, A, lda,
-					  B, ldb, 0.0f, C, s->N);
-		else
-			rc = dnnl_sgemm(s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', s->M, s->N,
-					s->K, 1.0f, A, lda, B, ldb, 0.0f, C, s->N) ==
-			     dnnl_success ? 0 : -1;
+		rc = 0;
+		for (int k = 0; k < s->reps && rc == 0; k++) {
+			if (dev)
+				rc = dev->k->gemm(dev, s->ta, s->tb, s->M, s->N, s->K, A, lda,
+						  B, ldb, s->beta, C, s->N);
+			else
+				rc = dnnl_sgemm(s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', s->M,
+						s->N, s->K, 1.0f, A, lda, B, ldb, s->beta, C,
+						s->N) == dnnl_success ? 0 : -1;
+		}
 		if (rc)
 			return -1.0;
 		t[r] = now() - t0;
@@ -119,19 +133,25 @@ int main(int argc, char **argv)
 	const int threads = argc > 1 ? atoi(argv[1]) : 2;
 	const int64_t T = argc > 2 ? atoll(argv[2]) : 256;
 	const int64_t C = 896, F = 4864, QKV = 896 + 2 * 128, V = 151936;
-	/* y = x W^T (forward), dx = dy W, dW = dy^T x (backward) */
+	/* The LM head's logits tile (llama.c lm_rows / lm_cols, 16M floats):
+	 * T rows (up to 8192) x Vt columns, V / Vt tiles of it (rounded up to
+	 * whole tiles: an upper bound on the time of the narrower last one). */
+	const int64_t lm_rows = T < 8192 ? T : 8192, lm_fit = (16 << 20) / lm_rows;
+	const int64_t Vt = lm_fit < V ? lm_fit : V;
+	const int nt = (int)((V + Vt - 1) / Vt);
+	/* y = x W^T (forward), dx = dy W, dW += dy^T x (backward) */
 	const struct shape shapes[] = {
-		{ "qkv fwd   x W^T", false, true, T, QKV, C },
-		{ "o fwd     x W^T", false, true, T, C, C },
-		{ "gate/up   x W^T", false, true, T, F, C },
-		{ "down fwd  x W^T", false, true, T, C, F },
-		{ "down dx   dy W ", false, false, T, F, C },
-		{ "up dx     dy W ", false, false, T, C, F },
-		{ "up dW     dy^T x", true, false, F, C, T },
-		{ "down dW   dy^T x", true, false, C, F, T },
-		{ "lm_head   x W^T", false, true, T, V, C },
-		{ "lm dx     dy W ", false, false, T, C, V },
-		{ "lm dW     dy^T x", true, false, V, C, T },
+		{ "qkv fwd   x W^T", false, true, T, QKV, C, true, 0.0f, 1 },
+		{ "o fwd     x W^T", false, true, T, C, C, true, 0.0f, 1 },
+		{ "gate/up   x W^T", false, true, T, F, C, true, 0.0f, 1 },
+		{ "down fwd  x W^T", false, true, T, C, F, true, 0.0f, 1 },
+		{ "down dx   dy W ", false, false, T, F, C, true, 0.0f, 1 },
+		{ "up dx     dy W ", false, false, T, C, F, true, 0.0f, 1 },
+		{ "up dW     dy^T x", true, false, F, C, T, false, 1.0f, 1 },
+		{ "down dW   dy^T x", true, false, C, F, T, false, 1.0f, 1 },
+		{ "lm_head   x W^T", false, true, T, Vt, C, true, 0.0f, nt },
+		{ "lm dx     dy W ", false, false, T, C, Vt, true, 1.0f, nt },
+		{ "lm dW     dy^T x", true, false, Vt, C, T, false, 1.0f, nt },
 	};
 	const size_t nshapes = sizeof(shapes) / sizeof(shapes[0]);
 	struct device *dev32 = NULL, *dev16 = NULL;
@@ -174,13 +194,21 @@ int main(int argc, char **argv)
 	peak = fma_peak(threads);
 	printf("threads %d, tokens %ld; fp32 FMA peak measured now: %.1f GFLOP/s\n",
 	       threads, (long)T, peak);
+	printf("LM head in %d tiles of %ld vocabulary columns\n", nt, (long)Vt);
 	printf("%-18s %6s %6s %7s   %8s %8s %8s   %6s %6s\n", "shape", "M", "N", "K",
 	       "fp32", "bf16", "sgemm", "fp32/pk", "bf16/pk");
 	for (i = 0; i < nshapes; i++) {
 		const struct shape *s = &shapes[i];
-		double fl = 2.0 * s->M * s->N * s->K;
-		double t32 = time_gemm(dev32, s, A, B, Cm);
-		double t16 = time_gemm(dev16, s, A, B, Cm);
+		double fl = 2.0 * s->M * s->N * s->K * s->reps;
+		double t32, t16;
+
+		/* Weights in the parameter region (their bf16 copy made once,
+		 * by the warm-up run), activations outside it. */
+		dev16->param_base = s->weight_b ? B : NULL;
+		dev16->param_bytes = s->weight_b ? maxb * sizeof(float) : 0;
+		dev16->param_version = 1;
+		t32 = time_gemm(dev32, s, A, B, Cm);
+		t16 = time_gemm(dev16, s, A, B, Cm);
 		double tsg;
 
 		omp_set_num_threads(threads);
