@@ -2,18 +2,37 @@
 
 The daemon binary comes from $ENGINED_BIN (meson sets it); it listens on a
 free loopback port chosen by the kernel (--listen 127.0.0.1:0 with
---port-file) with checkpoint and model roots in a fresh temporary directory.
+--port-file) with checkpoint and model roots in a fresh temporary directory,
+removed when the test process exits (ENGINED_KEEP_TEST_TMP=1 keeps it).
 Daemon(hold=True) sets the test-only hook ENGINED_TEST_HOLD_FILE: between
 hold() and release() every job that comes up waits before it runs, so a
 test holds a job as long as it needs instead of sizing it to the machine.
 conftest.py builds the pytest fixtures (a module's shared daemon) on it;
 tests that need special flags start their own Daemon.
 """
+import atexit
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
 import time
+
+
+def make_tmp(prefix="engined-it-", dir=None):
+    """tempfile.mkdtemp, removed when the test process exits (the one way
+    the tests make temporary directories, so that runs leave none)."""
+    path = tempfile.mkdtemp(prefix=prefix, dir=dir)
+    _remove_at_exit(path)
+    return path
+
+
+def _remove_at_exit(path):
+    """Remove a directory this process made when it exits (tests read the
+    daemon's log and files after stop(), so not at stop);
+    ENGINED_KEEP_TEST_TMP=1 keeps them for a post-mortem."""
+    if os.environ.get("ENGINED_KEEP_TEST_TMP") != "1":
+        atexit.register(shutil.rmtree, path, True)
 
 
 class Daemon:
@@ -27,7 +46,7 @@ class Daemon:
     def __init__(self, *extra_args, bin_path=None, listen="127.0.0.1:0", env=None,
                  tmp=None, hold=False, wrap=None, safe_points=False):
         self.bin = bin_path or os.environ.get("ENGINED_BIN", "build/daemon/engined")
-        self.tmp = tmp or tempfile.mkdtemp(prefix="engined-it-")
+        self.tmp = tmp or make_tmp()
         self.ckpt_root = os.path.join(self.tmp, "checkpoints")
         self.model_root = os.path.join(self.tmp, "models")
         self.port_file = os.path.join(self.tmp, "port")

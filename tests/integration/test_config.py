@@ -11,7 +11,6 @@ PYTHONPATH=client/python:build/tests/integration
 """
 import os
 import subprocess
-import tempfile
 import threading
 import time
 
@@ -19,7 +18,7 @@ import grpc
 import numpy as np
 import pytest
 
-from daemon_fixture import Daemon, wait_for
+from daemon_fixture import Daemon, wait_for, make_tmp
 from rpc_expect import expect
 
 from engined_client import EngineClient
@@ -30,7 +29,7 @@ SC = grpc.StatusCode
 @pytest.fixture(scope="module")
 def confdir():
     """A directory for the module's configuration files."""
-    return tempfile.mkdtemp(prefix="engined-config-")
+    return make_tmp(prefix="engined-config-")
 
 
 def engined(*args):
@@ -147,7 +146,7 @@ def test_errors_name_key_and_line(confdir):
 def test_config_file_serves_tcp_and_unix(confdir):
     """The GOOD file on a real daemon: two addresses, its limits, its
     engine defaults."""
-    tmp = tempfile.mkdtemp(prefix="engined-cfg-", dir=confdir)
+    tmp = make_tmp(prefix="engined-cfg-", dir=confdir)
     path = conf(confdir, "serve.conf", GOOD % {"tmp": tmp})
     d = Daemon("--config", path, listen=None, tmp=tmp)
     try:
@@ -179,7 +178,7 @@ def test_limits_concurrent_calls_and_default_deadline(confdir):
     own still queued after 0.1 s is answered DEADLINE_EXCEEDED without
     running; one that started in time completes. The running job is held
     by the test hook until the queued one's deadline has passed."""
-    tmp = tempfile.mkdtemp(prefix="engined-lim-", dir=confdir)
+    tmp = make_tmp(prefix="engined-lim-", dir=confdir)
     d = Daemon("--config", conf(confdir, "lim.conf", GOOD % {"tmp": tmp}),
                "-o", "server.default_deadline_s=0.1", listen=None, tmp=tmp, hold=True)
     try:

@@ -18,7 +18,6 @@ import json
 import os
 import signal
 import struct
-import tempfile
 import threading
 import time
 
@@ -26,7 +25,7 @@ import grpc
 import numpy as np
 import pytest
 
-from daemon_fixture import Daemon
+from daemon_fixture import Daemon, make_tmp
 from rpc_expect import expect as expect_error
 
 import engined_client
@@ -404,7 +403,7 @@ def test_stream_cancel_frees_engine(daemon, client):
 def test_checkpoint_paths(daemon, client):
     # Targets outside the root that no other process uses: the test checks
     # that nothing was written there.
-    outside = tempfile.mkdtemp(prefix="engined-outside-")
+    outside = make_tmp(prefix="engined-outside-")
     os.symlink(outside, os.path.join(daemon.ckpt_root, "escape"))
     expect_error(SC.PERMISSION_DENIED, client.save_checkpoint, "../x", field="path")
     expect_error(SC.PERMISSION_DENIED, client.save_checkpoint, outside + "/x", field="path")

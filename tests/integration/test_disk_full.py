@@ -18,12 +18,11 @@ ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/tests/integratio
 import errno
 import os
 import subprocess
-import tempfile
 
 import grpc
 import pytest
 
-from daemon_fixture import Daemon
+from daemon_fixture import Daemon, make_tmp
 from rpc_expect import expect_details as expect
 from engined_client import EngineClient
 
@@ -34,7 +33,7 @@ MOUNT = 'mount -t tmpfs -o size=%d none "$0" && exec "$@"' % TMPFS_SIZE
 
 def namespace_wrap():
     """The unshare prefix that can mount a tmpfs here, or None and why."""
-    probe = tempfile.mkdtemp(prefix="engined-ns-probe-")
+    probe = make_tmp(prefix="engined-ns-probe-")
     why = []
     try:
         for cmd in (["unshare", "-m"], ["unshare", "-rm"]):
@@ -57,7 +56,7 @@ def ns_daemon():
     wrap, why = namespace_wrap()
     if not wrap:
         pytest.skip("no mount namespace with a tmpfs can be made here: " + why)
-    tmp = tempfile.mkdtemp(prefix="engined-full-")
+    tmp = make_tmp(prefix="engined-full-")
     root = os.path.join(tmp, "checkpoints")
     os.makedirs(root)
     d = Daemon(tmp=tmp, wrap=wrap + ["sh", "-c", MOUNT, root])

@@ -11,13 +11,12 @@ Every wait here is bounded by the group's timeout (a few seconds): the
 tests assert outcomes, never how fast they came.
 """
 import concurrent.futures as cf
-import tempfile
 
 import grpc
 import numpy as np
 import pytest
 
-from daemon_fixture import Daemon
+from daemon_fixture import Daemon, make_tmp
 from rpc_expect import expect
 
 from engined_client import EngineClient, EngineError
@@ -29,7 +28,7 @@ TIMEOUT_S = 5.0
 
 @pytest.fixture
 def pair():
-    store = tempfile.mkdtemp(prefix="engined-dist-")
+    store = make_tmp(prefix="engined-dist-")
     ds = [Daemon("--dist-store-root", store) for _ in range(2)]
     cs = [EngineClient(d.addr, timeout=120) for d in ds]
     try:

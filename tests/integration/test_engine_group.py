@@ -16,13 +16,12 @@ Run: ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/tests/integ
 /usr/bin/python3 -m pytest tests/integration/test_engine_group.py [-k name]
 """
 import itertools
-import tempfile
 
 import grpc
 import numpy as np
 import pytest
 
-from daemon_fixture import Daemon
+from daemon_fixture import Daemon, make_tmp
 
 from engined_client import (EngineClient, EngineError, EngineGroup, ForwardBackwardPlan,
                             ForwardBackwardResult, GroupError, GroupMismatchError,
@@ -556,7 +555,7 @@ def dist_daemons(request):
     """world + 1 daemons sharing one --dist-store-root (Gloo's FileStore):
     the group's ranks, and a reference daemon last."""
     world = request.param
-    store = tempfile.mkdtemp(prefix="engined-dist-")
+    store = make_tmp(prefix="engined-dist-")
     ds = [Daemon("--dist-store-root", store) for _ in range(world + 1)]
     yield ds
     codes = [d.stop() for d in ds]

@@ -12,9 +12,8 @@ import os
 import re
 import struct
 import subprocess
-import tempfile
 
-from daemon_fixture import Daemon
+from daemon_fixture import Daemon, make_tmp
 
 CTL = os.environ.get("ENGINECTL_BIN", "build/client/enginectl")
 
@@ -161,7 +160,7 @@ def safetensors_names(path):
 
 def test_commands_against_daemon():
     d = Daemon()
-    out = os.path.join(tempfile.mkdtemp(prefix="enginectl-it-"), "w.safetensors")
+    out = os.path.join(make_tmp(prefix="enginectl-it-"), "w.safetensors")
     base = ["--addr", d.addr, "--timeout", "60"]
     try:
         p = ctl(*base, "status")

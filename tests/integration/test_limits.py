@@ -16,13 +16,12 @@ import os
 import re
 import shutil
 import socket
-import tempfile
 import urllib.request
 
 import grpc
 import pytest
 
-from daemon_fixture import Daemon, wait_for
+from daemon_fixture import Daemon, wait_for, make_tmp
 from rpc_expect import expect
 from engined_client import EngineClient
 
@@ -36,7 +35,7 @@ OWN = [("grpc.use_local_subchannel_pool", 1)]
 
 @pytest.fixture
 def token_file():
-    tmp = tempfile.mkdtemp(prefix="engined-limits-")
+    tmp = make_tmp(prefix="engined-limits-")
     path = os.path.join(tmp, "tokens")
     with open(path, "w") as f:
         f.write("trainer:%s\n" % TOKEN)
@@ -166,7 +165,7 @@ def test_inflight_request_bytes_bounded():
 
 
 def test_inflight_bound_below_request_size_refused():
-    tmp = tempfile.mkdtemp(prefix="engined-limits-")
+    tmp = make_tmp(prefix="engined-limits-")
     try:
         with pytest.raises(RuntimeError, match="max_inflight_request_bytes"):
             Daemon("-o", "server.max_request_bytes=64M",

@@ -23,13 +23,13 @@ import json
 import os
 import shutil
 import struct
-import tempfile
 import threading
 import time
 
 import grpc
 import pytest
 
+from daemon_fixture import make_tmp
 from engined_client import EngineClient
 from rpc_expect import expect
 
@@ -57,7 +57,7 @@ def files_under(path):
 
 def test_refused_paths(daemon, client):
     root = daemon.ckpt_root
-    outside = tempfile.mkdtemp(prefix="engined-outside-")
+    outside = make_tmp(prefix="engined-outside-")
     os.symlink("/etc", os.path.join(root, "etc"))
     os.symlink(outside, os.path.join(root, "out"))
     os.symlink("../" + os.path.basename(root) + "/../x", os.path.join(root, "rel-out"))
@@ -95,7 +95,7 @@ def test_symlink_swap_during_saves(daemon, client):
     pinned directory the swap removed (the toggler's rename replaces an
     empty `run` the daemon had just made) answers NOT_FOUND saying so."""
     root = daemon.ckpt_root
-    outside = tempfile.mkdtemp(prefix="engined-swap-outside-")
+    outside = make_tmp(prefix="engined-swap-outside-")
     run, real = os.path.join(root, "run"), os.path.join(root, "run.real")
     os.makedirs(run)
     stop = threading.Event()
@@ -185,7 +185,7 @@ def test_checkpoint_symlinks_refused(daemon, client):
     root = daemon.ckpt_root
     assert client.save_checkpoint("sl/good", global_step=5).path == "sl/good"
     good = os.path.join(root, "sl", "good")
-    outside = tempfile.mkdtemp(prefix="engined-sl-outside-")
+    outside = make_tmp(prefix="engined-sl-outside-")
     shutil.copytree(good, os.path.join(outside, "ck"))   # a valid checkpoint
     with open(os.path.join(outside, "latest-target"), "w") as f:
         f.write("ck")
@@ -266,7 +266,7 @@ def test_model_path_symlinks_refused(daemon, client):
     client.initialize(replace=True, preset="tiny", seed=5)
     client.save_checkpoint("for-model", global_step=1)
     src = os.path.join(ckpt, "for-model")
-    outside = tempfile.mkdtemp(prefix="engined-model-outside-")
+    outside = make_tmp(prefix="engined-model-outside-")
     for name in ["config.json", "model.safetensors"]:
         shutil.copy(os.path.join(src, name), os.path.join(outside, name))
     index = {"metadata": {}, "weight_map": {

@@ -14,13 +14,12 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 
 import grpc
 import pytest
 
-from daemon_fixture import Daemon
+from daemon_fixture import Daemon, make_tmp
 from rpc_expect import expect
 from tls_util import make_ca, make_cert
 
@@ -41,7 +40,7 @@ OWN = [("grpc.use_local_subchannel_pool", 1)]
 def cert():
     """cert(name): the path of `name` in a temporary directory with every
     certificate, made for the module (the tests write token files there)."""
-    certs = tempfile.mkdtemp(prefix="engined-certs-")
+    certs = make_tmp(prefix="engined-certs-")
     t0 = time.time()
     for ca in ("ca1", "ca2", "ca3"):
         make_ca(certs, ca)
@@ -251,7 +250,7 @@ def test_reload_on_sighup_while_streaming(cert, tls_client):
     stream: the stream finishes intact over its connection; new
     connections see the new certificate (the old CA is refused) and only
     the new token works. A bad file on the next SIGHUP changes nothing."""
-    d_dir = tempfile.mkdtemp(prefix="engined-reload-")
+    d_dir = make_tmp(prefix="engined-reload-")
     crt, key, tf = (os.path.join(d_dir, n) for n in ("srv.pem", "srv.key", "tokens"))
     shutil.copy(cert("srv1.pem"), crt)
     shutil.copy(cert("srv1.key"), key)

@@ -24,7 +24,6 @@ import shutil
 import socket
 import stat
 import subprocess
-import tempfile
 import time
 import urllib.request
 
@@ -32,7 +31,7 @@ import grpc
 import numpy as np
 import pytest
 
-from daemon_fixture import Daemon, wait_for
+from daemon_fixture import Daemon, wait_for, make_tmp
 from rpc_expect import expect
 
 from engined_client import EngineClient, HAVE_ML_DTYPES, open_share
@@ -46,7 +45,7 @@ TOK_RO = "ci-ro-0123456789abcdef0123456789"
 
 @pytest.fixture(scope="module")
 def tmp():
-    d = tempfile.mkdtemp(prefix="engined-share-")
+    d = make_tmp(prefix="engined-share-")
     yield d
     shutil.rmtree(d, ignore_errors=True)
 

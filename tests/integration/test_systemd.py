@@ -16,14 +16,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 
 import numpy as np
 import pytest
 
-from daemon_fixture import Daemon, wait_for
+from daemon_fixture import Daemon, wait_for, make_tmp
 
 from engined_client import EngineClient
 
@@ -35,7 +34,7 @@ class Notify:
     in the receiving thread as soon as READY=1 arrives."""
 
     def __init__(self, on_ready=None):
-        self.dir = tempfile.mkdtemp(prefix="engined-notify-")
+        self.dir = make_tmp(prefix="engined-notify-")
         self.path = os.path.join(self.dir, "notify.sock")
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(self.path)
@@ -128,7 +127,7 @@ def test_status_shows_the_running_jobs_progress():
 
 
 def test_ready_watchdog_status_stopping():
-    tmp = tempfile.mkdtemp(prefix="engined-sd-")
+    tmp = make_tmp(prefix="engined-sd-")
     n = Notify(on_ready=lambda: ready_probe(os.path.join(tmp, "port")))
     d = Daemon(env=n.env(watchdog_usec=200000), tmp=tmp)
     try:
@@ -265,7 +264,7 @@ def test_unit_files():
     unit = os.path.join(build, "daemon", "engined@.service")
     if not shutil.which("systemd-analyze"):
         pytest.skip("systemd-analyze not installed (package systemd)")
-    tmp = tempfile.mkdtemp(prefix="engined-unit-")
+    tmp = make_tmp(prefix="engined-unit-")
     text = open(unit).read()
     for key in ["Type=notify", "WatchdogSec=", "Restart=on-failure",
                 "Environment=CUDA_VISIBLE_DEVICES=%i", "ProtectSystem=strict",
