@@ -160,7 +160,7 @@ static int pread_full(int fd, void *buf, size_t len, uint64_t off)
 /* A read of at least this many bytes is split over the reader's threads:
  * from the page cache (a checkpoint just verified, so its pages are
  * cached) one thread copies ~5.6 GB/s here, two ~10.5. */
-#define ST_PARALLEL_MIN ((size_t)4 << 20)
+#define ST_PARALLEL_MIN ((size_t)1 << 20)
 #define ST_MAX_THREADS 64
 
 struct pread_part {

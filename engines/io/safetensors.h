@@ -61,7 +61,7 @@ const struct st_tensor_info *st_reader_find(const struct st_reader *r, const cha
 /* Value of a "__metadata__" key of the first file, or NULL. */
 const char *st_reader_metadata(const struct st_reader *r, const char *key);
 
-/* Large tensor reads (4 MiB and up) split over `threads` threads
+/* Large tensor reads (1 MiB and up) split over `threads` threads
  * (default 1; <= 0 means 1). */
 void st_reader_set_threads(struct st_reader *r, int threads);
 
