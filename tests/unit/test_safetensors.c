@@ -758,7 +758,7 @@ START_TEST(xxh64_of_files)
 }
 END_TEST
 
-/* Tensors of 4 MiB and more are read by several threads
+/* Tensors of 1 MiB and more are read by several threads
  * (st_reader_set_threads): the same values whatever the thread count,
  * for f32 (read in place) and bf16 / f16 (read into the upper half, then
  * widened); a file cut short is still an error. */
