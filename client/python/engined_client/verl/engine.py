@@ -130,10 +130,8 @@ class EnginedEngine(BaseEngine):
             kw["optimizer"], kw["lr_scheduler"] = optimizer_settings(oc)
         if self.world > 1:
             self._initialize_rank(kw)
-        elif ec.collective_timeout_s is not None:
-            self.daemon.initialize(dist_timeout_s=ec.collective_timeout_s, **kw)
         else:
-            self.daemon.initialize(**kw)
+            self.daemon.initialize(dist_timeout_s=ec.collective_timeout_s, **kw)
         self._initialized = True
         if self.is_param_offload_enabled or self.is_optimizer_offload_enabled:
             self.to("cpu", model=self.is_param_offload_enabled,
@@ -197,7 +195,7 @@ class EnginedEngine(BaseEngine):
                                          loss_options=options, **outs, **common, **per_token)
         metrics = verl_metrics(name, options, r.metrics, r.values, packed,
                                data.get("response_mask", None))
-        return self._result(packed, r, [float(r.loss)], metrics)
+        return _result(self._model_output(packed, r), [float(r.loss)], metrics)
 
     def _outputs(self, entropy):
         if self.model_type == "value_model":
@@ -211,13 +209,14 @@ class EnginedEngine(BaseEngine):
             common = dict(common, max_tokens_per_micro_batch=int(ec.infer_max_token_len_per_gpu))
         r = self.daemon.forward_backward(packed.input_ids, packed.seq_lens, forward_only=True,
                                          **self._outputs(entropy), **common)
+        model_output = self._model_output(packed, r)
         losses, metrics = [], {}
         if loss_function is not None:
             with torch.no_grad():
-                loss, metrics = loss_function(model_output=self._model_output(packed, r),
-                                              data=data, dp_group=self.get_data_parallel_group())
+                loss, metrics = loss_function(model_output=model_output, data=data,
+                                              dp_group=self.get_data_parallel_group())
             losses = [float(loss)]
-        return self._result(packed, r, losses, metrics)
+        return _result(model_output, losses, metrics)
 
     def _custom(self, data, packed, loss_function, entropy, common):
         """Any loss of the model's outputs: forward-only here, verl's loss
@@ -236,15 +235,12 @@ class EnginedEngine(BaseEngine):
             raise ValueError("the loss does not depend on the model's outputs")
         self.daemon.forward_backward(packed.input_ids, packed.seq_lens, loss="custom",
                                      **common, **grads)
-        return self._result(packed, r, [float(loss.detach())], metrics)
+        return _result({k: packed.nested(t.detach()) for k, t in leaves.items()},
+                       [float(loss.detach())], metrics)
 
     def _model_output(self, packed, r):
         return {k: packed.nested(torch.from_numpy(packed.shift_to_verl(v)))
                 for k, v in _arrays(r).items()}
-
-    def _result(self, packed, r, losses, metrics):
-        return {"model_output": self._model_output(packed, r), "loss": losses,
-                "metrics": {k: v if isinstance(v, Metric) else [v] for k, v in metrics.items()}}
 
     # --- weights ----------------------------------------------------------------
 
@@ -368,6 +364,12 @@ def _check_served(data):
     if mode != DatasetPadMode.NO_PADDING:
         raise NotImplementedError(f"pad_mode {mode}: like verl's own engines, engined takes "
                                   "NO_PADDING batches (left_right_2_no_padding)")
+
+
+def _result(model_output, losses, metrics):
+    """What verl's engines return from forward_backward_batch."""
+    return {"model_output": model_output, "loss": losses,
+            "metrics": {k: v if isinstance(v, Metric) else [v] for k, v in metrics.items()}}
 
 
 def _arrays(r):

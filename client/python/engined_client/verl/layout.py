@@ -106,16 +106,6 @@ class Packed:
         out[self.resp_index[self.resp_valid]] = x[:, :r][self.resp_valid]
         return out
 
-    def tokens_to_response(self, x, width=None):
-        """engined's [N] array as a [bsz, width] float32 response-space tensor
-        (0 past each response)."""
-        self._need_responses()
-        x = np.asarray(x, dtype=np.float32).reshape(-1)
-        r = self.resp_index.shape[1]
-        out = np.zeros((self.resp_index.shape[0], max(width or r, r)), dtype=np.float32)
-        out[:, :r][self.resp_valid] = x[self.resp_index[self.resp_valid]]
-        return torch.from_numpy(out)
-
     def sequence_mask(self, loss_mask):
         """A mask over whole sequences (jagged [bsz, j] or flat [N]) as
         engined's loss_mask: the same, each sequence's first token 0."""
