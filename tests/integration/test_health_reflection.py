@@ -19,7 +19,7 @@ import time
 import grpc
 import pytest
 
-from daemon_fixture import Daemon
+from daemon_fixture import Daemon, wait_for
 
 from engined_client import EngineClient
 from engined_client.client import _AuthInterceptor
@@ -65,7 +65,7 @@ def test_health_watch_sees_draining():
     hp = need("grpc_health.v1.health_pb2")
     hg = need("grpc_health.v1.health_pb2_grpc")
     import numpy as np
-    d = Daemon()
+    d = Daemon(safe_points=True)
     try:
         c = EngineClient(d.addr, timeout=120)
         c.initialize(replace=True, preset="tiny")
@@ -80,8 +80,13 @@ def test_health_watch_sees_draining():
                 seen.append((time.time(), e.code()))
         t = threading.Thread(target=watch)
         t.start()
+        wait_for(lambda: seen, "the watch's first answer")
         ids = np.random.default_rng(0).integers(0, 1024, 6144).astype(np.int32)
         out = {}
+        # The job is held at its first safe point (between micro-batches)
+        # until the watch has seen NOT_SERVING: running, whatever the
+        # machine's speed.
+        d.hold_safe_points()
         job = threading.Thread(target=lambda: out.setdefault(
             "r", c.forward_backward(ids, [512] * 12, loss="sft", max_tokens_per_micro_batch=512)))
         job.start()
@@ -89,6 +94,8 @@ def test_health_watch_sees_draining():
             time.sleep(0.005)
         t_sig = time.time()
         d.signal(signal.SIGTERM)
+        wait_for(lambda: len(seen) >= 2, "NOT_SERVING on the watch")
+        d.release_safe_points()
         job.join()
         t_done = time.time()
         t.join()
