@@ -549,9 +549,11 @@ static void ckpt_prep_free(void *p)
 }
 
 /* A rank other than 0 of a data-parallel group: its Save/LoadCheckpoint
- * only take part in rank 0's (which alone reads and writes the files),
- * so the path is not resolved on it. `snap`: from the status snapshot
- * (the poller), else from the engine (the engine thread). */
+ * write or read its own optimizer shard where its checkpoint root is the
+ * one rank 0 uses (a shared filesystem), and otherwise leave that to rank
+ * 0; so the path need not exist on it, and a path it cannot pin hands the
+ * engine NULL instead of failing. `snap`: from the status snapshot (the
+ * poller), else from the engine (the engine thread). */
 static bool group_follower(struct daemon *d, bool snap)
 {
 	struct engine_status st;
@@ -566,6 +568,19 @@ static bool group_follower(struct daemon *d, bool snap)
 		return false;
 	}
 	return st.initialized && st.dist_world_size > 1 && st.dist_rank != 0;
+}
+
+/* A follower's pin: its path, or NULL where it cannot reach `rel`. */
+static const char *follower_pin(struct daemon *d, const char *rel, enum paths_pin_mode mode,
+				struct paths_pin *pin)
+{
+	struct eng_error ignored = {0};
+
+	if (paths_pin(d->cfg.checkpoint_root, rel, "path", mode, pin, &ignored) < 0) {
+		pin->fd = -1;
+		return NULL;
+	}
+	return pin->path;
 }
 
 static int ckpt_prep_new(struct job *j, const char *path, char **contents,
@@ -632,9 +647,18 @@ int daemon_save_checkpoint(struct daemon *d, const char *rel, int64_t global_ste
 	struct paths_pin pin = { .fd = -1 };
 	int r;
 
-	if (group_follower(d, false))
-		return engine_save_checkpoint(d->engine, rel, global_step, max_to_keep, contents,
-					      ret_bytes, err);
+	if (group_follower(d, false)) {
+		const char *dir = follower_pin(d, rel, PIN_PARENT_CREATE, &pin);
+
+		engine_set_progress(d->engine, daemon_progress, d);
+		r = engine_save_checkpoint(d->engine, dir, global_step, max_to_keep, contents,
+					   ret_bytes, err);
+		engine_set_progress(d->engine, NULL, NULL);
+		if (dir)
+			r = paths_pin_result(&pin, r, err);
+		paths_unpin(&pin);
+		return r;
+	}
 	/* Resolved again now (the tree may have changed since validation)
 	 * and pinned: the writer works through the parent's descriptor, so
 	 * a component swapped for a symlink mid-save cannot redirect it. */
@@ -663,17 +687,17 @@ int h_run_load_checkpoint(struct daemon *d, struct job *j, struct eng_error *err
 	Engined__V1__LoadCheckpointResponse resp = ENGINED__V1__LOAD_CHECKPOINT_RESPONSE__INIT;
 	struct paths_pin pin = { .fd = -1 };
 	int64_t step = 0;
-	bool follower = group_follower(d, false);
+	const char *dir = pin.path;
 	int r;
 
-	if (!follower && (r = paths_pin(d->cfg.checkpoint_root, c->rel, "path", PIN_DIR, &pin,
-					err)) < 0)
+	if (group_follower(d, false))
+		dir = follower_pin(d, c->rel, PIN_DIR, &pin);
+	else if ((r = paths_pin(d->cfg.checkpoint_root, c->rel, "path", PIN_DIR, &pin, err)) < 0)
 		return r;
 	stream_wait_released(d);
 	engine_set_cancel(d->engine, fb_call_gone, j->call);
 	engine_set_progress(d->engine, daemon_progress, d);
-	r = engine_load_checkpoint(d->engine, follower ? c->rel : pin.path, c->contents, &step,
-				   err);
+	r = engine_load_checkpoint(d->engine, dir, c->contents, &step, err);
 	engine_set_progress(d->engine, NULL, NULL);
 	engine_set_cancel(d->engine, NULL, NULL);
 	r = paths_pin_result(&pin, r, err);

@@ -331,7 +331,7 @@ int engine_save_checkpoint(struct engine *e, const char *dir, int64_t global_ste
 			   int max_to_keep, unsigned contents, size_t *ret_bytes,
 			   struct eng_error *err)
 {
-	if (!dir || !*dir)
+	if (dir && !*dir)
 		return eng_fail(err, -EINVAL, "path: empty checkpoint path");
 	if (contents == 0)
 		contents = CKPT_ALL;
@@ -348,7 +348,7 @@ int engine_save_checkpoint(struct engine *e, const char *dir, int64_t global_ste
 int engine_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 			   int64_t *ret_global_step, struct eng_error *err)
 {
-	if (!dir || !*dir)
+	if (dir && !*dir)
 		return eng_fail(err, -EINVAL, "path: empty checkpoint path");
 	if (contents == 0)
 		contents = CKPT_ALL;

@@ -291,7 +291,9 @@ struct engine_ops {
 	int (*param_info)(struct engine *e, int64_t i, struct engine_param_view *ret);
 	int (*param_copy)(struct engine *e, int64_t i, enum engine_dtype dtype,
 			  int64_t start, int64_t count, void *dst, struct eng_error *err);
-	/* `dir` is an absolute path already confined by the caller. */
+	/* `dir` is an absolute path already confined by the caller; NULL on a
+	 * rank other than 0 of a group that cannot reach the checkpoint (rank 0
+	 * writes or reads its part), refused alone or on rank 0. */
 	int (*save_checkpoint)(struct engine *e, const char *dir, int64_t global_step,
 			       int max_to_keep, unsigned contents, size_t *ret_bytes,
 			       struct eng_error *err);

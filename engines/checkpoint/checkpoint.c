@@ -365,6 +365,68 @@ int ckpt_writer_dirfd(const struct ckpt_writer *w)
 	return w->tmp_fd;
 }
 
+const char *ckpt_writer_temp_name(const struct ckpt_writer *w)
+{
+	return w->tmpname;
+}
+
+/* ".<name>.tmp-<digits>": the temporary name a writer of `name` uses. */
+static bool temp_name_of(const char *tmpname, const char *name)
+{
+	size_t n = strlen(name);
+	const char *p;
+
+	if (tmpname[0] != '.' || strncmp(tmpname + 1, name, n) ||
+	    strncmp(tmpname + 1 + n, ".tmp-", 5))
+		return false;
+	p = tmpname + n + 6;
+	if (!*p)
+		return false;
+	for (; *p; p++)
+		if (!isdigit((unsigned char)*p))
+			return false;
+	return true;
+}
+
+int ckpt_join_temp(const char *dir, const char *tmpname, int *ret_fd, struct eng_error *err)
+{
+	char *copy, *slash;
+	int pfd, fd, rc = 0;
+
+	if (!dir || dir[0] != '/')
+		return eng_fail(err, -EINVAL, "checkpoint path '%s' is not absolute",
+				dir ? dir : "(null)");
+	copy = strdup(dir);
+	if (!copy)
+		return eng_fail(err, -ENOMEM, "%s: no memory", dir);
+	for (size_t len = strlen(copy); len > 1 && copy[len - 1] == '/';)
+		copy[--len] = '\0';
+	slash = strrchr(copy, '/');
+	*slash = '\0';
+	if (!plain_name(slash + 1) || !temp_name_of(tmpname, slash + 1)) {
+		rc = eng_fail(err, -EINVAL, "%s: '%s' is not the temporary directory of checkpoint "
+			      "'%s'", dir, tmpname, slash + 1);
+		free(copy);
+		return rc;
+	}
+	pfd = open(copy[0] ? copy : "/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (pfd < 0) {
+		rc = eng_fail(err, eng_errno_code(errno), "%s: %s", copy, strerror(errno));
+		free(copy);
+		return rc;
+	}
+	fd = io_openat(pfd, tmpname, O_RDONLY | O_DIRECTORY, 0);
+	if (fd < 0)
+		rc = eng_fail(err, eng_errno_code(-fd), "%s/%s: %s", copy, tmpname,
+			      eng_errno_text(-fd));
+	close(pfd);
+	free(copy);
+	if (rc)
+		return rc;
+	*ret_fd = fd;
+	return 0;
+}
+
 int ckpt_writer_record(struct ckpt_writer *w, const char *name, uint64_t bytes,
 		       uint64_t xxh64, struct eng_error *err)
 {
@@ -718,7 +780,7 @@ fail:
 
 /* Bytes verified of all the listed files (ckpt_open_progress). */
 struct verify_count {
-	const struct ckpt_open_progress *p;
+	const struct ckpt_open_opts *p;
 	uint64_t base, total;
 };
 
@@ -822,10 +884,10 @@ static int follow_latest(int dirfd, const char *dir, char **ret_name, int *ret_f
 int ckpt_open(const char *dir, json_t **ret_state, char **ret_dir, int *ret_fd,
 	      struct eng_error *err)
 {
-	return ckpt_open_progress(dir, NULL, ret_state, ret_dir, ret_fd, err);
+	return ckpt_open_with(dir, NULL, ret_state, ret_dir, ret_fd, err);
 }
 
-int ckpt_open_progress(const char *dir, const struct ckpt_open_progress *progress,
+int ckpt_open_with(const char *dir, const struct ckpt_open_opts *progress,
 		       json_t **ret_state, char **ret_dir, int *ret_fd, struct eng_error *err)
 {
 	char *resolved = NULL, *sp = NULL, *name = NULL, *text = NULL;
@@ -881,10 +943,14 @@ int ckpt_open_progress(const char *dir, const struct ckpt_open_progress *progres
 	json_object_foreach(json_object_get(state, "files"), fname, info) {
 		uint64_t b = (uint64_t)json_integer_value(json_object_get(info, "bytes"));
 
+		if (progress && progress->verify && !progress->verify(progress->ctx, state, fname))
+			continue;
 		vc.total = b > CKPT_PROGRESS_MAX - vc.total ? CKPT_PROGRESS_MAX : vc.total + b;
 	}
 	verify_progress(&vc, 0);
 	json_object_foreach(json_object_get(state, "files"), fname, info) {
+		if (progress && progress->verify && !progress->verify(progress->ctx, state, fname))
+			continue;
 		rc = verify_file(ckfd, resolved, fname, info, &vc, err);
 		if (rc)
 			goto out;

@@ -3,7 +3,10 @@
  * Layout of one checkpoint `<root>/<name>/`:
  *   config.json            HF config (model)
  *   model.safetensors      parameters in HF names (model)
- *   optimizer.safetensors  "exp_avg.<name>", "exp_avg_sq.<name>" (optimizer)
+ *   optimizer.safetensors  "exp_avg.<name>", "exp_avg_sq.<name>" (optimizer,
+ *                          one engine), or a group's shards
+ *                          optimizer-<r>-of-<W>.safetensors (one per rank:
+ *                          engines/native/native_optim_files.c)
  *   engine_state.json      format version, step, scheduler, RNG, optimizer
  *                          hyper-parameters, engine key, world size,
  *                          contents, per-file sizes and XXH64 checksums
@@ -65,6 +68,16 @@ const char *ckpt_writer_path(struct ckpt_writer *w, const char *name);
 /* Descriptor of the temporary directory (owned by the writer): files are
  * created beneath it with io_openat / st_writer_new_at, never by path. */
 int ckpt_writer_dirfd(const struct ckpt_writer *w);
+/* The temporary directory's name in the parent (".<name>.tmp-<pid>"):
+ * the other ranks of a group write their files into it (ckpt_join_temp). */
+const char *ckpt_writer_temp_name(const struct ckpt_writer *w);
+/* Open the temporary directory `tmpname` of another process's writer of
+ * checkpoint `dir` (absolute; its parent as given, tmpname beneath it
+ * never through a symlink): *ret_fd, to create files in with
+ * st_writer_new_at; that writer records them (ckpt_writer_record checks
+ * that each is there with its size). A name that is not the temporary
+ * name of `dir`'s last component: -EINVAL; a missing one: -ENOENT. */
+int ckpt_join_temp(const char *dir, const char *tmpname, int *ret_fd, struct eng_error *err);
 /* Record a written file (its bytes and xxh64) for engine_state.json. The
  * file must already be fsync'ed. */
 int ckpt_writer_record(struct ckpt_writer *w, const char *name, uint64_t bytes,
@@ -90,16 +103,21 @@ void ckpt_writer_abort(struct ckpt_writer *w);   /* accepts NULL */
  * O_PATH descriptor of it (caller closes) to open its files beneath. */
 int ckpt_open(const char *dir, json_t **ret_state, char **ret_dir, int *ret_fd,
 	      struct eng_error *err);
-/* ckpt_open reporting the verification: fn(ctx, done, total) with the
- * bytes of the listed files hashed so far of all of them, from 0 (once
- * engine_state.json is parsed) to total (at most CKPT_PROGRESS_MAX). */
+/* ckpt_open with options (NULL members: the defaults):
+ *   fn(ctx, done, total): the verification's progress, the bytes of the
+ *     verified files hashed so far of all of them, from 0 (once
+ *     engine_state.json is parsed) to total (at most CKPT_PROGRESS_MAX);
+ *   verify(ctx, state, name): whether to verify listed file `name` (a
+ *     reader that reads only some files of a checkpoint checks those;
+ *     default: every file). */
 #define CKPT_PROGRESS_MAX ((uint64_t)INT64_MAX / 4)
-struct ckpt_open_progress {
+struct ckpt_open_opts {
 	void (*fn)(void *ctx, uint64_t done, uint64_t total);
 	void *ctx;
+	bool (*verify)(void *ctx, json_t *state, const char *name);
 };
-int ckpt_open_progress(const char *dir, const struct ckpt_open_progress *progress,
-		       json_t **ret_state, char **ret_dir, int *ret_fd, struct eng_error *err);
+int ckpt_open_with(const char *dir, const struct ckpt_open_opts *opts, json_t **ret_state,
+		   char **ret_dir, int *ret_fd, struct eng_error *err);
 
 /* --- engine_state.json's seal (ckpt_state.c) --- */
 

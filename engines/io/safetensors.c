@@ -810,49 +810,32 @@ const char *st_reader_metadata(const struct st_reader *r, const char *key)
 	return json_string_value(json_object_get(r->metadata, key));
 }
 
-int st_reader_read_f32(struct st_reader *r, const char *name, float *dst,
-		       int64_t numel, struct eng_error *err)
+/* Elements [first, first + count) of tensor t converted to fp32 into
+ * dst[count]. 16-bit data is read into the upper half of dst (one pread,
+ * no extra memory) and widened in place from the front, a block at a time
+ * through a small stack copy: block [i, i+m) writes bytes [4i, 4i+4m),
+ * which ends at or before the first source byte of the next block,
+ * 2*count + 2(i+m), because i + m <= count. */
+static int read_elems(struct st_reader *r, const struct st_tensor_info *t, const char *name,
+		      uint64_t first, uint64_t count, float *dst, struct eng_error *err)
 {
-	const struct st_tensor_info *t = st_reader_find(r, name);
-	const char *path;
-	uint64_t have = 1;
+	const char *path = r->files[t->file].path;
+	size_t es = st_dtype_size(t->dtype);
+	uint64_t off = t->offset + first * es, bytes = count * es, i;
 	unsigned char *src;
-	int64_t i;
-	int rc, d;
+	int rc;
 
-	if (!t) {
-		struct st_other key = { .name = (char *)name }, *o;
-
-		o = find_in_table(&key, r->others, (size_t)r->nothers, sizeof(key), cmp_other_name);
-		if (o)
-			return eng_fail(err, -EINVAL, "%s: tensor '%s': dtype %s is not supported "
-					"(F32, BF16, F16 only)", r->files[o->file].path, name,
-					o->dtype);
-		return eng_fail(err, -ENOENT, "tensor '%s' not found in %s", name,
-				r->nfiles ? r->files[0].path : "(empty)");
-	}
-	path = r->files[t->file].path;
-	for (d = 0; d < t->ndim; d++)
-		have *= (uint64_t)t->shape[d];
-	if (numel < 0 || have != (uint64_t)numel)
-		return eng_fail(err, -EINVAL, "%s: tensor '%s' has %llu elements, %lld expected",
-				path, name, (unsigned long long)have, (long long)numel);
 	if (t->dtype == ST_F32) {
-		rc = pread_parallel(r->files[t->file].fd, dst, t->nbytes, t->offset, r->threads);
+		rc = pread_parallel(r->files[t->file].fd, dst, bytes, off, r->threads);
 		goto done;
 	}
-	/* 16-bit data is read into the upper half of dst (one pread, no
-	 * extra memory) and widened in place from the front, a block at a
-	 * time through a small stack copy: block [i, i+m) writes bytes
-	 * [4i, 4i+4m), which ends at or before the first source byte of the
-	 * next block, 2*numel + 2(i+m), because i + m <= numel. */
-	src = (unsigned char *)dst + 2 * (size_t)numel;
-	rc = pread_parallel(r->files[t->file].fd, src, t->nbytes, t->offset, r->threads);
+	src = (unsigned char *)dst + 2 * (size_t)count;
+	rc = pread_parallel(r->files[t->file].fd, src, bytes, off, r->threads);
 	if (rc)
 		goto done;
-	for (i = 0; i < numel; i += ST_WIDEN_BLOCK) {
+	for (i = 0; i < count; i += ST_WIDEN_BLOCK) {
 		uint16_t blk[ST_WIDEN_BLOCK];
-		size_t m = (size_t)(numel - i < ST_WIDEN_BLOCK ? numel - i : ST_WIDEN_BLOCK);
+		size_t m = (size_t)(count - i < ST_WIDEN_BLOCK ? count - i : ST_WIDEN_BLOCK);
 
 		memcpy(blk, src + 2 * (size_t)i, 2 * m);
 		if (t->dtype == ST_BF16)
@@ -866,6 +849,64 @@ done:
 	if (rc)
 		return eng_fail(err, rc, "%s: tensor '%s': read: %s", path, name, strerror(errno));
 	return 0;
+}
+
+/* Tensor `name` and its element count, or a precise refusal. */
+static int find_readable(struct st_reader *r, const char *name,
+			 const struct st_tensor_info **ret, uint64_t *ret_numel,
+			 struct eng_error *err)
+{
+	const struct st_tensor_info *t = st_reader_find(r, name);
+	uint64_t have = 1;
+
+	if (!t) {
+		struct st_other key = { .name = (char *)name }, *o;
+
+		o = find_in_table(&key, r->others, (size_t)r->nothers, sizeof(key), cmp_other_name);
+		if (o)
+			return eng_fail(err, -EINVAL, "%s: tensor '%s': dtype %s is not supported "
+					"(F32, BF16, F16 only)", r->files[o->file].path, name,
+					o->dtype);
+		return eng_fail(err, -ENOENT, "tensor '%s' not found in %s", name,
+				r->nfiles ? r->files[0].path : "(empty)");
+	}
+	for (int d = 0; d < t->ndim; d++)
+		have *= (uint64_t)t->shape[d];
+	*ret = t;
+	*ret_numel = have;
+	return 0;
+}
+
+int st_reader_read_f32(struct st_reader *r, const char *name, float *dst,
+		       int64_t numel, struct eng_error *err)
+{
+	const struct st_tensor_info *t = NULL;
+	uint64_t have = 0;
+	int rc = find_readable(r, name, &t, &have, err);
+
+	if (rc)
+		return rc;
+	if (numel < 0 || have != (uint64_t)numel)
+		return eng_fail(err, -EINVAL, "%s: tensor '%s' has %llu elements, %lld expected",
+				r->files[t->file].path, name, (unsigned long long)have,
+				(long long)numel);
+	return read_elems(r, t, name, 0, have, dst, err);
+}
+
+int st_reader_read_f32_range(struct st_reader *r, const char *name, int64_t first,
+			     int64_t count, float *dst, struct eng_error *err)
+{
+	const struct st_tensor_info *t = NULL;
+	uint64_t have = 0;
+	int rc = find_readable(r, name, &t, &have, err);
+
+	if (rc)
+		return rc;
+	if (first < 0 || count < 0 || (uint64_t)first > have || (uint64_t)count > have - (uint64_t)first)
+		return eng_fail(err, -EINVAL, "%s: tensor '%s' has %llu elements, [%lld, +%lld) "
+				"asked", r->files[t->file].path, name, (unsigned long long)have,
+				(long long)first, (long long)count);
+	return read_elems(r, t, name, (uint64_t)first, (uint64_t)count, dst, err);
 }
 
 /* --- writing ----------------------------------------------------------- */

@@ -69,6 +69,11 @@ void st_reader_set_threads(struct st_reader *r, int threads);
  * -EINVAL when its element count differs from numel, -EIO on read errors. */
 int st_reader_read_f32(struct st_reader *r, const char *name, float *dst,
 		       int64_t numel, struct eng_error *err);
+/* Elements [first, first + count) of tensor `name` (its flat order)
+ * converted to fp32 into dst[count]: a range outside the tensor is
+ * -EINVAL; otherwise as st_reader_read_f32. */
+int st_reader_read_f32_range(struct st_reader *r, const char *name, int64_t first,
+			     int64_t count, float *dst, struct eng_error *err);
 
 /* --- writing ----------------------------------------------------------- */
 

@@ -71,25 +71,7 @@ static int check_same_model(struct native *n, struct eng_error *err)
 
 	if (!all)
 		return eng_fail(err, -ENOMEM, "dist: out of memory");
-	/* The CPU device only: a device with its own memory gathers through
-	 * the parameters' first bytes would be wrong; use a scratch. */
-	if (n->dev->host_memory) {
-		rc = n->dist->ops->all_gather(n->dist, all, mine, K, DIST_F64, err);
-	} else {
-		const struct device_ops *o = n->dev->ops;
-		double *d = o->alloc(n->dev, (size_t)(W + 1) * K * sizeof(double));
-
-		rc = d ? o->copy_h2d(n->dev, d + (size_t)W * K, mine, sizeof(mine)) : -ENOMEM;
-		if (rc == 0 && (rc = o->sync(n->dev)) == 0)
-			rc = n->dist->ops->all_gather(n->dist, d, d + (size_t)W * K, K, DIST_F64,
-						      err);
-		if (rc == 0 && (rc = o->copy_d2h(n->dev, all, d, (size_t)W * K * sizeof(double))) == 0)
-			rc = o->sync(n->dev);
-		if (d)
-			o->free(n->dev, d);
-		if (rc < 0)
-			rc = eng_fail(err, rc, "dist: model check failed");
-	}
+	rc = native_dist_gather_host(n, all, mine, sizeof(mine), err);
 	for (int r = 0; r < W && rc == 0; r++)
 		if (memcmp(all + (size_t)r * K, mine, sizeof(mine)))
 			rc = eng_fail(err, -EINVAL, "dist: rank %d built another model (%.0f "
@@ -202,85 +184,59 @@ int native_dist_step(struct native *n, const struct engine_optim_config *o, doub
 	return rc;
 }
 
-/* Rank 0's `bytes` (a multiple of 4) at buf to every rank: raw words,
- * copied bit for bit (a broadcast does no arithmetic). */
-int native_dist_bcast_words(struct native *n, void *buf, size_t bytes, struct eng_error *err)
+/* The collective `op` on host buffers: directly on a host-memory device,
+ * else through a device scratch of `dev_bytes` (the buffers' words copied
+ * in at in_off, the result out from out_off). Collectives move words bit
+ * for bit (F32 with no arithmetic). */
+enum host_op { HOST_BCAST, HOST_GATHER };
+
+static int host_collective(struct native *n, enum host_op op, void *out, const void *in,
+			   size_t in_bytes, int root, struct eng_error *err)
 {
+	struct dist *d = n->dist;
 	const struct device_ops *o = n->dev->ops;
-	void *d;
+	size_t out_bytes = op == HOST_GATHER ? in_bytes * (size_t)d->world_size : in_bytes;
+	int64_t words = (int64_t)(in_bytes / 4);
+	char *dv;
 	int rc;
 
 	if (n->dev->host_memory)
-		return n->dist->ops->broadcast(n->dist, buf, (int64_t)(bytes / 4), DIST_F32, 0, err);
-	d = o->alloc(n->dev, bytes);
-	if (!d)
-		return eng_fail(err, -ENOMEM, "dist: out of device memory");
-	rc = o->copy_h2d(n->dev, d, buf, bytes);
+		return op == HOST_BCAST
+		       ? d->ops->broadcast(d, out, words, DIST_F32, root, err)
+		       : d->ops->all_gather(d, out, in, words, DIST_F32, err);
+	/* [out_bytes of result | in_bytes of input] */
+	dv = o->alloc(n->dev, out_bytes + in_bytes);
+	if (!dv)
+		return eng_fail(err, -ENOMEM, "dist: out of device memory (%zu bytes)",
+				out_bytes + in_bytes);
+	rc = o->copy_h2d(n->dev, op == HOST_BCAST ? dv : dv + out_bytes,
+			 op == HOST_BCAST ? out : in, in_bytes);
 	if (rc == 0 && (rc = o->sync(n->dev)) == 0)
-		rc = n->dist->ops->broadcast(n->dist, d, (int64_t)(bytes / 4), DIST_F32, 0, err);
-	if (rc == 0 && (rc = o->copy_d2h(n->dev, buf, d, bytes)) == 0)
+		rc = op == HOST_BCAST
+		     ? d->ops->broadcast(d, dv, words, DIST_F32, root, err)
+		     : d->ops->all_gather(d, dv, dv + out_bytes, words, DIST_F32, err);
+	if (rc == 0 && (rc = o->copy_d2h(n->dev, out, dv, out_bytes)) == 0)
 		rc = o->sync(n->dev);
-	o->free(n->dev, d);
-	return rc < 0 ? eng_fail(err, rc, "dist: broadcast failed") : 0;
+	o->free(n->dev, dv);
+	return rc < 0 ? eng_fail(err, rc, "dist: %s failed", op == HOST_BCAST ? "broadcast"
+				 : "all-gather") : 0;
 }
 
-/* A slice of shard_len floats between a host buffer and device memory. */
-static int slice_copy(struct native *n, float *dst, const float *src, bool to_host)
+int native_dist_bcast_host(struct native *n, void *buf, size_t bytes, int root,
+			   struct eng_error *err)
 {
-	size_t bytes = (size_t)n->shard_len * sizeof(float);
-	int rc;
-
-	if (n->dev->host_memory) {
-		memcpy(dst, src, bytes);
-		return 0;
-	}
-	rc = to_host ? n->dev->ops->copy_d2h(n->dev, dst, src, bytes)
-		     : n->dev->ops->copy_h2d(n->dev, dst, src, bytes);
-	return rc ? rc : n->dev->ops->sync(n->dev);
+	return host_collective(n, HOST_BCAST, buf, buf, bytes, root, err);
 }
 
-/* Moment family f between the ranks' slices and one full host copy on
- * rank 0 (full[padded_total]; NULL on the others): one broadcast of a
- * slice per rank, each from (gather) or to (scatter) its owner, received
- * elsewhere into a slice-sized scratch. */
-static int move_moments(struct native *n, enum native_fam f, float *full, bool gather,
-			struct eng_error *err)
+int native_dist_bcast_words(struct native *n, void *buf, size_t bytes, struct eng_error *err)
 {
-	struct dist *d = n->dist;
-	float *mine = n->fam[f].dev, *scratch;
-	int rc = 0;
-
-	scratch = n->dev->ops->alloc(n->dev, (size_t)n->shard_len * sizeof(float) + 1);
-	if (!scratch)
-		return eng_fail(err, -ENOMEM, "dist: out of device memory for a %lld-float slice",
-				(long long)n->shard_len);
-	for (int r = 0; r < d->world_size && rc == 0; r++) {
-		/* Slice r travels in its owner's family and in the scratch of
-		 * every other rank (rank 0 included). */
-		float *slice = full ? full + (int64_t)r * n->shard_len : NULL;
-		float *buf = d->rank == r ? mine : scratch;
-
-		if (!gather && d->rank == 0)
-			rc = slice_copy(n, buf, slice, false);
-		if (rc == 0)
-			rc = d->ops->broadcast(d, buf, n->shard_len, DIST_F32, gather ? r : 0, err);
-		if (rc == 0 && gather && d->rank == 0)
-			rc = slice_copy(n, slice, buf, true);
-	}
-	n->dev->ops->free(n->dev, scratch);
-	return rc < 0 ? eng_fail(err, rc, "dist: moving the optimizer slices failed") : 0;
+	return host_collective(n, HOST_BCAST, buf, buf, bytes, 0, err);
 }
 
-int native_dist_gather_moments(struct native *n, enum native_fam f, float *full,
-			       struct eng_error *err)
+int native_dist_gather_host(struct native *n, void *all, const void *mine, size_t bytes,
+			    struct eng_error *err)
 {
-	return move_moments(n, f, full, true, err);
-}
-
-int native_dist_scatter_moments(struct native *n, enum native_fam f, float *full,
-				struct eng_error *err)
-{
-	return move_moments(n, f, full, false, err);
+	return host_collective(n, HOST_GATHER, all, mine, bytes, 0, err);
 }
 
 void native_dist_leave(struct native *n)

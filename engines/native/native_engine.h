@@ -123,29 +123,122 @@ int native_dist_step(struct native *n, const struct engine_optim_config *o, doub
 void native_dist_leave(struct native *n);
 /* Rank 0's bytes (a multiple of 4) to every rank, bit for bit. */
 int native_dist_bcast_words(struct native *n, void *buf, size_t bytes, struct eng_error *err);
-/* Moment family f: every rank's slice into rank 0's full[padded_total]
- * (gather), or rank 0's full copy out to the slices (scatter); full is
- * NULL on the other ranks. The moments must be on the device. */
-int native_dist_gather_moments(struct native *n, enum native_fam f, float *full,
-			       struct eng_error *err);
-int native_dist_scatter_moments(struct native *n, enum native_fam f, float *full,
-				struct eng_error *err);
+/* The same from rank `root`, of a host buffer on every rank. */
+int native_dist_bcast_host(struct native *n, void *buf, size_t bytes, int root,
+			   struct eng_error *err);
+/* Every rank's `bytes` (a multiple of 4) at mine into all[world x bytes]
+ * on every rank, bit for bit (host buffers). */
+int native_dist_gather_host(struct native *n, void *all, const void *mine, size_t bytes,
+			    struct eng_error *err);
 /* Floats of family f's allocation / of its meaningful part. */
 int64_t native_family_len(const struct native *n, enum native_fam f);
 
-/* native_ckpt.c */
+/* native_ckpt.c: one engine's SaveCheckpoint / LoadCheckpoint, and the
+ * parts a group's (native_ckpt_group.c) shares. */
 int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_step,
 			   int max_to_keep, unsigned contents, size_t *ret_bytes,
 			   struct eng_error *err);
 int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 			   int64_t *ret_global_step, struct eng_error *err);
+/* Progress of a save or load: tensor data bytes, `base` of them before the
+ * current file (engine_progress). */
+struct native_ckpt_progress {
+	struct engine *e;
+	const char *file;
+	int64_t base, total;
+};
+void native_ckpt_file_progress(void *ctx, uint64_t data_bytes);
+struct ckpt_writer;
+/* config.json and model.safetensors into the writer. */
+int native_ckpt_write_model(struct native *n, struct ckpt_writer *w,
+			    struct native_ckpt_progress *pr, struct eng_error *err);
+/* A save's safe point: -ECANCELED (nothing saved) once the engine's
+ * cancel callback says so. */
+int native_ckpt_cancelled(struct engine *e, const char *after, struct eng_error *err);
+/* engine_state.json, then the writer's commit (frees it either way). */
+int native_ckpt_commit(struct engine *e, struct native *n, struct ckpt_writer *w,
+		       int64_t global_step, int max_to_keep, unsigned contents,
+		       const struct native_ckpt_progress *pr, uint64_t *ret_total,
+		       struct eng_error *err);
 
-/* native_state.c: the engine's members of engine_state.json. */
+/* An open, verified, checked checkpoint to load from. */
 struct native_saved_state {
 	int64_t global_step, optim_step, sched_step;
 	uint64_t rng[4];
 	unsigned contents;     /* CKPT_* held */
 };
+struct st_reader;
+struct native_optim_src {      /* native_optim_files.c */
+	int world;             /* 1: optimizer.safetensors; W: W shard files */
+	struct st_reader **r;  /* [world]; NULL where not opened */
+};
+struct native_load {
+	json_t *state;
+	struct native_saved_state saved;
+	char *resolved;                /* the checkpoint directory, for messages */
+	int ckfd;
+	struct st_reader *model;       /* with CKPT_MODEL */
+	struct native_optim_src opt;   /* with CKPT_OPTIMIZER */
+	struct native_ckpt_progress pr;
+};
+/* Which listed files to verify (NULL: all of them). */
+struct native_load_filter {
+	bool (*fn)(void *ctx, json_t *state, const char *name);
+	void *ctx;
+};
+/* Open `dir` (or what its `latest` names), verify its files, check its
+ * state and the files of `contents` against this engine; the optimizer
+ * files opened are those that hold the flat range [first, first + count).
+ * safe_point: -ECANCELED at the end if the client is gone. Nothing of the
+ * engine changes. Close with native_load_close, whatever it returned. */
+int native_load_open(struct engine *e, struct native *n, const char *dir, unsigned contents,
+		     const struct native_load_filter *filter, int64_t first, int64_t count,
+		     bool safe_point, struct native_load *L, struct eng_error *err);
+/* The parameters, read into the engine. */
+int native_load_model(struct native *n, struct native_load *L, struct eng_error *err);
+/* The flat range [first, first + count) of moment `which` (0 exp_avg,
+ * 1 exp_avg_sq) into host memory dst[count] (zero past the table). */
+int native_load_moment(struct native *n, struct native_load *L, int which, int64_t first,
+		       int64_t count, float *dst, struct eng_error *err);
+void native_load_close(struct native_load *L);
+/* A load's last part: steps and RNG (CKPT_EXTRA), zeroed gradients. */
+int native_load_apply(struct engine *e, struct native *n, unsigned contents,
+		      const struct native_saved_state *saved, struct eng_error *err);
+
+/* native_ckpt_group.c: SaveCheckpoint / LoadCheckpoint on every rank of a
+ * group. dir is NULL on a rank other than 0 that cannot reach the
+ * checkpoint's directory (rank 0 then writes or reads its part). */
+int native_group_save(struct engine *e, struct native *n, const char *dir,
+		      int64_t global_step, int max_to_keep, unsigned contents,
+		      size_t *ret_bytes, struct eng_error *err);
+int native_group_load(struct engine *e, struct native *n, const char *dir, unsigned contents,
+		      int64_t *ret_global_step, struct eng_error *err);
+
+/* native_optim_files.c: the moments' two layouts. */
+#define NATIVE_OPTIM_FILE "optimizer.safetensors"
+/* "optimizer-<rank>-of-<world>.safetensors" */
+void native_shard_name(char *buf, size_t cap, int rank, int world);
+/* Rank `rank`'s shard of a group of `world` (its moments m and v, each
+ * its slice's length) as a file beneath dirfd (`shown` in messages). */
+int native_shard_write(struct native *n, int dirfd, const char *shown, int rank, int world,
+		       const float *m, const float *v,
+		       void (*progress)(void *ctx, uint64_t data_bytes), void *ctx,
+		       uint64_t *ret_bytes, uint64_t *ret_xxh, struct eng_error *err);
+/* The layout of a checkpoint's optimizer: 1 (one file) or the world size
+ * that wrote shards; -EBADMSG when its files list neither. */
+int native_optim_layout(json_t *state, const char *shown, int *ret_world,
+			struct eng_error *err);
+/* Whether listed file `name` holds part of the range (a verify filter). */
+bool native_optim_file_needed(const struct native *n, json_t *state, const char *name,
+			      int64_t first, int64_t count);
+int native_optim_open(struct native *n, int ckfd, const char *dir, json_t *state,
+		      int64_t first, int64_t count, struct native_optim_src *src,
+		      struct eng_error *err);
+int native_optim_read(struct native *n, struct native_optim_src *src, int which,
+		      int64_t first, int64_t count, float *dst, struct eng_error *err);
+void native_optim_close(struct native_optim_src *src);
+
+/* native_state.c: the engine's members of engine_state.json. */
 json_t *native_state_json(struct native *n, int64_t global_step, unsigned contents);
 /* Check a loaded (sealed) state against the schema: -EBADMSG naming
  * `shown` (the file) and the key; -EINVAL for another engine key, world

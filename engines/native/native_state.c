@@ -160,6 +160,24 @@ static int check_rng(json_t *a, const char *shown, uint64_t s[4], struct eng_err
 	return 0;
 }
 
+/* `name` is an optimizer file of this checkpoint: one engine's, or a
+ * shard of its world size. */
+static bool is_optim_file(json_t *state, const char *name)
+{
+	json_int_t W = json_integer_value(json_object_get(state, "world_size"));
+	json_int_t nfiles = (json_int_t)json_object_size(json_object_get(state, "files"));
+	char want[64];
+
+	if (!strcmp(name, NATIVE_OPTIM_FILE))
+		return true;
+	for (json_int_t r = 0; r < W && r < nfiles; r++) {
+		native_shard_name(want, sizeof(want), (int)r, (int)W);
+		if (!strcmp(name, want))
+			return true;
+	}
+	return false;
+}
+
 /* contents: known names, each once, matching the files listed. */
 static int check_contents(json_t *state, const char *shown, unsigned *ret,
 			  struct eng_error *err)
@@ -171,8 +189,7 @@ static int check_contents(json_t *state, const char *shown, unsigned *ret,
 	static const struct {
 		const char *file;
 		unsigned needs;
-	} files[] = {{"config.json", CKPT_MODEL}, {"model.safetensors", CKPT_MODEL},
-		     {"optimizer.safetensors", CKPT_OPTIMIZER}};
+	} files[] = {{"config.json", CKPT_MODEL}, {"model.safetensors", CKPT_MODEL}};
 	json_t *c = json_object_get(state, "contents"), *fl = json_object_get(state, "files"), *v;
 	unsigned got = 0;
 	const char *name;
@@ -201,12 +218,24 @@ static int check_contents(json_t *state, const char *shown, unsigned *ret,
 					listed ? "lacks" : "lists",
 					files[k].needs == CKPT_MODEL ? "model" : "optimizer");
 	}
+	/* The optimizer: one engine's file or a group's shards
+	 * (native_optim_files.c), exactly when contents lists it. */
+	if (got & CKPT_OPTIMIZER) {
+		int W, rc = native_optim_layout(state, shown, &W, err);
+
+		if (rc)
+			return rc;
+	}
 	json_object_foreach(fl, name, v) {
 		for (k = 0; k < NKEYS(files) && strcmp(files[k].file, name); k++)
 			;
-		if (k == NKEYS(files))
+		if (k == NKEYS(files) && !is_optim_file(state, name))
 			return eng_fail(err, -EBADMSG, "%s: files: '%s' is not a file of this "
-					"engine's checkpoints", shown, name);
+					"engine's checkpoints%s", shown, name,
+					got & CKPT_OPTIMIZER ? "" : " without the optimizer");
+		if (k == NKEYS(files) && !(got & CKPT_OPTIMIZER))
+			return eng_fail(err, -EBADMSG, "%s: files lists %s, but contents lacks "
+					"'optimizer'", shown, name);
 	}
 	*ret = got;
 	return 0;

@@ -665,9 +665,11 @@ def test_data_parallel_group_calls(dist_daemons):
         assert g.zero_grad() is None
         assert g.set_mode("idle").mode == 1
         assert float(g.lr_scheduler_step()) == pytest.approx(1e-4)
-        # Every rank saves: rank 0 gathers the optimizer slices and alone
-        # writes the checkpoint (under its root); loading, rank 0 reads it
-        # and sends the others their parts.
+        # Every rank saves; these daemons have separate checkpoint roots,
+        # so rank 0 writes rank 1's optimizer shard too, from the slices
+        # rank 1 sends (its reply: 0 bytes); loading, rank 0 reads rank
+        # 1's part and sends it. (One shared root, where each rank writes
+        # its own: test_group_checkpoint.py.)
         saved = g.save_checkpoint("dp", global_step=1)
         assert len(saved) == 2 and saved[0].bytes > 0 and saved[1].bytes == 0
         before = weights(g.stream_weights())

@@ -197,7 +197,7 @@ START_TEST(write_open_verify)
 }
 END_TEST
 
-/* ckpt_open_progress: done from 0 up to total, never back. */
+/* ckpt_open_with: done from 0 up to total, never back. */
 struct seen_progress {
 	int calls;
 	uint64_t first, last, total;
@@ -220,20 +220,93 @@ START_TEST(open_reports_verification)
 {
 	struct eng_error err = { 0 };
 	struct seen_progress seen = { 0 };
-	const struct ckpt_open_progress prog = { on_verify, &seen };
+	const struct ckpt_open_opts prog = { on_verify, &seen, NULL };
 	json_t *state = NULL;
 	struct stat a, b;
 
 	save("step_1", 1, 0, 1.0f);
 	ck_assert_int_eq(stat(rpath("%s/model.safetensors", "step_1"), &a), 0);
 	ck_assert_int_eq(stat(rpath("%s/config.json", "step_1"), &b), 0);
-	ck_assert_msg(ckpt_open_progress(root, &prog, &state, NULL, NULL, &err) == 0, "%s",
+	ck_assert_msg(ckpt_open_with(root, &prog, &state, NULL, NULL, &err) == 0, "%s",
 		      err.msg);
 	ck_assert_int_ge(seen.calls, 3);        /* 0, then after each file's reads */
 	ck_assert(!seen.back);
 	ck_assert_uint_eq(seen.first, 0);
 	ck_assert_uint_eq(seen.total, (uint64_t)(a.st_size + b.st_size));
 	ck_assert_uint_eq(seen.last, seen.total);
+	json_decref(state);
+}
+END_TEST
+
+static bool only_config(void *ctx, json_t *state, const char *name)
+{
+	(void)ctx;
+	ck_assert_ptr_nonnull(json_object_get(state, "files"));
+	return !strcmp(name, "config.json");
+}
+
+static void flip_byte(const char *path, off_t off);
+
+/* ckpt_open_with's verify filter: a reader of some files checks those
+ * only; a corrupt file it does not read is not its concern, a corrupt one
+ * it reads is -EBADMSG. */
+START_TEST(open_verifies_the_files_asked)
+{
+	struct eng_error err = { 0 };
+	const struct ckpt_open_opts only = { NULL, NULL, only_config };
+	json_t *state = NULL;
+
+	save("step_1", 1, 0, 1.0f);
+	flip_byte(rpath("%s/model.safetensors", "step_1"), 100);
+	ck_assert_msg(ckpt_open_with(root, &only, &state, NULL, NULL, &err) == 0, "%s", err.msg);
+	json_decref(state);
+	state = NULL;
+	ck_assert_int_eq(ckpt_open(root, &state, NULL, NULL, &err), -EBADMSG);
+	ck_assert_ptr_nonnull(strstr(err.msg, "model.safetensors"));
+	eng_error_clear(&err);
+	flip_byte(rpath("%s/config.json", "step_1"), 1);
+	ck_assert_int_eq(ckpt_open_with(root, &only, &state, NULL, NULL, &err), -EBADMSG);
+	ck_assert_ptr_nonnull(strstr(err.msg, "config.json"));
+}
+END_TEST
+
+/* Another process's writer: it joins the temporary directory by name,
+ * creates its file there, and the writer records and commits it; a name
+ * that is not that checkpoint's temporary name is refused, and a file
+ * recorded that is not there fails the record. */
+START_TEST(join_temp_writes_into_another_writer)
+{
+	struct eng_error err = { 0 };
+	struct ckpt_writer *cw;
+	struct st_writer *sw;
+	static const float v[4] = { 1, 2, 3, 4 };
+	int64_t shape[1] = { 4 };
+	uint64_t bytes, xxh, total = 0;
+	json_t *state = NULL;
+	int fd = -1;
+
+	ck_assert_int_eq(ckpt_writer_begin(rpath("%s", "shared"), &cw, &err), 0);
+	ck_assert_int_eq(ckpt_join_temp(rpath("%s", "shared"), ".other.tmp-1", &fd, &err), -EINVAL);
+	eng_error_clear(&err);
+	ck_assert_int_eq(ckpt_join_temp(rpath("%s", "shared"), "../x", &fd, &err), -EINVAL);
+	eng_error_clear(&err);
+	ck_assert_msg(ckpt_join_temp(rpath("%s", "shared"), ckpt_writer_temp_name(cw), &fd,
+				     &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(st_writer_new_at(fd, "part.safetensors", "part", &sw, &err), 0);
+	ck_assert_int_eq(st_writer_add(sw, "v", ST_F32, 1, shape, v, &err), 0);
+	ck_assert_int_eq(st_writer_finish(sw, &bytes, &xxh, &err), 0);
+	close(fd);
+	ck_assert_int_eq(ckpt_writer_record(cw, "absent.safetensors", bytes, xxh, &err), -EINVAL);
+	eng_error_clear(&err);
+	ck_assert_int_eq(ckpt_writer_record(cw, "part.safetensors", bytes, xxh, &err), 0);
+	state = json_pack("{s:I}", "global_step", (json_int_t)1);
+	ck_assert_msg(ckpt_writer_commit(cw, state, 0, &total, &err) == 0, "%s", err.msg);
+	json_decref(state);
+	state = NULL;
+	ck_assert_msg(ckpt_open(rpath("%s", "shared"), &state, NULL, NULL, &err) == 0, "%s",
+		      err.msg);
+	ck_assert_ptr_nonnull(json_object_get(json_object_get(state, "files"),
+					      "part.safetensors"));
 	json_decref(state);
 }
 END_TEST
@@ -609,6 +682,8 @@ int main(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, write_open_verify);
 	tcase_add_test(tc, open_reports_verification);
+	tcase_add_test(tc, open_verifies_the_files_asked);
+	tcase_add_test(tc, join_temp_writes_into_another_writer);
 	tcase_add_test(tc, corruption_and_missing);
 	tcase_add_test(tc, rotation);
 	tcase_add_test(tc, overwrite_same_name);

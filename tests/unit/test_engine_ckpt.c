@@ -673,6 +673,26 @@ START_TEST(state_schema)
 	expect_state(&c, with(ref, NULL, "contents", json_pack("[s,s,s]", "model", "optimizer",
 							       "weights")),
 		     true, -EBADMSG, "contents[2]");
+	/* A group's optimizer: every shard of its world size listed, and no
+	 * shard of another (the file itself there, intact: a link). */
+	{
+		char src[420], dst[420];
+
+		snprintf(src, sizeof(src), "%s/optimizer.safetensors", dir);
+		snprintf(dst, sizeof(dst), "%s/optimizer-00000-of-00002.safetensors", dir);
+		ck_assert_int_eq(link(src, dst), 0);
+	}
+	s = with(ref, NULL, "world_size", json_integer(2));
+	v = json_object_get(s, "files");
+	json_object_set(v, "optimizer-00000-of-00002.safetensors",
+			json_object_get(v, "optimizer.safetensors"));
+	json_object_del(v, "optimizer.safetensors");
+	expect_state(&c, s, true, -EBADMSG, "optimizer-00001-of-00002.safetensors is not listed");
+	s = json_deep_copy(ref);
+	v = json_object_get(s, "files");
+	json_object_set(v, "optimizer-00000-of-00002.safetensors",
+			json_object_get(v, "optimizer.safetensors"));
+	expect_state(&c, s, true, -EBADMSG, "'optimizer-00000-of-00002.safetensors' is not a file");
 	expect_state(&c, with(ref, NULL, "format_version", json_string("2")), true, -EBADMSG,
 		     "format_version");
 	expect_state(&c, with(ref, NULL, "state_xxh64", json_string("0123")), false, -EBADMSG,

@@ -7,9 +7,11 @@
  * never arrives times out Initialize; a rank that dies makes the step fail
  * fast, leaves the parameters as they were and the group broken (-ENOTCONN
  * after), and the engine still serves forward passes. Checkpoints: a
- * group's (rank 0 writes every moment) reloads bit for bit into the same
- * group and loads into one engine; one engine's loads into a group. Exit 77 when the
- * build has no CPU backend. */
+ * group's (each rank writes its optimizer shard; or rank 0 writes the
+ * shards of ranks that cannot reach the directory, byte for byte the same
+ * files) reloads bit for bit into the same group, by either path, and
+ * loads into one engine; one engine's loads into a group. Exit 77 when
+ * the build has no CPU backend. */
 #include <math.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -197,6 +199,50 @@ static void steps(struct engine *e, int rank, int W, int from, int to)
 	}
 }
 
+/* The whole of file `path` (malloc'ed), its length in *len; NULL if unreadable. */
+static char *slurp(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL;
+	long n;
+
+	if (!f)
+		return NULL;
+	if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+	    (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, f) == (size_t)n) {
+		*len = (size_t)n;
+	} else {
+		free(buf);
+		buf = NULL;
+	}
+	fclose(f);
+	return buf;
+}
+
+/* Rank 0: the group's checkpoint holds one optimizer shard per rank (no
+ * one-engine optimizer file), byte for byte the same in both saves. */
+static void check_shards(const char *gdir, const char *rdir, int W)
+{
+	const int rank = 0;   /* for CHILD_CHECK */
+	char a[400], b[400];
+
+	snprintf(a, sizeof(a), "%s/optimizer.safetensors", gdir);
+	CHILD_CHECK(access(a, F_OK) != 0, "%s exists", a);
+	for (int r = 0; r < W; r++) {
+		size_t la = 0, lb = 0;
+		char *x, *y;
+
+		snprintf(a, sizeof(a), "%s/optimizer-%05d-of-%05d.safetensors", gdir, r, W);
+		snprintf(b, sizeof(b), "%s/optimizer-%05d-of-%05d.safetensors", rdir, r, W);
+		x = slurp(a, &la);
+		y = slurp(b, &lb);
+		CHILD_CHECK(x && y && la > 8 && la == lb && !memcmp(x, y, la),
+			    "shard %d: %s and %s differ", r, a, b);
+		free(x);
+		free(y);
+	}
+}
+
 /* One rank of the checkpoint test: a group checkpoint reloads bit for bit
  * into the same group, loads into one engine (W -> 1), and one engine's
  * checkpoint loads into the group (1 -> W), both matching one engine. */
@@ -205,13 +251,14 @@ static void run_rank_ckpt(const struct dist_group_id *id, int rank, int W)
 	struct engine_init_config cfg;
 	struct engine *e = NULL, *ref = NULL, *one = NULL;
 	struct eng_error err = {0};
-	char gdir[300], sdir[300];
+	char gdir[300], sdir[300], rdir[300];
 	size_t bytes = 1;
 	uint64_t after;
 	int64_t gstep = -1;
 	double d;
 
 	snprintf(gdir, sizeof(gdir), "%s/group", root);
+	snprintf(rdir, sizeof(rdir), "%s/relayed", root);
 	snprintf(sdir, sizeof(sdir), "%s/single-%d", root, rank);
 	init_config(&cfg);
 	dist_config(&cfg, id, rank, W, 60);
@@ -220,10 +267,17 @@ static void run_rank_ckpt(const struct dist_group_id *id, int rank, int W)
 	CHILD_CHECK(engine_create(&cfg, &ref, &err) == 0, "reference: %s", err.msg);
 	steps(e, rank, W, 0, 2);
 	steps(ref, 0, 1, 0, 2);
-	/* Every rank saves; rank 0 alone writes. */
+	/* Every rank saves, each its own shard (one filesystem here)... */
 	CHILD_CHECK(engine_save_checkpoint(e, gdir, 2, 0, CKPT_ALL, &bytes, &err) == 0,
 		    "group save: %s", err.msg);
-	CHILD_CHECK(rank == 0 ? bytes > 0 : bytes == 0, "bytes %zu", bytes);
+	CHILD_CHECK(bytes > 0, "bytes %zu", bytes);
+	/* ...or, where a rank cannot reach the directory (NULL), rank 0
+	 * writes its shard from the slices it sends. */
+	CHILD_CHECK(engine_save_checkpoint(e, rank == 0 ? rdir : NULL, 2, 0, CKPT_ALL, &bytes,
+					   &err) == 0, "relayed save: %s", err.msg);
+	CHILD_CHECK(rank == 0 ? bytes > 0 : bytes == 0, "relayed bytes %zu", bytes);
+	if (rank == 0)
+		check_shards(gdir, rdir, W);
 	CHILD_CHECK(engine_save_checkpoint(ref, sdir, 2, 0, CKPT_ALL, NULL, &err) == 0,
 		    "save: %s", err.msg);
 	steps(e, rank, W, 2, 3);
@@ -236,6 +290,12 @@ static void run_rank_ckpt(const struct dist_group_id *id, int rank, int W)
 	CHILD_CHECK(gstep == 2, "global step %lld", (long long)gstep);
 	steps(e, rank, W, 2, 3);
 	CHILD_CHECK(state_digest(e, false) == after, "reloaded group diverged");
+	/* The same where the other ranks cannot reach it: rank 0 reads their
+	 * slices and sends them. */
+	CHILD_CHECK(engine_load_checkpoint(e, rank == 0 ? rdir : NULL, CKPT_ALL, &gstep, &err) == 0,
+		    "relayed load: %s", err.msg);
+	steps(e, rank, W, 2, 3);
+	CHILD_CHECK(state_digest(e, false) == after, "relayed reload diverged");
 
 	/* W -> 1: the group's checkpoint into one engine of another seed. */
 	init_config(&cfg);

@@ -502,8 +502,10 @@ class EngineGroup(_GroupBase):
 
     def save_checkpoint(self, path, global_step=0, max_to_keep=0, contents=None,
                         timeout=None, request_id=None):
-        """Every rank saves (each daemon under its own checkpoint root).
-        Returns the SaveResults, one per rank."""
+        """Every rank saves, each daemon under its own checkpoint root:
+        where the ranks share one root, each writes its optimizer shard
+        there; elsewhere rank 0 writes them (docs/DISTRIBUTED.md).
+        Returns the SaveResults, one per rank (bytes each rank wrote)."""
         rid = request_id or new_request_id()
         return self._run("SaveCheckpoint", lambda c, r: c.save_checkpoint(
             path, global_step, max_to_keep, contents, timeout=timeout, request_id=rid),
