@@ -19,11 +19,21 @@
 #include "transport.h"
 
 
+/* The reassembly buffer a weight stream leaves for the next one (see
+ * ec_weights_open): taken and given back whole, so that concurrent
+ * streams of one client never share it. */
+struct weights_buf {
+	uint8_t *p;
+	size_t cap;
+};
+
 struct ec_client {
 	struct ect_channel *ch;
 	int64_t timeout_ms;
 	int retries;                  /* ec_set_retries */
 	int64_t backoff_ms;
+	pthread_mutex_t wlock;        /* guards wkeep */
+	struct weights_buf wkeep;
 };
 
 /* The calls that change the engine's state: each carries a fresh request
@@ -90,7 +100,10 @@ int ec_connect(const char *target, struct ec_client **ret, struct ec_status *st)
 
 	if (!c)
 		return set_st(st, EC_RESOURCE_EXHAUSTED, "out of memory");
+	pthread_mutex_init(&c->wlock, NULL);
 	r = ect_open(target, 1LL << 30, &c->ch, msg);
+	if (r)
+		pthread_mutex_destroy(&c->wlock);
 	if (r) {
 		free(c);
 		return set_st(st, r, msg);
@@ -142,8 +155,10 @@ int ec_connect_opts(const char *target, const struct ec_options *o,
 		r = set_st(st, EC_RESOURCE_EXHAUSTED, "out of memory");
 		goto out;
 	}
+	pthread_mutex_init(&c->wlock, NULL);
 	r = ect_open_secure(target, 1LL << 30, &sec, &c->ch, msg);
 	if (r) {
+		pthread_mutex_destroy(&c->wlock);
 		free(c);
 		r = set_st(st, r, msg);
 		goto out;
@@ -169,6 +184,8 @@ void ec_close(struct ec_client *c)
 	if (!c)
 		return;
 	ect_close(c->ch);
+	free(c->wkeep.p);
+	pthread_mutex_destroy(&c->wlock);
 	free(c);
 }
 
@@ -469,13 +486,18 @@ struct partial {
 };
 
 struct ec_weights {
+	struct ec_client *c;
 	struct ect_stream *s;
 	struct ecb_bucket b;               /* being consumed (b.msg != NULL) */
 	size_t next_slice;
 	struct partial t;
 	bool assembling;                   /* t is incomplete */
 	/* The tensor's bytes: one buffer, reused (the caller's view of the
-	 * previous tensor ends with the next call). */
+	 * previous tensor ends with the next call), taken from the client at
+	 * open and given back at close: a rollout worker that pulls the
+	 * weights every step faults it in once, not every pull (fresh pages
+	 * cost the kernel a zeroing each: on a VM that is slower than the
+	 * network). */
 	uint8_t *buf;                      /* [buf_cap] */
 	size_t buf_cap;
 	bool ended;
@@ -508,6 +530,12 @@ int ec_weights_open(struct ec_client *c, const Engined__V1__GetPerTensorParamReq
 		free(w);
 		return set_st(st, r, msg);
 	}
+	w->c = c;
+	pthread_mutex_lock(&c->wlock);
+	w->buf = c->wkeep.p;
+	w->buf_cap = c->wkeep.cap;
+	c->wkeep = (struct weights_buf){ NULL, 0 };
+	pthread_mutex_unlock(&c->wlock);
 	*ret = w;
 	return set_st(st, 0, "");
 }
@@ -649,6 +677,15 @@ void ec_weights_close(struct ec_weights *w)
 	ecb_free(&w->b);
 	ect_stream_close(w->s);
 	free(w->t.name);
+	/* The larger of this buffer and one another stream gave back stays. */
+	pthread_mutex_lock(&w->c->wlock);
+	if (w->buf_cap > w->c->wkeep.cap) {
+		uint8_t *old = w->c->wkeep.p;
+
+		w->c->wkeep = (struct weights_buf){ w->buf, w->buf_cap };
+		w->buf = old;
+	}
+	pthread_mutex_unlock(&w->c->wlock);
 	free(w->buf);
 	free(w);
 }

@@ -116,7 +116,10 @@ int ec_weights_next(struct ec_weights *w, struct ec_tensor *ret, int *ret_done,
 /* Bytes of tensor data received so far and messages (for progress). */
 int64_t ec_weights_bytes(const struct ec_weights *w);
 int64_t ec_weights_messages(const struct ec_weights *w);
-/* Cancels the stream when it has not ended. Accepts NULL. */
+/* Cancels the stream when it has not ended. Accepts NULL. The buffer that
+ * held the tensors (the size of the largest) stays with the client for
+ * its next weight stream, until ec_close: pulling the weights again does
+ * not fault fresh pages in. */
 void ec_weights_close(struct ec_weights *w);
 
 /* --- same-host weights (ShareWeights) --------------------------------- */

@@ -10,14 +10,19 @@ Interleaved, --reps times (medians reported):
   f32     EngineClient.stream_weights(dtype="float32"): whole tensors as
           numpy arrays, every byte received, decoded and copied once into
           its array;
-  bf16    the same in bfloat16 (half the bytes; the daemon converts).
-Rates are tensor bytes (or raw bytes) per second.
+  bf16    the same in bfloat16 (half the bytes; the daemon converts);
+  grpc    the bf16 stream's messages as grpcio delivers them (bytes, not
+          decoded or copied): the most any grpcio consumer gets, so
+          bf16 / grpc is what the client itself costs.
+Rates are tensor bytes (or raw bytes) per second; CPU-s/GB is this
+process's CPU time (all threads) per GB.
 
   PYTHONPATH=client/python:build/tests/integration build/venv-pypi/bin/python \\
       tests/bench/bench_stream_py.py [--preset qwen2.5-0.5b-shape] [--reps 3]
 """
 import argparse
 import os
+import resource
 import socket
 import statistics
 import sys
@@ -65,10 +70,26 @@ def raw_tcp(nbytes):
     return got[0] / el / 1e9
 
 
+def cpu_s():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def stream(c, dtype):
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_s()
     n = sum(a.nbytes for _, a in c.stream_weights(dtype=dtype))
-    return n / (time.perf_counter() - t0) / 1e9, n
+    return n / (time.perf_counter() - t0) / 1e9, n, (cpu_s() - c0) / (n / 1e9)
+
+
+def grpc_ceiling(c):
+    """The bf16 stream's messages as grpcio hands them over (bytes)."""
+    from engined_client.client import SERVICE, param_request
+    f = c.channel.unary_stream(SERVICE + "GetPerTensorParam",
+                               request_serializer=lambda m: m.SerializeToString(),
+                               response_deserializer=lambda b: b)
+    t0, c0 = time.perf_counter(), cpu_s()
+    n = sum(len(m) for m in f(param_request("bfloat16", None, 0)))
+    return n / (time.perf_counter() - t0) / 1e9, n, (cpu_s() - c0) / (n / 1e9)
 
 
 def main():
@@ -81,20 +102,27 @@ def main():
     try:
         c = EngineClient(d.addr, timeout=3600)
         c.initialize(preset=a.preset)
-        rates = {"raw": [], "float32": [], "bfloat16": []}
+        kinds = ("float32", "bfloat16", "grpc")
+        rates = {k: [] for k in ("raw",) + kinds}
+        cpus = {k: [] for k in kinds}
         sizes = {}
         for _ in range(a.reps):
             rates["raw"].append(raw_tcp(int(a.raw_gib * (1 << 30))))
-            for dt in ("float32", "bfloat16"):
-                r, sizes[dt] = stream(c, dt)
-                rates[dt].append(r)
+            for k in kinds:
+                r, sizes[k], cpu = stream(c, k) if k != "grpc" else grpc_ceiling(c)
+                rates[k].append(r)
+                cpus[k].append(cpu)
         med = {k: statistics.median(v) for k, v in rates.items()}
         print("preset %s, %d reps (all: %s)" % (
             a.preset, a.reps, {k: ["%.2f" % x for x in v] for k, v in rates.items()}))
         print("raw TCP (Python sockets)      %6.2f GB/s" % med["raw"])
-        for dt in ("float32", "bfloat16"):
-            print("stream_weights %-9s %5.2f GB %6.2f GB/s   %3.0f%% of raw TCP (goal >= 70%%)"
-                  % (dt, sizes[dt] / 1e9, med[dt], 100 * med[dt] / med["raw"]))
+        for k in kinds:
+            label = "grpcio, bf16 bytes" if k == "grpc" else "stream_weights %s" % k
+            print("%-24s %5.2f GB %6.2f GB/s %5.2f CPU-s/GB  %3.0f%% of raw TCP%s"
+                  % (label, sizes[k] / 1e9, med[k], statistics.median(cpus[k]),
+                     100 * med[k] / med["raw"], " (goal >= 70%)" if k != "grpc" else ""))
+        print("stream_weights bfloat16 = %.0f%% of what grpcio delivers in the same run"
+              % (100 * med["bfloat16"] / med["grpc"]))
     finally:
         d.stop()
 

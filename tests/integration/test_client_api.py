@@ -323,6 +323,49 @@ def test_assembler_split_and_shared_buckets():
         tensors.Assembler().feed(bad)
 
 
+def test_parse_bucket_equals_protobufs_parse():
+    """tensors.parse_bucket (stream_weights' deserializer: data viewed, not
+    copied) reads what protobuf reads, from any valid encoding, and refuses
+    what protobuf refuses."""
+    rng = np.random.default_rng(1)
+    ts = [("a", pb.FLOAT32, rng.standard_normal((3, 5)).astype(np.float32)),
+          ("b", pb.FLOAT16, rng.standard_normal(7).astype(np.float16))]
+    msgs = [m.SerializeToString() for m in buckets_of(ts, 24)]
+
+    def field(num, wt, payload):
+        key = bytes([num << 3 | wt])
+        if wt == 2:
+            return key + bytes([len(payload)]) + payload
+        return key + payload
+    # Fields in another order, an unknown field of each wire type, and a
+    # repeated data field (the last counts).
+    first = buckets_of(ts, 24)[0]
+    slices = b"".join(field(1, 2, s.SerializeToString()) for s in first.slices)
+    odd = (field(2, 2, b"stale") + field(9, 0, b"\x05") + field(3, 0, b"\x01") +
+           field(10, 1, b"\0" * 8) + slices + field(11, 5, b"\0" * 4) +
+           field(12, 2, b"xyz") + field(2, 2, first.data))
+    msgs.append(odd)
+    for raw in msgs:
+        ref = pb.ParamBucket.FromString(raw)
+        got = tensors.parse_bucket(raw)
+        assert isinstance(got.data, memoryview) and got.data.obj is raw or len(got.data) == 0
+        assert bytes(got.data) == ref.data and got.last == ref.last
+        assert list(got.slices) == list(ref.slices)
+    assert tensors.parse_bucket(odd).last is True
+    # Truncated, overlong varints, a group: protobuf refuses them too.
+    for bad in (odd[:-3], b"\x12\x7f", b"\x0a" + b"\xff" * 11, b"\x13"):
+        with pytest.raises(Exception):
+            pb.ParamBucket.FromString(bad)
+        with pytest.raises(ValueError):
+            tensors.parse_bucket(bad)
+    # Whole tensors through it, as stream_weights assembles them.
+    asm = tensors.Assembler()
+    got = [x for raw in msgs[:-1] for x in asm.feed(tensors.parse_bucket(raw))]
+    asm.finish()
+    assert [n for n, _ in got] == ["a", "b"]
+    assert all(np.array_equal(a, ref) for (_, a), (_, _, ref) in zip(got, ts))
+
+
 def bf16_bits(a):
     """Round-to-nearest-even bf16 bits of float32 a."""
     u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)

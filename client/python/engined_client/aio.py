@@ -23,7 +23,7 @@ from ._pb import pb
 from ._progress import POLL_S, Reporter
 from ._rpc import (SERVICE, Attempts, auth_metadata, channel_options, credentials,
                    wrap)
-from .tensors import Assembler
+from .tensors import Assembler, parse_bucket
 
 
 class AsyncEngineClient(Api):
@@ -120,12 +120,12 @@ class AsyncEngineClient(Api):
     # --- weights ----------------------------------------------------------
 
     def get_per_tensor_param(self, dtype="float32", names=None, bucket_bytes=0,
-                             timeout=None):
+                             timeout=None, split=False):
         """The raw stream of ParamBucket messages: a grpc.aio call (`async
-        for`; .cancel() stops it)."""
+        for`; .cancel() stops it). split: as EngineClient's."""
         f = self.channel.unary_stream(
             SERVICE + "GetPerTensorParam", request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=pb.ParamBucket.FromString)
+            response_deserializer=parse_bucket if split else pb.ParamBucket.FromString)
         return f(param_request(dtype, names, bucket_bytes), timeout=self._timeout(timeout),
                  metadata=self._auth or None)
 
@@ -139,7 +139,7 @@ class AsyncEngineClient(Api):
         asm = Assembler(as_torch)
         rep = Reporter(progress, "GetPerTensorParam") if progress is not None else None
         poller = asyncio.ensure_future(self._poll(rep)) if rep else None
-        call = self.get_per_tensor_param(dtype, names, bucket_bytes, timeout)
+        call = self.get_per_tensor_param(dtype, names, bucket_bytes, timeout, split=True)
         try:
             async for bucket in call:
                 for item in asm.feed(bucket):

@@ -17,7 +17,7 @@ from ._progress import POLL_S, Reporter
 from ._rpc import (REQUEST_ID_KEY, RETRYABLE, SERVICE, STATE_CHANGING, Attempts,  # noqa: F401
                    EngineError, channel_options, credentials, wrap)
 from .tensors import DTYPES as _DTYPES, np_dtype as _np_dtype  # noqa: F401
-from .tensors import Assembler, _bf16_dtype, tensor, to_numpy, to_torch  # noqa: F401
+from .tensors import Assembler, _bf16_dtype, parse_bucket, tensor, to_numpy, to_torch  # noqa: F401
 
 # The names this module had before the shared ones moved to _rpc.py.
 _SVC = SERVICE
@@ -178,12 +178,13 @@ class EngineClient(Api):
     # --- weights ----------------------------------------------------------
 
     def get_per_tensor_param(self, dtype="float32", names=None, bucket_bytes=0,
-                             timeout=None):
+                             timeout=None, split=False):
         """The raw stream of ParamBucket messages (a grpc call iterator;
-        .cancel() stops it)."""
+        .cancel() stops it). split: tensors.RawBucket messages instead,
+        whose data is a view of the received bytes (one copy less)."""
         f = self.channel.unary_stream(
             SERVICE + "GetPerTensorParam", request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=pb.ParamBucket.FromString)
+            response_deserializer=parse_bucket if split else pb.ParamBucket.FromString)
         return f(param_request(dtype, names, bucket_bytes), timeout=self._timeout(timeout))
 
     def stream_weights(self, dtype="float32", names=None, bucket_bytes=0, timeout=None,
@@ -200,7 +201,7 @@ class EngineClient(Api):
         progress: as initialize's, in bytes sent (phase "send")."""
         asm = Assembler(as_torch)
         rep = Reporter(progress, "GetPerTensorParam") if progress is not None else None
-        call = self.get_per_tensor_param(dtype, names, bucket_bytes, timeout)
+        call = self.get_per_tensor_param(dtype, names, bucket_bytes, timeout, split=True)
         try:
             with self._polling(rep) if rep else contextlib.nullcontext():
                 for bucket in call:

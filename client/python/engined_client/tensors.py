@@ -98,6 +98,64 @@ def to_torch(array, bfloat16=None):
     return torch.from_numpy(a)
 
 
+class RawBucket:
+    """A ParamBucket as parse_bucket splits it: `slices` and `last` parsed
+    by protobuf, `data` a memoryview of the received bytes (no copy)."""
+    __slots__ = ("slices", "last", "data")
+
+
+def _varint(b, i, n):
+    v = shift = 0
+    while i < n and shift < 64:
+        x = b[i]
+        i += 1
+        v |= (x & 0x7F) << shift
+        if x < 0x80:
+            return v, i
+        shift += 7
+    raise ValueError("truncated or overlong varint")
+
+
+def parse_bucket(raw):
+    """A serialized ParamBucket split where gRPC delivered it: every field
+    but `data` (a few hundred bytes of TensorSlice metadata) parsed by
+    protobuf, `data` (megabytes) located and viewed, not copied; the
+    Python twin of the C client's param_bucket.c. Any valid encoding
+    (fields in any order, unknown fields, a repeated `data` of which the
+    last counts); a malformed one raises ValueError (gRPC reports the
+    stream failed)."""
+    mv = memoryview(raw)
+    n = len(mv)
+    i = 0
+    rest = []
+    data = mv[0:0]
+    while i < n:
+        start = i
+        key, i = _varint(mv, i, n)
+        wt = key & 7
+        if wt == 2:
+            ln, j = _varint(mv, i, n)
+            if ln > n - j:
+                raise ValueError("field beyond the message")
+            i = j + ln
+            if key >> 3 == 2:
+                data = mv[j:i]
+                continue
+        elif wt == 0:
+            _, i = _varint(mv, i, n)
+        elif wt in (1, 5):
+            i += 8 if wt == 1 else 4
+            if i > n:
+                raise ValueError("field beyond the message")
+        else:
+            raise ValueError("wire type %d" % wt)
+        rest.append(mv[start:i])
+    meta = pb.ParamBucket.FromString(b"".join(rest))
+    out = RawBucket()
+    out.slices, out.last, out.data = meta.slices, meta.last, data
+    return out
+
+
 class Assembler:
     """Whole tensors from ParamBucket messages: feed(bucket) returns the
     (name, array) pairs that bucket completes; finish() checks the stream
