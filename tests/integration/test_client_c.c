@@ -227,6 +227,59 @@ START_TEST(test_full_cycle)
 }
 END_TEST
 
+/* FNV-1a of a tensor's bytes. */
+static uint64_t fnv(const uint8_t *p, size_t n)
+{
+	uint64_t h = 1469598103934665603ULL;
+
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ p[i]) * 1099511628211ULL;
+	return h;
+}
+
+/* Two weight streams of one client at once (the reassembly buffer a
+ * closed stream leaves is taken by one stream at a time), then a third
+ * that reuses it: each yields the same tensors, in the same order. */
+START_TEST(test_streams_share_the_client)
+{
+	struct ec_client *c = client();
+	Engined__V1__GetPerTensorParamRequest gr = ENGINED__V1__GET_PER_TENSOR_PARAM_REQUEST__INIT;
+	struct ec_weights *w[2] = {NULL, NULL};
+	struct ec_tensor t[2];
+	struct ec_status st;
+	uint64_t seen[64];
+	int done[2] = {0, 0}, n = 0, m = 0;
+
+	gr.bucket_bytes = 4096;
+	ck_assert_int_eq(ec_weights_open(c, &gr, &w[0], &st), 0);
+	ck_assert_int_eq(ec_weights_open(c, &gr, &w[1], &st), 0);
+	for (;;) {
+		ck_assert_int_eq(ec_weights_next(w[0], &t[0], &done[0], &st), 0);
+		ck_assert_int_eq(ec_weights_next(w[1], &t[1], &done[1], &st), 0);
+		ck_assert_int_eq(done[0], done[1]);
+		if (done[0])
+			break;
+		ck_assert_str_eq(t[0].name, t[1].name);
+		ck_assert_uint_eq(t[0].nbytes, t[1].nbytes);
+		ck_assert(memcmp(t[0].data, t[1].data, t[0].nbytes) == 0);
+		ck_assert_int_lt(n, 64);
+		seen[n++] = fnv(t[0].data, t[0].nbytes);
+	}
+	ec_weights_close(w[0]);
+	ec_weights_close(w[1]);
+	ck_assert_int_eq(ec_weights_open(c, &gr, &w[0], &st), 0);
+	while (ec_weights_next(w[0], &t[0], &done[0], &st) == 0 && !done[0]) {
+		ck_assert_int_lt(m, n);
+		ck_assert(fnv(t[0].data, t[0].nbytes) == seen[m++]);
+	}
+	ck_assert_msg(st.code == 0, "%s", st.message);
+	ck_assert_int_eq(m, n);
+	ck_assert_int_gt(n, 2);
+	ec_weights_close(w[0]);
+	ec_close(c);
+}
+END_TEST
+
 START_TEST(test_stream_cancel)
 {
 	struct ec_client *c = client();
@@ -404,6 +457,7 @@ int main(int argc, char **argv)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_before_init);
 	tcase_add_test(tc, test_full_cycle);
+	tcase_add_test(tc, test_streams_share_the_client);
 	tcase_add_test(tc, test_stream_cancel);
 	tcase_add_test(tc, test_share);
 	tcase_add_test(tc, test_request_ids);
