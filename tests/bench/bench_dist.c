@@ -1,8 +1,14 @@
-/* bench_dist.c — all-reduce bandwidth of the Gloo backend (engines/dist/,
+/* bench_dist.c — collective bandwidth of the Gloo backend (engines/dist/,
  * through gloo_dist_ops) against Gloo's own allreduce called directly on a
  * context of the same kind (bench_dist_gloo.cc), in the same run: 2 forked
- * ranks on loopback, f32 sums of 1, 16 and 64 MiB. docs/PERF.md's goal:
- * the backend >= 90% of the library's own bandwidth.
+ * ranks on loopback, f32 sums of buffers of 1, 16 and 64 MiB.
+ *   all-reduce: the backend's against Gloo's on the same buffer; goal
+ *     (docs/PERF.md) >= 90% of the library's own bandwidth;
+ *   reduce-scatter (what OptimizerStep reduces the gradients with): the
+ *     backend's of the buffer (an all-to-all and a local sum) against
+ *     Gloo's all-reduce of the same buffer, which is what a reduce-scatter
+ *     built on it costs: a true reduce-scatter moves half the bytes, so
+ *     its ratio should approach 2.
  *
  * Each size runs ROUNDS rounds; a round times `iters` back-to-back
  * all-reduces on each path, the two paths alternating which goes first.
@@ -61,7 +67,57 @@ static void die(const char *what, const struct eng_error *err)
 	exit(1);
 }
 
-/* One rank: both paths, every size; rank 0 prints. */
+/* One path's collective on a buffer of `count` floats: kind 0 the
+ * backend's all-reduce, 1 its reduce-scatter (count / WORLD to each rank);
+ * direct: Gloo's own all-reduce. */
+static void one(struct dist *d, struct bench_gloo *direct, float *buf, float *out, size_t count,
+		int kind, int path)
+{
+	struct eng_error err = { 0 };
+
+	if (path == 1)
+		bench_gloo_all_reduce(direct, buf, count);
+	else if (kind == 0 && gloo_dist_ops.all_reduce(d, buf, (int64_t)count, DIST_F32, &err))
+		die("all_reduce", &err);
+	else if (kind == 1 && gloo_dist_ops.reduce_scatter(d, out, buf, (int64_t)(count / WORLD),
+							   DIST_F32, &err))
+		die("reduce_scatter", &err);
+}
+
+/* Size s of one kind, both paths interleaved; rank 0 prints. */
+static void bench_size(struct dist *d, struct bench_gloo *direct, float *buf, float *out,
+		       size_t s, int kind, int rank)
+{
+	const size_t count = sizes[s].mib << 18, bytes = count * sizeof(float);
+	double gb_dist[ROUNDS], gb_direct[ROUNDS];
+	struct eng_error err = { 0 };
+
+	/* Warm up both paths (pages touched, pairs' buffers grown). */
+	one(d, direct, buf, out, count, kind, 0);
+	one(d, direct, buf, out, count, kind, 1);
+	for (int r = 0; r < ROUNDS; r++) {
+		for (int k = 0; k < 2; k++) {
+			const int path = (k + r) % 2;       /* 0: dist.h, 1: direct */
+			double t0;
+
+			if (gloo_dist_ops.barrier(d, &err))
+				die("barrier", &err);
+			t0 = now_s();
+			for (int i = 0; i < sizes[s].iters; i++)
+				one(d, direct, buf, out, count, kind, path);
+			(path ? gb_direct : gb_dist)[r] = (double)bytes * sizes[s].iters /
+							 (now_s() - t0) / 1e9;
+		}
+	}
+	if (rank == 0) {
+		double a = median(gb_dist, ROUNDS), b = median(gb_direct, ROUNDS);
+
+		printf("  %5zu MiB  %9.2f GB/s  %9.2f GB/s  %6.3f\n", sizes[s].mib, a, b, a / b);
+		fflush(stdout);
+	}
+}
+
+/* One rank: both kinds, both paths, every size; rank 0 prints. */
 static void run_rank(int rank, const char *root, const struct dist_group_id *id,
 		     const char *direct_dir)
 {
@@ -71,57 +127,30 @@ static void run_rank(int rank, const char *root, const struct dist_group_id *id,
 	struct eng_error err = { 0 };
 	struct bench_gloo *direct;
 	struct dist *d = NULL;
-	float *buf;
+	float *buf, *out;
 
 	if (ops->open(&cfg, &d, &err))
 		die("open", &err);
 	direct = bench_gloo_open(direct_dir, rank, WORLD, "127.0.0.1", 120);
 	buf = calloc(sizes[N_SIZES - 1].mib << 18, sizeof(float));
-	if (!buf) {
+	out = calloc(sizes[N_SIZES - 1].mib << 18, sizeof(float));
+	if (!buf || !out) {
 		fprintf(stderr, "bench_dist: out of memory\n");
 		exit(1);
 	}
-	if (rank == 0) {
-		printf("bench_dist: all-reduce (sum, f32), %d ranks on loopback, median of %d "
-		       "rounds\n", WORLD, ROUNDS);
-		printf("  %8s  %14s  %14s  %6s\n", "size", "dist.h (gloo)", "gloo direct", "ratio");
-	}
-	for (size_t s = 0; s < N_SIZES; s++) {
-		const size_t count = sizes[s].mib << 18, bytes = count * sizeof(float);
-		double gb_dist[ROUNDS], gb_direct[ROUNDS];
-
-		/* Warm up both paths (pages touched, pairs' buffers grown). */
-		if (ops->all_reduce(d, buf, (int64_t)count, DIST_F32, &err))
-			die("all_reduce", &err);
-		bench_gloo_all_reduce(direct, buf, count);
-		for (int r = 0; r < ROUNDS; r++) {
-			for (int k = 0; k < 2; k++) {
-				const int path = (k + r) % 2;       /* 0: dist.h, 1: direct */
-				double t0;
-
-				if (ops->barrier(d, &err))
-					die("barrier", &err);
-				t0 = now_s();
-				for (int i = 0; i < sizes[s].iters; i++) {
-					if (path == 1)
-						bench_gloo_all_reduce(direct, buf, count);
-					else if (ops->all_reduce(d, buf, (int64_t)count, DIST_F32,
-								 &err))
-						die("all_reduce", &err);
-				}
-				(path ? gb_direct : gb_dist)[r] = (double)bytes * sizes[s].iters /
-								 (now_s() - t0) / 1e9;
-			}
-		}
+	for (int kind = 0; kind < 2; kind++) {
 		if (rank == 0) {
-			double a = median(gb_dist, ROUNDS), b = median(gb_direct, ROUNDS);
-
-			printf("  %5zu MiB  %9.2f GB/s  %9.2f GB/s  %6.3f\n", sizes[s].mib, a, b,
-			       a / b);
-			fflush(stdout);
+			printf("bench_dist: %s (sum, f32), %d ranks on loopback, median of %d "
+			       "rounds\n", kind ? "reduce-scatter" : "all-reduce", WORLD, ROUNDS);
+			printf("  %8s  %14s  %14s  %6s\n", "buffer",
+			       kind ? "dist.h r-scat" : "dist.h (gloo)",
+			       kind ? "gloo all-red." : "gloo direct", "ratio");
 		}
+		for (size_t s = 0; s < N_SIZES; s++)
+			bench_size(d, direct, buf, out, s, kind, rank);
 	}
 	free(buf);
+	free(out);
 	bench_gloo_close(direct);
 	ops->close(d);
 }

@@ -7,9 +7,9 @@
  * rank told another world size times out instead of misreading addresses),
  * the transport is gloo::transport::tcp, the group is a
  * gloo::rendezvous::Context joined with connectFullMesh, and the
- * collectives are gloo::allreduce, gloo::allgather, gloo::broadcast and
- * gloo::barrier (reduce-scatter is an all-reduce of a copy: see
- * reduce_scatter_chunks). This file only checks arguments, enforces the
+ * collectives are gloo::allreduce, gloo::allgather, gloo::broadcast,
+ * gloo::alltoall and gloo::barrier (reduce-scatter is an all-to-all and a
+ * local sum: see reduce_scatter_chunks). This file only checks arguments, enforces the
  * deadline and turns exceptions into codes.
  *
  * No C++ exception leaves this file: each entry point catches them all.
@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include <gloo/allgather.h>
+#include <gloo/alltoall.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
@@ -72,6 +73,10 @@ struct gloo_dist {
 	std::shared_ptr<gloo::rendezvous::Context> ctx;
 	milliseconds timeout;
 	uint32_t tag;           /* one per collective, the same on every rank */
+	/* reduce_scatter_chunks' buffers, kept for the group's life: fresh
+	 * pages cost the kernel a zeroing on every call (more than the
+	 * transfer itself on a VM). */
+	std::vector<uint8_t> rs_scratch;
 };
 static_assert(std::is_standard_layout<gloo_dist>::value, "struct dist must lead gloo_dist");
 
@@ -253,28 +258,55 @@ void all_reduce_sum(struct gloo_dist *g, void *buf, size_t count, int t)
 	gloo::allreduce(opts);
 }
 
-/* Reduce-scatter as gloo::allreduce over a scratch copy, chunk by chunk,
- * keeping this rank's slice: the 2022 Gloo has no reduce-scatter on its
- * UnboundBuffer API, and its ReduceScatterHalvingDoubling (the older pair
- * buffers) leaves a pair stalled after it at world size 3 (the next
- * all-reduce took 16 s here). Twice the traffic of a reduce-scatter. */
+/* Reduce-scatter as gloo::alltoall plus a local sum, chunk by chunk: each
+ * rank sends every other rank that rank's part of its buffer and sums the
+ * W parts it receives of its own slice, in rank order (so the sum's order
+ * is fixed). Each rank moves (W-1)/W of the buffer each way, the traffic
+ * of a true reduce-scatter (an all-reduce moves twice that). The 2022
+ * Gloo has no reduce-scatter on its UnboundBuffer API, and its
+ * ReduceScatterHalvingDoubling (the older pair buffers) leaves a pair
+ * stalled after it at world size 3 (the next all-reduce took 16 s here). */
 void reduce_scatter_chunks(struct gloo_dist *g, uint8_t *out, const uint8_t *in, size_t count,
 			   int t)
 {
 	const size_t es = dtype_size(t), world = (size_t)g->base.world_size;
-	const size_t rank = (size_t)g->base.rank;
 	const size_t chunk = std::min(count, std::max<size_t>(1, RS_CHUNK_BYTES / (world * es)));
-	std::vector<uint8_t> scratch(world * chunk * es);       /* [world, chunk] */
+	/* One chunk: `in` itself is the all-to-all's input, [world, count]. */
+	const bool whole = chunk == count;
+	const size_t part = world * chunk * es;
+	const auto sum = sum_fn(t);
 
+	if (g->rs_scratch.size() < (whole ? 1 : 2) * part)
+		g->rs_scratch.resize((whole ? 1 : 2) * part);
+	uint8_t *recv = g->rs_scratch.data(), *send = whole ? const_cast<uint8_t *>(in)
+							     : recv + part;
 	for (size_t c0 = 0; c0 < count; c0 += chunk) {
 		const size_t len = std::min(chunk, count - c0);
+		gloo::AlltoallOptions opts(g->ctx);
 
 		/* Rank r's part of this chunk: in[r * count + c0, + len). Read
 		 * before out[c0, + len) is written, so out may alias in's slice. */
-		for (size_t r = 0; r < world; r++)
-			memcpy(&scratch[r * len * es], &in[(r * count + c0) * es], len * es);
-		all_reduce_sum(g, scratch.data(), world * len, t);
-		memcpy(&out[c0 * es], &scratch[rank * len * es], len * es);
+		for (size_t r = 0; r < world && !whole; r++)
+			memcpy(&send[r * len * es], &in[(r * count + c0) * es], len * es);
+		if (t == DIST_F64) {
+			opts.setInput(reinterpret_cast<double *>(send), world * len);
+			opts.setOutput(reinterpret_cast<double *>(recv), world * len);
+		} else {
+			opts.setInput(reinterpret_cast<float *>(send), world * len);
+			opts.setOutput(reinterpret_cast<float *>(recv), world * len);
+		}
+		opts.setTag(g->tag++);
+		opts.setTimeout(g->timeout);
+		gloo::alltoall(opts);
+		/* recv[q] is rank q's part of this rank's slice: summed in rank
+		 * order straight into out. */
+		uint8_t *dst = &out[c0 * es];
+		if (world == 1)
+			memmove(dst, recv, len * es);
+		else
+			sum(dst, recv, recv + len * es, len);
+		for (size_t q = 2; q < world; q++)
+			sum(dst, dst, recv + q * len * es, len);
 	}
 }
 
