@@ -246,13 +246,13 @@ static void writer_free(struct ckpt_writer *w)
 	free(w);
 }
 
-int ckpt_writer_begin(const char *dir, struct ckpt_writer **ret, struct eng_error *err)
+/* The checkpoint path `dir` (absolute; trailing slashes dropped) split in
+ * a malloc'ed copy (*ret_copy, caller frees): the parent (the copy itself,
+ * "" for "/") and the last component after *ret_slash. */
+static int split_path(const char *dir, char **ret_copy, char **ret_slash,
+		      struct eng_error *err)
 {
-	struct ckpt_writer *w;
-	struct stat sb;
-	char *copy, *slash;
-	size_t len;
-	int rc = 0, e;
+	char *copy;
 
 	if (!dir || dir[0] != '/')
 		return eng_fail(err, -EINVAL, "checkpoint path '%s' is not absolute",
@@ -260,11 +260,24 @@ int ckpt_writer_begin(const char *dir, struct ckpt_writer **ret, struct eng_erro
 	copy = strdup(dir);
 	if (!copy)
 		return eng_fail(err, -ENOMEM, "%s: no memory", dir);
-	len = strlen(copy);
-	while (len > 1 && copy[len - 1] == '/')
+	for (size_t len = strlen(copy); len > 1 && copy[len - 1] == '/';)
 		copy[--len] = '\0';
-	slash = strrchr(copy, '/');
-	*slash = '\0';
+	*ret_slash = strrchr(copy, '/');
+	**ret_slash = '\0';
+	*ret_copy = copy;
+	return 0;
+}
+
+int ckpt_writer_begin(const char *dir, struct ckpt_writer **ret, struct eng_error *err)
+{
+	struct ckpt_writer *w;
+	struct stat sb;
+	char *copy, *slash;
+	int rc = 0, e;
+
+	rc = split_path(dir, &copy, &slash, err);
+	if (rc)
+		return rc;
 	if (!plain_name(slash + 1) || !strcmp(slash + 1, LATEST_FILE)) {
 		rc = eng_fail(err, -EINVAL, "checkpoint name '%s' must be one non-hidden path "
 			      "component other than 'latest'", slash + 1);
@@ -391,18 +404,11 @@ static bool temp_name_of(const char *tmpname, const char *name)
 int ckpt_join_temp(const char *dir, const char *tmpname, int *ret_fd, struct eng_error *err)
 {
 	char *copy, *slash;
-	int pfd, fd, rc = 0;
+	int pfd, fd, rc;
 
-	if (!dir || dir[0] != '/')
-		return eng_fail(err, -EINVAL, "checkpoint path '%s' is not absolute",
-				dir ? dir : "(null)");
-	copy = strdup(dir);
-	if (!copy)
-		return eng_fail(err, -ENOMEM, "%s: no memory", dir);
-	for (size_t len = strlen(copy); len > 1 && copy[len - 1] == '/';)
-		copy[--len] = '\0';
-	slash = strrchr(copy, '/');
-	*slash = '\0';
+	rc = split_path(dir, &copy, &slash, err);
+	if (rc)
+		return rc;
 	if (!plain_name(slash + 1) || !temp_name_of(tmpname, slash + 1)) {
 		rc = eng_fail(err, -EINVAL, "%s: '%s' is not the temporary directory of checkpoint "
 			      "'%s'", dir, tmpname, slash + 1);
