@@ -194,21 +194,14 @@ static bool verify_wanted(void *ctx, json_t *state, const char *name)
 static int check_model_shapes(struct native *n, struct st_reader *r, const char *file,
 			      struct eng_error *err)
 {
-	for (int64_t i = 0; i < n->table.count; i++) {
-		const struct param_entry *p = &n->table.entries[i];
-		const struct st_tensor_info *t = st_reader_find(r, p->name);
+	int rc = 0;
 
-		if (!t)
-			return eng_fail(err, -EBADMSG, "%s: tensor %s is missing", file, p->name);
-		if (t->ndim != p->ndim || t->shape[0] != p->shape[0] ||
-		    (p->ndim > 1 && t->shape[1] != p->shape[1]))
-			return eng_fail(err, -EINVAL,
-					"%s: tensor %s has shape [%lld, %lld], the engine's is [%lld, %lld]",
-					file, p->name, (long long)t->shape[0],
-					(long long)(t->ndim > 1 ? t->shape[1] : 0),
-					(long long)p->shape[0], (long long)(p->ndim > 1 ? p->shape[1] : 0));
+	for (int64_t i = 0; i < n->table.count && !rc; i++) {
+		const struct param_entry *p = &n->table.entries[i];
+
+		rc = native_check_tensor(r, file, p->name, p->ndim, p->shape, err);
 	}
-	return 0;
+	return rc;
 }
 
 int native_load_open(struct engine *e, struct native *n, const char *dir, unsigned contents,

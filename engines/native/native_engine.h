@@ -231,6 +231,10 @@ int native_optim_layout(json_t *state, const char *shown, int *ret_world,
 /* Whether listed file `name` holds part of the range (a verify filter). */
 bool native_optim_file_needed(const struct native *n, json_t *state, const char *name,
 			      int64_t first, int64_t count);
+/* Tensor `tname` of reader r is there (-EBADMSG naming `file`) with the
+ * engine's shape (ndim dimensions; -EINVAL naming both shapes). */
+int native_check_tensor(struct st_reader *r, const char *file, const char *tname, int ndim,
+			const int64_t *shape, struct eng_error *err);
 int native_optim_open(struct native *n, int ckfd, const char *dir, json_t *state,
 		      int64_t first, int64_t count, struct native_optim_src *src,
 		      struct eng_error *err);

@@ -130,9 +130,7 @@ bool native_optim_file_needed(const struct native *n, json_t *state, const char 
 	return false;
 }
 
-/* The tensor `tname` of reader r: present, one of the table's shapes
- * (per tensor: ndim/shape given) or flat with `numel` elements. */
-static int check_tensor(struct st_reader *r, const char *file, const char *tname, int ndim,
+int native_check_tensor(struct st_reader *r, const char *file, const char *tname, int ndim,
 			const int64_t *shape, struct eng_error *err)
 {
 	const struct st_tensor_info *t = st_reader_find(r, tname);
@@ -184,7 +182,7 @@ int native_optim_open(struct native *n, int ckfd, const char *dir, json_t *state
 				const struct param_entry *p = &n->table.entries[i];
 
 				snprintf(name, sizeof(name), "%s%s", one_prefix[f], p->name);
-				rc = check_tensor(src->r[0], NATIVE_OPTIM_FILE, name, p->ndim,
+				rc = native_check_tensor(src->r[0], NATIVE_OPTIM_FILE, name, p->ndim,
 						  p->shape, err);
 			}
 		return rc;
@@ -198,7 +196,7 @@ int native_optim_open(struct native *n, int ckfd, const char *dir, json_t *state
 		native_shard_name(name, sizeof(name), r, W);
 		rc = open_one(n, ckfd, dir, name, &src->r[r], err);
 		for (int f = 0; f < 2 && !rc; f++)
-			rc = check_tensor(src->r[r], name, shard_tensor[f], 1, &len, err);
+			rc = native_check_tensor(src->r[r], name, shard_tensor[f], 1, &len, err);
 	}
 	return rc;
 }
