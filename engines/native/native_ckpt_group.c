@@ -74,12 +74,16 @@ struct group_save {
 };
 
 /* Rank 0 writes shard r from the slices r sends (a broadcast from r;
- * the other ranks receive into their scratch and drop it). */
-static int relay_shard(struct group_save *s, int r, float *buf, struct eng_error *err)
+ * the other ranks receive into their scratch and drop it). *rc0: rank
+ * 0's own code, which a failure to write sets (and a set one skips the
+ * write; the broadcasts happen either way). */
+static int relay_shard(struct group_save *s, int r, float *buf, int64_t *rc0,
+		       struct eng_error *err)
 {
 	struct native *n = s->n;
 	size_t bytes = (size_t)n->shard_len * sizeof(float);
 	int me = n->dist->rank, rc = 0;
+	uint64_t fbytes, xxh;
 	char name[64];
 
 	for (int k = 0; k < 2 && rc == 0; k++) {
@@ -87,17 +91,16 @@ static int relay_shard(struct group_save *s, int r, float *buf, struct eng_error
 			memcpy(buf + (size_t)k * n->shard_len, s->mv[k], bytes);
 		rc = native_dist_bcast_host(n, buf + (size_t)k * n->shard_len, bytes, r, err);
 	}
-	if (rc || me != 0 || s->all[0].rc)
+	if (rc || me != 0 || *rc0)
 		return rc;
 	native_shard_name(name, sizeof(name), r, n->dist->world_size);
 	s->pr.file = name;
-	s->all[0].rc = native_shard_write(n, ckpt_writer_dirfd(s->w), ckpt_writer_path(s->w, name),
-					  r, n->dist->world_size, buf, buf + n->shard_len,
-					  native_ckpt_file_progress, &s->pr, &s->all[r].bytes,
-					  &s->all[r].xxh, err);
+	*rc0 = native_shard_write(n, ckpt_writer_dirfd(s->w), ckpt_writer_path(s->w, name), r,
+				  n->dist->world_size, buf, buf + n->shard_len,
+				  native_ckpt_file_progress, &s->pr, &fbytes, &xxh, err);
 	s->pr.base += 2 * (int64_t)bytes;
-	if (s->all[0].rc == 0)
-		s->all[0].rc = ckpt_writer_record(s->w, name, s->all[r].bytes, s->all[r].xxh, err);
+	if (*rc0 == 0)
+		*rc0 = ckpt_writer_record(s->w, name, fbytes, xxh, err);
 	return 0;
 }
 
@@ -225,21 +228,21 @@ int native_group_save(struct engine *e, struct native *n, const char *dir,
 		(opt ? (me == 0 ? 1 + nrelay : mine.self) * 2 * n->shard_len *
 		 (int64_t)sizeof(float) : 0),
 	};
-	s.all[0].rc = me == 0 ? mine.rc : 0;
 	/* Rank 0 writes the shards of the ranks that cannot, their slices
 	 * sent one rank at a time (a broadcast each: every rank takes part). */
-	if (nrelay && !(buf = malloc(2 * (size_t)n->shard_len * sizeof(float))))
-		mine.rc = eng_fail(err, -ENOMEM, "SaveCheckpoint: out of host memory for a "
-				   "%lld-float slice", (long long)n->shard_len);
-	for (int r = 1; r < W && opt && rc == 0; r++) {
-		if (s.all[r].self)
-			continue;
-		rc = buf ? relay_shard(&s, r, buf, err) : -ENOMEM;
+	if (nrelay && !(buf = malloc(2 * (size_t)n->shard_len * sizeof(float)))) {
+		/* No buffer to take part with: the peers time out in the
+		 * exchange this rank cannot join, and the group is broken. */
+		n->dist->broken = true;
+		rc = eng_fail(err, -ENOMEM, "SaveCheckpoint: out of host memory for a "
+			      "%lld-float slice; the group is broken", (long long)n->shard_len);
+		goto out;
 	}
+	for (int r = 1; r < W && opt && rc == 0; r++)
+		if (!s.all[r].self)
+			rc = relay_shard(&s, r, buf, &mine.rc, err);
 	if (rc)
 		goto out;
-	if (me == 0 && mine.rc == 0)
-		mine.rc = s.all[0].rc;
 	/* Every writer's own files, in parallel. */
 	if (opt && mine.rc == 0 && (me == 0 || mine.self))
 		mine.rc = write_own_shard(&s, &mine, err);
