@@ -146,7 +146,7 @@ static int save_commit(struct group_save *s, int64_t global_step, int max_to_kee
 			continue;
 		native_shard_name(name, sizeof(name), r, W);
 		if (ckpt_writer_record(s->w, name, s->all[r].bytes, s->all[r].xxh, &lerr))
-			rc = eng_fail(err, -EXDEV, "SaveCheckpoint: rank %d wrote %s, but rank 0 "
+			rc = eng_fail(err, -EALREADY, "SaveCheckpoint: rank %d wrote %s, but rank 0 "
 				      "does not see it (%s): the ranks' checkpoint roots are not "
 				      "one shared filesystem; nothing was saved", r, name, lerr.msg);
 	}
@@ -177,7 +177,7 @@ static int save_begin(struct group_save *s, const char *dir, struct save_begin *
 			 : eng_fail(err, -EINVAL, "path: empty checkpoint path");
 		if (rc == 0 && (size_t)snprintf(b->temp, sizeof(b->temp), "%s",
 						ckpt_writer_temp_name(s->w)) >= sizeof(b->temp))
-			rc = eng_fail(err, -ENAMETOOLONG, "path: the checkpoint's name is too long "
+			rc = eng_fail(err, -EINVAL, "path: the checkpoint's name is too long "
 				      "for a group (%d bytes at most)", TEMP_NAME_MAX - 16);
 		b->rc = rc;
 	}

@@ -314,6 +314,19 @@ static void run_rank_ckpt(const struct dist_group_id *id, int rank, int W)
 	steps(e, rank, W, 2, 3);
 	d = max_abs_diff(e, ref);
 	CHILD_CHECK(d <= 1e-6, "1 -> W: parameters differ from one engine by %g", d);
+	/* A name rank 0 refuses (too long for a checkpoint): INVALID_ARGUMENT
+	 * on every rank, the others saying it was rank 0's, nothing saved,
+	 * and the group goes on (the steps below). */
+	{
+		char longdir[600];
+
+		snprintf(longdir, sizeof(longdir), "%s/%0250d", root, 7);
+		CHILD_CHECK(engine_save_checkpoint(e, longdir, 3, 0, CKPT_ALL, NULL, &err) ==
+			    -EINVAL && strstr(err.msg, rank == 0 ? "checkpoint name" : "rank 0 could "
+					      "not begin"), "long name: %s", err.msg);
+		eng_error_clear(&err);
+		CHILD_CHECK(access(longdir, F_OK) != 0, "%s was saved", longdir);
+	}
 	/* A refused load (no such checkpoint on rank 0) fails every rank and
 	 * leaves the group usable. */
 	snprintf(sdir, sizeof(sdir), "%s/missing", root);
