@@ -25,7 +25,7 @@ import grpc
 import numpy as np
 import pytest
 
-from daemon_fixture import Daemon, make_tmp
+from daemon_fixture import Daemon, make_tmp, wait_for
 from rpc_expect import expect as expect_error
 
 import engined_client
@@ -468,67 +468,101 @@ def test_concurrent_clients(daemon, client):
         assert np.array_equal(a["log_probs"], b["log_probs"])
 
 
-def test_status_while_long_job_runs(daemon, client):
-    # 98304 tokens on the tiny preset: a job of several seconds (the issue
-    # asks for GetStatus within 50 ms while a ~5 s job runs).
-    rng = np.random.default_rng(8)
-    ids = rng.integers(0, VOCAB, 98304).astype(np.int32)
-    done = {}
+def test_status_while_long_job_runs():
+    """GetStatus answers at once while a ForwardBackward runs (the issue
+    asks for 50 ms). The job is held deterministically, not sized to the
+    machine: 8 micro-batches, the first 2 let by (GetStatus is timed while
+    they compute), then held at a safe point until GetStatus has seen it
+    running 20 times, then released and timed again until it ends."""
+    d = Daemon(safe_points=True)
+    try:
+        c = EngineClient(d.addr, timeout=120)
+        c.initialize(replace=True, preset="tiny")
+        rng = np.random.default_rng(8)
+        ids = rng.integers(0, VOCAB, 8192).astype(np.int32)
+        done = {}
+        marks = d.log_text().count("safe point held")
+        d.hold_safe_points(after=2)
 
-    def job():
-        t0 = time.time()
-        done["r"] = client.forward_backward(ids, [512] * 192, loss="sft", timeout=300)
-        done["t"] = time.time() - t0
-    t = threading.Thread(target=job)
-    t.start()
-    lat, busy = [], 0
-    c2 = EngineClient(daemon.addr, timeout=10)
-    while t.is_alive():
-        t0 = time.time()
-        s = c2.get_status()
-        lat.append(time.time() - t0)
-        busy += s.busy and s.current_job == "ForwardBackward"
-        time.sleep(0.02)
-    t.join()
-    c2.close()
-    assert "r" in done
-    assert busy >= 1, "GetStatus never saw the job running"
-    lat.sort()
-    assert lat[len(lat) // 2] < 0.05 and lat[-1] < 0.5, lat[-5:]
-    print("job %.2f s, %d GetStatus during it, p50 %.2f ms, max %.2f ms" % (
-        done["t"], len(lat), lat[len(lat) // 2] * 1e3, lat[-1] * 1e3))
+        def job():
+            try:
+                done["r"] = c.forward_backward(ids, [512] * 16, loss="sft",
+                                               max_tokens_per_micro_batch=1024, timeout=300)
+            except Exception as e:  # noqa: BLE001
+                done["e"] = e
+        t = threading.Thread(target=job)
+        t.start()
+        lat, busy = [], 0
+        c2 = EngineClient(d.addr, timeout=10)
+
+        def sample():
+            nonlocal busy
+            t0 = time.time()
+            s = c2.get_status()
+            lat.append(time.time() - t0)
+            busy += s.busy and s.current_job == "ForwardBackward"
+        while d.log_text().count("safe point held") == marks and t.is_alive():
+            sample()
+            time.sleep(0.005)
+        assert t.is_alive(), done
+        held = len(lat)
+        for _ in range(20):
+            sample()
+        assert busy >= 20, "GetStatus did not see the held job running"
+        d.release_safe_points()
+        while t.is_alive():
+            sample()
+            time.sleep(0.005)
+        t.join()
+        c2.close()
+        assert "r" in done, done.get("e")
+        assert done["r"].num_micro_batches == 8
+        lat.sort()
+        assert lat[len(lat) // 2] < 0.05 and lat[-1] < 0.5, lat[-5:]
+        print("%d GetStatus (%d before the hold), p50 %.2f ms, max %.2f ms" % (
+            len(lat), held, lat[len(lat) // 2] * 1e3, lat[-1] * 1e3))
+        c.close()
+    finally:
+        d.stop()
 
 
 def test_sigterm_during_job_finishes_it():
-    d = Daemon()
+    """SIGTERM while a job runs: the job finishes and answers, then the
+    daemon exits 0. The job is held at its first safe point (between its
+    micro-batches) when the signal comes, whatever the machine's speed."""
+    d = Daemon(safe_points=True)
     try:
         c = EngineClient(d.addr, timeout=120)
         c.initialize(replace=True, preset="tiny")
         rng = np.random.default_rng(9)
         ids = rng.integers(0, VOCAB, 2048).astype(np.int32)
         out = {}
+        marks = d.log_text().count("safe point held")
+        d.hold_safe_points()
 
         def job():
             try:
-                out["r"] = c.forward_backward(ids, [512] * 4, loss="sft")
+                out["r"] = c.forward_backward(ids, [512] * 4, loss="sft",
+                                              max_tokens_per_micro_batch=1024)
             except Exception as e:  # noqa: BLE001
                 out["e"] = e
         t = threading.Thread(target=job)
         t.start()
         c2 = EngineClient(d.addr, timeout=10)
-        t0 = time.time()
-        while not c2.get_status().busy and time.time() - t0 < 10:
-            time.sleep(0.005)
+        wait_for(lambda: d.log_text().count("safe point held") > marks, "the first safe point")
+        assert c2.get_status().busy
         d.signal(signal.SIGTERM)
+        wait_for(lambda: "received SIGTERM" in d.log_text(), "the daemon to see SIGTERM")
+        d.release_safe_points()
         t.join()
         assert "r" in out, out.get("e")
+        assert out["r"].num_micro_batches == 2
         assert d.wait(60) == 0
         expect_error(SC.UNAVAILABLE, c2.get_status, timeout=2)
         c.close()
         c2.close()
     finally:
         d.stop()
-    assert "received SIGTERM" in d.log_text()
 
 
 def test_value_model():
