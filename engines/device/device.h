@@ -173,7 +173,10 @@ struct kernel_table {
 	 * step >= 1 is the step count after this update; weight decay applies to
 	 * every element. The hyper-parameters are doubles, as torch's Python
 	 * floats are: scalars such as 1 - beta2 are formed in double and rounded
-	 * to fp32 once, so passing the config's doubles reproduces torch. */
+	 * to fp32 once, so passing the config's doubles reproduces torch.
+	 * The engine bumps param_version before the call: a device that
+	 * caches derived copies of the parameters may refresh them in the
+	 * same pass when p is the whole declared region. */
 	int (*adamw)(struct device *dev, float *p, float *grad, float *m,
 		     float *v, int64_t n, double lr, double beta1, double beta2,
 		     double eps, double weight_decay, int64_t step, float grad_scale);

@@ -755,6 +755,9 @@ static int native_optimizer_step(struct engine *e, const struct engine_step_para
 	if (rc)
 		return rc < 0 ? rc : 0;
 	n->optim_step++;
+	/* Announced before the kernel runs, so that a device may refresh its
+	 * derived copies in the update's own pass (device.h, adamw). */
+	n->dev->param_version++;
 	rc = k->adamw(n->dev, n->fam[FAM_PARAMS].dev, n->fam[FAM_GRADS].dev,
 		      n->fam[FAM_EXP_AVG].dev, n->fam[FAM_EXP_AVG_SQ].dev, n->table.total,
 		      lr, o.beta1, o.beta2, o.eps, o.weight_decay, n->optim_step, coef);
@@ -763,7 +766,6 @@ static int native_optimizer_step(struct engine *e, const struct engine_step_para
 		return eng_fail(err, rc, "optimizer: AdamW kernel failed");
 	}
 	ret->step = n->optim_step;
-	n->dev->param_version++;
 	/* The kernel zeroed the gradients as it read them. */
 	n->grad_calls = n->grad_tokens = 0;
 	return 0;

@@ -1,8 +1,10 @@
 /* test_bf16_weight_cache.c — MATMUL_BF16 rounds the parameter region once
  * per param_version: products with a weight inside the region match the
  * per-call rounding exactly, follow new values only after a version bump
- * (the contract the engine keeps), and an engine that trained in bf16 gives
- * the same log-probs as a fresh engine loaded from its checkpoint. */
+ * (the contract the engine keeps), AdamW over the whole region refreshes
+ * the copy in its own pass (and an update of a slice marks nothing), and
+ * an engine that trained in bf16 gives the same log-probs as a fresh
+ * engine loaded from its checkpoint. */
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -52,6 +54,71 @@ START_TEST(region_rounded_once_per_version)
 	product(dev, A, outside, C0);
 	ck_assert_mem_eq(C0, C1, sizeof(C0));
 	dev->ops->free(dev, region);
+	dev->ops->free(dev, outside);
+	tu_close(dev);
+}
+END_TEST
+
+/* The region spans several AdamW chunks and ends mid-chunk; W is its
+ * last tensor. */
+#define LEAD 17001
+
+static void adamw(struct device *dev, float *p, float *g, float *m, float *v, int64_t n)
+{
+	ck_assert_int_eq(dev->k->adamw(dev, p, g, m, v, n, 1e-2, 0.9, 0.999, 1e-8, 0.01, 1, 1.0f),
+			 0);
+}
+
+START_TEST(adamw_refreshes_the_copy)
+{
+	struct device *dev = tu_open(2, MATMUL_BF16);
+	int64_t total = LEAD + N * K;
+	size_t bytes = (size_t)total * sizeof(float);
+	float *region = dev->ops->alloc(dev, bytes), *g = dev->ops->alloc(dev, bytes);
+	float *m = dev->ops->alloc(dev, bytes), *v = dev->ops->alloc(dev, bytes);
+	float *outside = dev->ops->alloc(dev, N * K * sizeof(float));
+	float A[M * K], C0[M * N], C1[M * N], before[N * K];
+	float *W0 = region, *W = region + LEAD;
+
+	tu_seed(6);
+	tu_fill(A, M * K, -1.0f, 1.0f);
+	tu_fill(region, total, -1.0f, 1.0f);
+	tu_fill(g, total, -1.0f, 1.0f);
+	memset(m, 0, bytes);
+	memset(v, 0, bytes);
+	dev->param_base = region;
+	dev->param_bytes = bytes;
+	dev->param_version = 1;
+	product(dev, A, W, C0);   /* the copy exists */
+
+	/* the whole region: the copy holds AdamW's result without a sweep
+	 * (values changed afterwards without a bump stay unseen) */
+	memcpy(before, W, sizeof(before));
+	dev->param_version++;
+	adamw(dev, region, g, m, v, total);
+	memcpy(outside, W, N * K * sizeof(float));
+	for (int i = 0; i < N * K; i++)
+		W[i] += 0.25f;
+	product(dev, A, W, C1);
+	product(dev, A, outside, C0);
+	ck_assert_mem_eq(C0, C1, sizeof(C0));
+	ck_assert_msg(memcmp(before, outside, sizeof(before)) != 0, "AdamW changed nothing");
+
+	/* a slice (ZeRO-1's shard): nothing is marked, so a tensor outside the
+	 * slice that changed under the same bump is rounded again */
+	dev->param_version++;
+	for (int i = 0; i < N * K; i++)
+		W0[i] -= 0.5f;
+	tu_fill(g, total, -1.0f, 1.0f);
+	adamw(dev, W, g + LEAD, m + LEAD, v + LEAD, N * K);
+	product(dev, A, W0, C1);
+	memcpy(outside, W0, N * K * sizeof(float));
+	product(dev, A, outside, C0);
+	ck_assert_mem_eq(C0, C1, sizeof(C0));
+	dev->ops->free(dev, region);
+	dev->ops->free(dev, g);
+	dev->ops->free(dev, m);
+	dev->ops->free(dev, v);
 	dev->ops->free(dev, outside);
 	tu_close(dev);
 }
@@ -118,6 +185,7 @@ int main(void)
 
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, region_rounded_once_per_version);
+	tcase_add_test(tc, adamw_refreshes_the_copy);
 	tcase_add_test(tc, trained_engine_matches_reloaded);
 	suite_add_tcase(s, tc);
 	return check_run(s);

@@ -66,6 +66,61 @@ START_TEST(adamw_two_steps)
 }
 END_TEST
 
+/* An element's update does not depend on where it lies: the vectorized
+ * body and the loop's remainder (and the chunks a ZeRO-1 shard starts
+ * inside) give the same bits, so N ranks updating their slices equal one
+ * engine updating everything. Slices at odd offsets against one call over
+ * all 3 x 8192 + 37 elements, two steps. */
+START_TEST(adamw_same_bits_wherever_an_element_lies)
+{
+	enum { NE = 3 * 8192 + 37 };
+	static const int64_t cut[] = { 0, 1, 6, 8191, 8200, 16411, 16417, NE };
+	struct device *dev = tu_open(2, MATMUL_FP32);
+	float *p[2], *g[2], *m[2], *v[2];
+	float *g0 = malloc(NE * sizeof(float));
+
+	ck_assert_ptr_nonnull(g0);
+	for (int k = 0; k < 2; k++) {
+		p[k] = tu_falloc(dev, NE);
+		g[k] = tu_falloc(dev, NE);
+		m[k] = tu_falloc(dev, NE);
+		v[k] = tu_falloc(dev, NE);
+	}
+	tu_seed(31);
+	tu_fill(p[0], NE, -2.0f, 2.0f);
+	memcpy(p[1], p[0], NE * sizeof(float));
+	for (int k = 0; k < 2; k++) {
+		memset(m[k], 0, NE * sizeof(float));
+		memset(v[k], 0, NE * sizeof(float));
+	}
+	for (int step = 1; step <= 2; step++) {
+		tu_fill(g0, NE, -1e-2f, 1e-2f);
+		memcpy(g[0], g0, NE * sizeof(float));
+		memcpy(g[1], g0, NE * sizeof(float));
+		ck_assert_int_eq(dev->k->adamw(dev, p[0], g[0], m[0], v[0], NE, 1e-3, 0.9, 0.999,
+					       1e-8, 0.01, step, 0.7f), 0);
+		for (size_t c = 0; c + 1 < sizeof(cut) / sizeof(cut[0]); c++) {
+			int64_t lo = cut[c], len = cut[c + 1] - cut[c];
+
+			ck_assert_int_eq(dev->k->adamw(dev, p[1] + lo, g[1] + lo, m[1] + lo,
+						       v[1] + lo, len, 1e-3, 0.9, 0.999, 1e-8,
+						       0.01, step, 0.7f), 0);
+		}
+		ck_assert_mem_eq(p[0], p[1], NE * sizeof(float));
+		ck_assert_mem_eq(m[0], m[1], NE * sizeof(float));
+		ck_assert_mem_eq(v[0], v[1], NE * sizeof(float));
+	}
+	for (int k = 0; k < 2; k++) {
+		dev->ops->free(dev, p[k]);
+		dev->ops->free(dev, g[k]);
+		dev->ops->free(dev, m[k]);
+		dev->ops->free(dev, v[k]);
+	}
+	free(g0);
+	tu_close(dev);
+}
+END_TEST
+
 /* sumsq: within 1e-12 relative of a long-double sum, over sizes around the
  * kernel's block size; the same data gives the same bits with 1 and 2
  * threads and run after run; inf and NaN propagate. all_finite: finite
@@ -399,6 +454,7 @@ int main(void)
 
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, adamw_two_steps);
+	tcase_add_test(tc, adamw_same_bits_wherever_an_element_lies);
 	tcase_add_test(tc, sumsq_all_finite);
 	tcase_add_test(tc, convert_bf16);
 	tcase_add_test(tc, convert_f16);

@@ -91,6 +91,16 @@ void cpu_gemm_fini(struct cpu_device *cd);
  * (cpu_convert.c). */
 void cpu_round_bf16(uint16_t *out, const float *x, int64_t n);
 
+/* MATMUL_BF16's copy of the parameter region, refreshed by a kernel that
+ * rewrites the whole region (AdamW) in the same pass instead of by the
+ * next product's separate sweep: the copy's buffer when [p, p + n) is the
+ * region the engine declared and the copy exists (bf16 products ran),
+ * else NULL. The engine has already bumped param_version; the kernel
+ * rounds every element with cpu_round_bf16, then calls
+ * cpu_param_bf16_refreshed() to mark the copy current. */
+uint16_t *cpu_param_bf16_whole(struct device *dev, const float *p, int64_t n);
+void cpu_param_bf16_refreshed(struct device *dev);
+
 /* The kernels, one group per file; semantics are those of struct
  * kernel_table in device/device.h, refinements are in each file. */
 int cpu_gemm(struct device *dev, bool trans_a, bool trans_b,

@@ -272,6 +272,22 @@ static const uint16_t *param_bf16(struct device *dev, const float *X, int64_t ro
 	return cd->p16 + (X - base);
 }
 
+uint16_t *cpu_param_bf16_whole(struct device *dev, const float *p, int64_t n)
+{
+	struct cpu_device *cd = cpu_dev(dev);
+
+	if (!cd->p16 || !dev->param_base || p != dev->param_base ||
+	    cd->p16_base != dev->param_base || cd->p16_bytes != dev->param_bytes ||
+	    n < 0 || (size_t)n != dev->param_bytes / sizeof(float))
+		return NULL;
+	return cd->p16;
+}
+
+void cpu_param_bf16_refreshed(struct device *dev)
+{
+	cpu_dev(dev)->p16_version = dev->param_version;
+}
+
 /* C = beta * C for the K == 0 product (no oneDNN call). */
 static void scale_c(float *C, int64_t M, int64_t N, int64_t ldc, float beta)
 {

@@ -5,6 +5,9 @@
  *   v.mul_(b2).addcmul_(g, g, value=1-b2);
  *   denom = (v.sqrt() / sqrt(bc2)).add_(eps); p.addcdiv_(m, denom, value=-lr/bc1)
  * and then zeroes the gradient it read (optimizer.zero_grad(), fused).
+ * When it updates the whole parameter region and bf16 products keep a copy
+ * of it (MATMUL_BF16), each chunk is rounded into that copy while it is in
+ * cache, so the next forward does not sweep the region again.
  * The hyper-parameters arrive as doubles (torch's Python floats); scalars
  * such as 1 - beta2 and lr / bc1 are formed in double and rounded to float
  * once, as torch does. Per-element arithmetic is fp32 in torch's order (the
@@ -21,6 +24,7 @@
 #include "cpu_device.h"
 
 #define SUMSQ_BLOCK 16384
+#define ADAMW_CHUNK 8192   /* 4 arrays x 32 KiB: a chunk stays in L2 */
 
 int cpu_adamw(struct device *dev, float *p, float *grad, float *m,
 	      float *v, int64_t n, double lr, double beta1, double beta2,
@@ -28,7 +32,8 @@ int cpu_adamw(struct device *dev, float *p, float *grad, float *m,
 {
 	double bc1, bc2;
 	float decay, b1, omb1, b2, omb2, bc2_sqrt, neg_step, eps_f;
-	int64_t i;
+	uint16_t *p16;
+	int64_t c, nchunks;
 
 	if (n < 0 || step < 1)
 		return -EINVAL;
@@ -42,20 +47,32 @@ int cpu_adamw(struct device *dev, float *p, float *grad, float *m,
 	bc2_sqrt = (float)sqrt(bc2);
 	neg_step = (float)(-lr / bc1);
 	eps_f = (float)eps;
+	p16 = cpu_param_bf16_whole(dev, p, n);
+	nchunks = (n + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
 	cpu_enter(dev);
-#pragma omp parallel for simd schedule(static)
-	for (i = 0; i < n; i++) {
-		float g = grad[i] * grad_scale;
-		float pi = p[i] * decay;
-		float mi = m[i] * b1 + omb1 * g;
-		float vi = v[i] * b2 + omb2 * g * g;
-		float denom = sqrtf(vi) / bc2_sqrt + eps_f;
+#pragma omp parallel for schedule(static)
+	for (c = 0; c < nchunks; c++) {
+		int64_t lo = c * ADAMW_CHUNK, hi = n - lo < ADAMW_CHUNK ? n : lo + ADAMW_CHUNK;
+		int64_t i;
 
-		m[i] = mi;
-		v[i] = vi;
-		p[i] = pi + neg_step * (mi / denom);
-		grad[i] = 0.0f;
+#pragma omp simd
+		for (i = lo; i < hi; i++) {
+			float g = grad[i] * grad_scale;
+			float pi = p[i] * decay;
+			float mi = m[i] * b1 + omb1 * g;
+			float vi = v[i] * b2 + omb2 * g * g;
+			float denom = sqrtf(vi) / bc2_sqrt + eps_f;
+
+			m[i] = mi;
+			v[i] = vi;
+			p[i] = pi + neg_step * (mi / denom);
+			grad[i] = 0.0f;
+		}
+		if (p16)
+			cpu_round_bf16(p16 + lo, p + lo, hi - lo);
 	}
+	if (p16)
+		cpu_param_bf16_refreshed(dev);
 	return 0;
 }
 
