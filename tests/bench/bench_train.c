@@ -1,16 +1,19 @@
 /* bench_train.c — training-step and forward-only benchmark of the native
  * CPU engine on the Qwen2.5-0.5B shape (docs/PERF.md).
  *
- * Usage: bench_train [--steps N] [--tokens T] [--bf16] [--threads K]
- *                    [--layers L] [--vocab V]
+ * Usage: bench_train [--steps N] [--tokens T] [--seqs S] [--micro-batch-tokens M]
+ *                    [--bf16] [--threads K] [--layers L] [--vocab V]
  *
  * Model: vocab 151936, hidden 896, intermediate 4864, 24 layers, 14 heads /
  * 2 kv heads (head_dim 64), qwen2 (q/k/v bias), tied embeddings, rope_theta
  * 1e6; random init from the engine's seeded initializer. --layers/--vocab
  * shrink it for smoke tests only.
  *
- * Training step: engine_forward_backward on one sequence of T tokens (loss:
- * mean SFT, dL/dlogp = -1/T for every predicted token) + engine_optimizer_step
+ * Training step: engine_forward_backward on S sequences of T tokens each
+ * (default 1), in micro-batches of at most M tokens (default T: one
+ * sequence each; --seqs 8 --tokens 512 is a realistic RL step of 4096
+ * tokens over 8 micro-batches) (loss: mean SFT, dL/dlogp = -1/(S T) for
+ * every predicted token) + engine_optimizer_step
  * (AdamW, clip 1.0), in TRAIN mode. One warm-up step, then N timed steps;
  * the median is reported. Forward-only: engine_forward_backward with
  * forward_only in EVAL mode returning log-probs and entropy (verl's
@@ -41,7 +44,9 @@
 
 struct opts {
 	int steps;
-	int64_t tokens;
+	int64_t tokens;   /* per sequence */
+	int seqs;
+	int64_t mb_tokens;
 	bool bf16;
 	int threads;
 	int layers;
@@ -90,8 +95,8 @@ static int sft_loss(void *ctx, struct engine_loss_io *io, struct eng_error *err)
 
 static void usage(const char *argv0)
 {
-	fprintf(stderr, "usage: %s [--steps N] [--tokens T] [--bf16] [--threads K] "
-		"[--layers L] [--vocab V]\n", argv0);
+	fprintf(stderr, "usage: %s [--steps N] [--tokens T] [--seqs S] [--micro-batch-tokens M] "
+		"[--bf16] [--threads K] [--layers L] [--vocab V]\n", argv0);
 }
 
 static int parse_opts(int argc, char **argv, struct opts *o)
@@ -99,6 +104,8 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 	static const struct option lo[] = {
 		{ "steps", required_argument, NULL, 's' },
 		{ "tokens", required_argument, NULL, 't' },
+		{ "seqs", required_argument, NULL, 'S' },
+		{ "micro-batch-tokens", required_argument, NULL, 'm' },
 		{ "bf16", no_argument, NULL, 'b' },
 		{ "threads", required_argument, NULL, 'j' },
 		{ "layers", required_argument, NULL, 'l' },
@@ -108,12 +115,14 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 	};
 	int c;
 
-	*o = (struct opts){ .steps = 3, .tokens = 256, .threads = 2, .layers = 24,
+	*o = (struct opts){ .steps = 3, .tokens = 256, .seqs = 1, .threads = 2, .layers = 24,
 			    .vocab = 151936 };
 	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
 		switch (c) {
 		case 's': o->steps = atoi(optarg); break;
 		case 't': o->tokens = atoll(optarg); break;
+		case 'S': o->seqs = atoi(optarg); break;
+		case 'm': o->mb_tokens = atoll(optarg); break;
 		case 'b': o->bf16 = true; break;
 		case 'j': o->threads = atoi(optarg); break;
 		case 'l': o->layers = atoi(optarg); break;
@@ -121,8 +130,11 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		default: return -1;
 		}
 	}
-	if (optind != argc || o->steps < 1 || o->tokens < 2 || o->layers < 1 || o->vocab < 2)
+	if (optind != argc || o->steps < 1 || o->tokens < 2 || o->tokens > (1 << 24) ||
+	    o->seqs < 1 || o->seqs > 4096 || o->layers < 1 || o->vocab < 2 || o->mb_tokens < 0)
 		return -1;
+	if (o->mb_tokens == 0)
+		o->mb_tokens = o->tokens;
 	return 0;
 }
 
@@ -147,12 +159,12 @@ int main(int argc, char **argv)
 	struct engine_step_result sr;
 	struct rusage ru;
 	char hf[1024];
-	int32_t *ids = NULL, seq_len;
+	int32_t *ids = NULL, *seq_lens = NULL;
 	float *lp = NULL, *ent = NULL;
 	double *t_train = NULL, *t_fwd = NULL, *t_fb = NULL, *t_opt = NULL;
 	double med_train, med_fwd, med_fb, med_opt, attn_fwd, n_mm;
 	double f_train, f_fwd, rss_mib, state_mib;
-	int64_t i, np, n_params = 0;
+	int64_t i, np, n_params = 0, total;
 	uint64_t rng = 0x9e3779b97f4a7c15ull;
 	int s, rc;
 
@@ -169,23 +181,27 @@ int main(int argc, char **argv)
 	cfg.seed = 1234;
 	cfg.optim.lr = 1e-5;
 	cfg.optim.clip_grad = 1.0;
-	cfg.max_tokens_per_micro_batch = o.tokens;
+	cfg.max_tokens_per_micro_batch = o.mb_tokens;
 	cfg.threads = o.threads;
 	cfg.bf16_matmul = o.bf16;
 
-	ids = malloc((size_t)o.tokens * sizeof(*ids));
-	lp = malloc((size_t)o.tokens * sizeof(*lp));
-	ent = malloc((size_t)o.tokens * sizeof(*ent));
+	total = o.tokens * o.seqs;
+	ids = malloc((size_t)total * sizeof(*ids));
+	seq_lens = malloc((size_t)o.seqs * sizeof(*seq_lens));
+	lp = malloc((size_t)total * sizeof(*lp));
+	ent = malloc((size_t)total * sizeof(*ent));
 	t_train = calloc((size_t)o.steps, sizeof(*t_train));
 	t_fwd = calloc((size_t)o.steps, sizeof(*t_fwd));
 	t_fb = calloc((size_t)o.steps, sizeof(*t_fb));
 	t_opt = calloc((size_t)o.steps, sizeof(*t_opt));
-	if (!ids || !lp || !ent || !t_train || !t_fwd || !t_fb || !t_opt) {
+	if (!ids || !seq_lens || !lp || !ent || !t_train || !t_fwd || !t_fb || !t_opt) {
 		fprintf(stderr, "bench_train: out of memory\n");
 		rc = 1;
 		goto out;
 	}
-	for (i = 0; i < o.tokens; i++) {
+	for (i = 0; i < o.seqs; i++)
+		seq_lens[i] = (int32_t)o.tokens;
+	for (i = 0; i < total; i++) {
 		rng = rng * 6364136223846793005ull + 1442695040888963407ull;
 		ids[i] = (int32_t)((rng >> 33) % (uint64_t)o.vocab);
 	}
@@ -204,15 +220,14 @@ int main(int argc, char **argv)
 	}
 	/* Tied: the embedding is the LM head and counts once. */
 	n_mm = (double)n_params;
-	attn_fwd = 4.0 * o.layers * H * D * ((double)o.tokens * (o.tokens + 1) / 2.0);
-	f_train = 6.0 * n_mm * (double)o.tokens + 3.0 * attn_fwd;
-	f_fwd = 2.0 * n_mm * (double)o.tokens + attn_fwd;
+	attn_fwd = 4.0 * o.layers * H * D * o.seqs * ((double)o.tokens * (o.tokens + 1) / 2.0);
+	f_train = 6.0 * n_mm * (double)total + 3.0 * attn_fwd;
+	f_fwd = 2.0 * n_mm * (double)total + attn_fwd;
 
-	seq_len = (int32_t)o.tokens;
-	b.n = o.tokens;
+	b.n = total;
 	b.input_ids = ids;
-	b.num_seqs = 1;
-	b.seq_lens = &seq_len;
+	b.num_seqs = o.seqs;
+	b.seq_lens = seq_lens;
 	b.temperature = 1.0f;
 	b.loss_fn = sft_loss;
 	b.loss_ctx = &b.n;
@@ -236,8 +251,9 @@ int main(int argc, char **argv)
 			t_fb[s] = t1 - t0;
 			t_opt[s] = now_s() - t1;
 		}
-		fprintf(stderr, "train step %d: %.3f s (forward_backward %.3f s, optimizer_step %.3f s), grad_norm %.4g\n",
-			s + 1, now_s() - t0, t1 - t0, now_s() - t1, sr.grad_norm);
+		fprintf(stderr, "train step %d: %.3f s (forward_backward %.3f s in %d micro-batches, "
+			"optimizer_step %.3f s), grad_norm %.4g\n", s + 1, now_s() - t0, t1 - t0,
+			res.num_micro_batches, now_s() - t1, sr.grad_norm);
 	}
 	rc = engine_set_mode(e, ENGINE_MODE_EVAL, false, &err);
 	if (rc)
@@ -260,27 +276,27 @@ int main(int argc, char **argv)
 	rss_mib = (double)ru.ru_maxrss / 1024.0;
 	state_mib = 16.0 * (double)n_params / (1024.0 * 1024.0);
 
-	printf("engine %s, %lld parameters, %lld tokens, %d threads\n",
-	       o.bf16 ? "bf16 matmul" : "fp32", (long long)n_params, (long long)o.tokens,
-	       o.threads);
+	printf("engine %s, %lld parameters, %d x %lld tokens (micro-batches of <= %lld), "
+	       "%d threads\n", o.bf16 ? "bf16 matmul" : "fp32", (long long)n_params, o.seqs,
+	       (long long)o.tokens, (long long)o.mb_tokens, o.threads);
 	printf("training step: median %.3f s, %.1f tokens/s, %.1f GFLOP/s\n",
-	       med_train, (double)o.tokens / med_train, f_train / med_train / 1e9);
+	       med_train, (double)total / med_train, f_train / med_train / 1e9);
 	printf("  of which forward_backward median %.3f s, optimizer_step median %.3f s\n",
 	       med_fb, med_opt);
 	printf("forward only : median %.3f s, %.1f tokens/s, %.1f GFLOP/s\n",
-	       med_fwd, (double)o.tokens / med_fwd, f_fwd / med_fwd / 1e9);
+	       med_fwd, (double)total / med_fwd, f_fwd / med_fwd / 1e9);
 	printf("peak RSS %.0f MiB (params+grads+Adam = %.0f MiB, ratio %.2f)\n",
 	       rss_mib, state_mib, rss_mib / state_mib);
 	printf("{\"bench\": \"engine_train\", \"dtype\": \"%s\", \"threads\": %d,"
-	       " \"tokens\": %lld, \"steps\": %d, \"n_params\": %lld,"
+	       " \"tokens\": %lld, \"seqs\": %d, \"steps\": %d, \"n_params\": %lld,"
 	       " \"train_step_s_median\": %.6f, \"train_tokens_per_s\": %.3f,"
 	       " \"train_gflops\": %.2f, \"train_fb_s_median\": %.6f,"
 	       " \"train_opt_s_median\": %.6f, \"fwd_step_s_median\": %.6f,"
 	       " \"fwd_tokens_per_s\": %.3f, \"fwd_gflops\": %.2f,"
 	       " \"peak_rss_mib\": %.1f, \"state_mib\": %.1f}\n",
-	       o.bf16 ? "bf16" : "fp32", o.threads, (long long)o.tokens, o.steps,
-	       (long long)n_params, med_train, (double)o.tokens / med_train,
-	       f_train / med_train / 1e9, med_fb, med_opt, med_fwd, (double)o.tokens / med_fwd,
+	       o.bf16 ? "bf16" : "fp32", o.threads, (long long)o.tokens, o.seqs, o.steps,
+	       (long long)n_params, med_train, (double)total / med_train,
+	       f_train / med_train / 1e9, med_fb, med_opt, med_fwd, (double)total / med_fwd,
 	       f_fwd / med_fwd / 1e9, rss_mib, state_mib);
 	rc = 0;
 	goto out;
@@ -290,6 +306,7 @@ fail:
 out:
 	engine_destroy(e);
 	free(ids);
+	free(seq_lens);
 	free(lp);
 	free(ent);
 	free(t_train);
