@@ -29,6 +29,7 @@
 
 #include "bench_dist_gloo.h"
 #include "dist/dist.h"
+#include "bench_util.h"
 
 #define WORLD 2
 #define ROUNDS 15
@@ -39,27 +40,6 @@ static const struct {
 } sizes[] = { { 1, 40 }, { 16, 6 }, { 64, 2 } };
 
 #define N_SIZES (sizeof(sizes) / sizeof(sizes[0]))
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-	qsort(v, (size_t)n, sizeof(double), cmp_double);
-	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static void die(const char *what, const struct eng_error *err)
 {

@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include "device/device.h"
+#include "bench_util.h"
 
 #define REPS 3
 
@@ -79,13 +80,6 @@ static double fma_peak(int threads)
 			best = 2.0 * 16 * 12 * iters * threads / t * 1e-9;
 	}
 	return best;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
 }
 
 struct shape {

@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "device/device.h"
+#include "bench_util.h"
 
 #define ROUNDS 5
 
@@ -36,21 +37,6 @@ struct arrays {
 	int64_t n;
 	int64_t step;
 };
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
 
 /* The same reads and writes as AdamW, almost no arithmetic. */
 static void limit_pass(struct arrays *a)
@@ -175,10 +161,8 @@ int main(int argc, char **argv)
 	printf("threads %d, %lld parameters (%.2f GB of fp32 state a array)\n", threads,
 	       (long long)n, sz / 1e9);
 	printf("%-32s %9s %8s %9s %10s\n", "", "median s", "B/param", "GB/s", "vs limit");
-	for (int w = 0; w < NVARIANTS; w++) {
-		qsort(t[w], ROUNDS, sizeof(double), cmp_double);
-		med[w] = t[w][ROUNDS / 2];
-	}
+	for (int w = 0; w < NVARIANTS; w++)
+		med[w] = median(t[w], ROUNDS);
 	for (int w = 0; w < NVARIANTS; w++)
 		printf("%-32s %9.3f %8.0f %9.2f %9.2fx\n", names[w], med[w], bytes[w],
 		       bytes[w] * (double)n / med[w] / 1e9, med[LIMIT] / med[w]);

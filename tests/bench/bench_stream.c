@@ -48,6 +48,7 @@
 
 #include "engined_client.h"
 #include "transport.h"
+#include "bench_util.h"
 
 #define CHUNK (4 << 20)
 #define RAW_BYTES (1LL << 30)
@@ -60,14 +61,6 @@ struct result {
 };
 
 static pid_t daemon_pid;  /* 0: its CPU time is not counted (--addr) */
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* CPU seconds of this process, all threads (exited ones included). */
 static double self_cpu_s(void)
@@ -135,20 +128,13 @@ static struct result meter_stop(const struct meter *m, int64_t bytes)
 	return r;
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-static double median(const double *v, int n)
+/* The median of v[n], v left as it is. */
+static double median_of(const double *v, int n)
 {
 	double s[MAX_REPS];
 
 	memcpy(s, v, sizeof(double) * (size_t)n);
-	qsort(s, (size_t)n, sizeof(double), cmp_d);
-	return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+	return median(s, n);
 }
 
 /* --- 1. raw TCP -------------------------------------------------------- */
@@ -326,7 +312,7 @@ static void latency(struct ect_channel *ch, const char *method, int n, double *p
 		t[i] = now_s() - t0;
 		free(resp);
 	}
-	qsort(t, (size_t)n, sizeof(double), cmp_d);
+	qsort(t, (size_t)n, sizeof(double), cmp_double);
 	*p50 = t[n / 2] * 1e6;
 	*p99 = t[n * 99 / 100] * 1e6;
 	free(t);
@@ -495,23 +481,23 @@ int main(int argc, char **argv)
 	}
 	if (!failed) {
 		printf("median of %d: raw TCP %.2f GB/s (%.3f CPU-s/GB); GetPerTensorParam %s"
-		       " %.2f GB/s (%.3f CPU-s/GB)\n", reps, median(raw, reps),
-		       median(raw_cpu, reps),
+		       " %.2f GB/s (%.3f CPU-s/GB)\n", reps, median_of(raw, reps),
+		       median_of(raw_cpu, reps),
 		       stream_dtype == ENGINED__V1__DTYPE__FLOAT32 ? "f32" : "bf16",
-		       median(strm, reps), median(strm_cpu, reps));
+		       median_of(strm, reps), median_of(strm_cpu, reps));
 		printf("median: GetPerTensorParam = %.0f%% of raw TCP in the same run (goal >= 90%%)\n",
-		       100 * median(rs, reps));
+		       100 * median_of(rs, reps));
 		if (do_raw && do_pinned)
 			printf("median: = %.0f%% of raw TCP's best pinned placement (%.2f GB/s)\n",
-			       100 * median(rb, reps), median(best, reps));
+			       100 * median_of(rb, reps), median_of(best, reps));
 		if (do_iter)
 			printf("median: through ec_weights_next %.2f GB/s (%.3f CPU-s/GB) = %.0f%% of"
-			       " raw TCP\n", median(iter, reps), median(iter_cpu, reps),
-			       100 * median(ri, reps));
+			       " raw TCP\n", median_of(iter, reps), median_of(iter_cpu, reps),
+			       100 * median_of(ri, reps));
 		if (lat_calls > 0)
 			printf("median: GetStatus p50 %.1f us, p99 %.1f us = %.2fx the C-core floor"
-			       " p50 %.1f us (goal <= 1.3x)\n", median(sp50, reps), median(sp99, reps),
-			       median(sp50, reps) / median(ep50, reps), median(ep50, reps));
+			       " p50 %.1f us (goal <= 1.3x)\n", median_of(sp50, reps), median_of(sp99, reps),
+			       median_of(sp50, reps) / median_of(ep50, reps), median_of(ep50, reps));
 	}
 	ect_close(ch);
 	ec_close(c);

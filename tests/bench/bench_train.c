@@ -41,6 +41,7 @@
 #include <time.h>
 
 #include "engine.h"
+#include "bench_util.h"
 
 struct opts {
 	int steps;
@@ -52,27 +53,6 @@ struct opts {
 	int layers;
 	int64_t vocab;
 };
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-	qsort(v, (size_t)n, sizeof(*v), cmp_double);
-	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* Mean SFT loss: dL/dlogp = -1/T at every predicted token. */
 static int sft_loss(void *ctx, struct engine_loss_io *io, struct eng_error *err)
