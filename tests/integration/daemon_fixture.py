@@ -102,6 +102,11 @@ class Daemon:
     def release_safe_points(self):
         os.unlink(self.safe_point_file)
 
+    def safe_points_held(self):
+        """How many times a job has waited at a safe point so far (the
+        hook logs one line for each hold: daemon/test_hold.c)."""
+        return self.log_text().count("safe point held")
+
     def log_text(self):
         if not self.log.closed:
             self.log.flush()

@@ -481,7 +481,7 @@ def test_status_while_long_job_runs():
         rng = np.random.default_rng(8)
         ids = rng.integers(0, VOCAB, 8192).astype(np.int32)
         done = {}
-        marks = d.log_text().count("safe point held")
+        marks = d.safe_points_held()
         d.hold_safe_points(after=2)
 
         def job():
@@ -501,7 +501,7 @@ def test_status_while_long_job_runs():
             s = c2.get_status()
             lat.append(time.time() - t0)
             busy += s.busy and s.current_job == "ForwardBackward"
-        while d.log_text().count("safe point held") == marks and t.is_alive():
+        while d.safe_points_held() == marks and t.is_alive():
             sample()
             time.sleep(0.005)
         assert t.is_alive(), done
@@ -537,7 +537,7 @@ def test_sigterm_during_job_finishes_it():
         rng = np.random.default_rng(9)
         ids = rng.integers(0, VOCAB, 2048).astype(np.int32)
         out = {}
-        marks = d.log_text().count("safe point held")
+        marks = d.safe_points_held()
         d.hold_safe_points()
 
         def job():
@@ -549,7 +549,7 @@ def test_sigterm_during_job_finishes_it():
         t = threading.Thread(target=job)
         t.start()
         c2 = EngineClient(d.addr, timeout=10)
-        wait_for(lambda: d.log_text().count("safe point held") > marks, "the first safe point")
+        wait_for(lambda: d.safe_points_held() > marks, "the first safe point")
         assert c2.get_status().busy
         d.signal(signal.SIGTERM)
         wait_for(lambda: "received SIGTERM" in d.log_text(), "the daemon to see SIGTERM")

@@ -29,7 +29,7 @@ def raw(c, method, resp):
 def held_progress(d, c, marks):
     """The running job's progress once it waits at a safe point (the hook
     logs a line for each hold: `marks` of them were there before)."""
-    wait_for(lambda: d.log_text().count("safe point held") > marks, "a held safe point")
+    wait_for(lambda: d.safe_points_held() > marks, "a held safe point")
     s = c.get_status()
     assert s.busy and s.progress is not None, s
     return s.current_job, s.progress
@@ -107,7 +107,7 @@ def test_save_and_load_count_tensor_bytes(held):
     assert job == "SaveCheckpoint"
     assert (p.phase, p.done, p.total, p.unit) == ("model.safetensors", fam, 3 * fam, "bytes"), p
 
-    marks = d.log_text().count("safe point held")
+    marks = d.safe_points_held()
     d.hold_safe_points(after=1)
     fut = save.future(pb.SaveCheckpointRequest(path="b"), timeout=120)
     _, p = held_progress(d, c, marks)
@@ -115,7 +115,7 @@ def test_save_and_load_count_tensor_bytes(held):
     fut.result()
     assert (p.phase, p.done, p.total) == ("optimizer.safetensors", 3 * fam, 3 * fam), p
 
-    marks = d.log_text().count("safe point held")
+    marks = d.safe_points_held()
     d.hold_safe_points()
     fut = raw(c, "LoadCheckpoint", pb.LoadCheckpointResponse).future(
         pb.LoadCheckpointRequest(path="a", contents=["model"]), timeout=120)
@@ -192,7 +192,7 @@ def test_python_progress_callback(held, what):
     run2 = {"save": lambda: c.save_checkpoint("ck3", progress=bar),
             "load": lambda: c.load_checkpoint("ck", progress=bar),
             "stream": lambda: list(c.stream_weights(bucket_bytes=4096, progress=bar))}[what]
-    marks = d.log_text().count("safe point held")
+    marks = d.safe_points_held()
     d.hold_safe_points(after=1 if what == "stream" else 0)
     t = threading.Thread(target=run2)
     t.start()
@@ -285,7 +285,7 @@ def test_enginectl_plain_progress_lines(held):
     d.hold_safe_points()
     p = subprocess.Popen([CTL, "--addr", d.addr, "--no-progress", "save", "ck2"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: d.log_text().count("safe point held") >= 2, "the second save held")
+    wait_for(lambda: d.safe_points_held() >= 2, "the second save held")
     # Held for longer than enginectl's first-second quiet time.
     wait_for(lambda: c.get_status().progress.elapsed_s > 1.5, "1.5 s of the held save")
     d.release_safe_points()
