@@ -239,6 +239,13 @@ static void round_matrix(uint16_t *dst, const float *src, int64_t rows,
  * that lies inside the engine's parameter region, or NULL (then the caller
  * rounds it itself). The whole region is rounded once per param_version:
  * the engine bumps it whenever parameter values change. */
+/* The bf16 copy's buffer exists and was made for the region the engine
+ * declares now (its values may be of an older param_version). */
+static bool p16_for_region(const struct cpu_device *cd, const struct device *dev)
+{
+	return cd->p16 && cd->p16_base == dev->param_base && cd->p16_bytes == dev->param_bytes;
+}
+
 static const uint16_t *param_bf16(struct device *dev, const float *X, int64_t rows,
 				  int64_t cols, int64_t ld)
 {
@@ -248,8 +255,7 @@ static const uint16_t *param_bf16(struct device *dev, const float *X, int64_t ro
 
 	if (!base || ld != cols || X < base || X + rows * cols > base + n)
 		return NULL;
-	if (!cd->p16 || cd->p16_base != base || cd->p16_bytes != dev->param_bytes ||
-	    cd->p16_version != dev->param_version) {
+	if (!p16_for_region(cd, dev) || cd->p16_version != dev->param_version) {
 		size_t bytes = (n * sizeof(uint16_t) + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
 		int64_t chunk = 1 << 16, nchunks = ((int64_t)n + chunk - 1) / chunk;
 
@@ -276,9 +282,8 @@ uint16_t *cpu_param_bf16_whole(struct device *dev, const float *p, int64_t n)
 {
 	struct cpu_device *cd = cpu_dev(dev);
 
-	if (!cd->p16 || !dev->param_base || p != dev->param_base ||
-	    cd->p16_base != dev->param_base || cd->p16_bytes != dev->param_bytes ||
-	    n < 0 || (size_t)n != dev->param_bytes / sizeof(float))
+	if (!p16_for_region(cd, dev) || !p || p != dev->param_base || n < 0 ||
+	    (size_t)n != dev->param_bytes / sizeof(float))
 		return NULL;
 	return cd->p16;
 }
