@@ -207,6 +207,15 @@ struct device_ops {
 	int (*copy_d2d)(struct device *dev, void *dst, const void *src, size_t bytes);
 	/* Wait until all queued work is done. */
 	int (*sync)(struct device *dev);
+	/* Marks in the device's queue, for work that another library queues
+	 * elsewhere (the collectives of dist.h, on a stream of their own) to
+	 * wait for: mark_set makes `mark` the point after every piece of work
+	 * queued so far. NULL on devices that queue nothing (the CPU: work is
+	 * done when its call returns, so there is nothing to wait for).
+	 * mark_new returns NULL when out of resources; mark_free accepts NULL. */
+	void *(*mark_new)(struct device *dev);
+	int (*mark_set)(struct device *dev, void *mark);
+	void (*mark_free)(struct device *dev, void *mark);
 	/* Bytes of device memory in use by this device's allocations. */
 	size_t (*mem_in_use)(struct device *dev);
 	/* Bytes the device could still hand out now (free memory as the

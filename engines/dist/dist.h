@@ -62,7 +62,16 @@ struct dist_config {
 	 * and the CUDA device ordinal. */
 	void *stream;
 	int cuda_device;
+	/* The engine's, not the backend's: the gradient bucket of a
+	 * ForwardBackward that reduces during its backward pass
+	 * (native_grad_sync.c), in bytes; 0 = DIST_BUCKET_DEFAULT, else in
+	 * [DIST_BUCKET_MIN, DIST_BUCKET_MAX]. */
+	int64_t bucket_bytes;
 };
+
+#define DIST_BUCKET_DEFAULT (INT64_C(25) << 20)   /* torch DDP's bucket_cap_mb */
+#define DIST_BUCKET_MIN INT64_C(1024)
+#define DIST_BUCKET_MAX (INT64_C(1) << 32)
 
 struct dist;
 
@@ -87,6 +96,15 @@ struct dist_ops {
 			  enum dist_dtype t, struct eng_error *err);
 	int (*broadcast)(struct dist *d, void *buf, int64_t count, enum dist_dtype t, int root,
 			 struct eng_error *err);
+	/* Sum over ranks of buf[count] into rank `root`'s buf, in place; on
+	 * every other rank buf is zero afterwards (its part was handed to the
+	 * root). `after`: a device mark (device.h, mark) that the reduction
+	 * waits for before it reads buf, where the device runs its work on a
+	 * stream of its own (NULL: buf is ready now). The group's one call that
+	 * may run on another thread than the engine's: while it runs, no other
+	 * collective of the group may (native_grad_sync.c keeps that rule). */
+	int (*reduce)(struct dist *d, void *buf, int64_t count, enum dist_dtype t, int root,
+		      const void *after, struct eng_error *err);
 	int (*barrier)(struct dist *d, struct eng_error *err);
 };
 

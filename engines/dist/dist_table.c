@@ -78,6 +78,12 @@ int dist_config_check_min(const struct dist_config *cfg, int min_world, struct e
 	if (cfg->id.len == 0 || cfg->id.len > DIST_GROUP_ID_MAX)
 		return eng_fail(err, -EINVAL, "dist.group_id: %zu bytes, must be 1 to %d (the "
 				"id CreateGroup returned)", cfg->id.len, DIST_GROUP_ID_MAX);
+	if (cfg->bucket_bytes != 0 && (cfg->bucket_bytes < DIST_BUCKET_MIN ||
+				       cfg->bucket_bytes > DIST_BUCKET_MAX))
+		return eng_fail(err, -EINVAL, "dist.bucket_bytes: %lld, must be 0 (default %lld) "
+				"or in [%lld, %lld]", (long long)cfg->bucket_bytes,
+				(long long)DIST_BUCKET_DEFAULT, (long long)DIST_BUCKET_MIN,
+				(long long)DIST_BUCKET_MAX);
 	return 0;
 }
 

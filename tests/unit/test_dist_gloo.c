@@ -282,6 +282,45 @@ static void check_broadcast_barrier(struct dist *d, int rank, int world)
 	want(ops->barrier(d, &err) == 0, "barrier: %s", err.msg);
 }
 
+/* Sum to each root in turn: the root holds the exact sum, every other rank
+ * zeros (dist.h); sizes below, at and above the ring's segment (1 MiB) and
+ * not divisible by the world size; f64 too. */
+static void check_reduce(struct dist *d, int rank, int world)
+{
+	struct eng_error err = { 0 };
+	static const int64_t sizes[] = { 1, 5, 1001, 262144 + 13, 3 * 262144 + 7 };
+	double x[37];
+
+	for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+		const int64_t n = sizes[s];
+		float *b = malloc(sizeof(float) * (size_t)n);
+
+		want(b != NULL, "malloc");
+		for (int root = 0; root < world; root++) {
+			for (int64_t i = 0; i < n; i++)
+				b[i] = (float)((rank + 1) * (int)(i % 501 + root));
+			want(ops->reduce(d, b, n, DIST_F32, root, NULL, &err) == 0,
+			     "reduce %lld to %d: %s", (long long)n, root, err.msg);
+			for (int64_t i = 0; i < n; i++)
+				if (b[i] != (rank == root ? (float)(rank_sum(world) *
+							  (int)(i % 501 + root)) : 0.0f))
+					want(false, "reduce %lld to %d: [%lld] = %g on rank %d",
+					     (long long)n, root, (long long)i, b[i], rank);
+		}
+		free(b);
+	}
+	for (int i = 0; i < 37; i++)
+		x[i] = (double)(rank + 1) * (double)i * 1e9;
+	want(ops->reduce(d, x, 37, DIST_F64, 1, NULL, &err) == 0, "reduce f64: %s", err.msg);
+	for (int i = 0; i < 37; i++)
+		want(x[i] == (rank == 1 ? (double)rank_sum(world) * (double)i * 1e9 : 0.0),
+		     "reduce f64 [%d] = %g on rank %d", i, x[i], rank);
+	want(ops->reduce(d, NULL, 0, DIST_F32, 0, NULL, &err) == 0, "reduce 0: %s", err.msg);
+	want(ops->reduce(d, x, 1, DIST_F64, world, NULL, &err) == -EINVAL, "reduce root = world");
+	want(ops->reduce(d, NULL, 1, DIST_F32, 0, NULL, &err) == -EINVAL, "reduce NULL buf");
+	want(!d->broken, "broken by -EINVAL");
+}
+
 static void check_counts(struct dist *d, int rank, int world)
 {
 	struct eng_error err = { 0 };
@@ -333,6 +372,7 @@ static void rank_collectives(const struct group *g, int rank)
 	check_reduce_scatter(d, rank, g->world);
 	check_all_gather(d, rank, g->world);
 	check_broadcast_barrier(d, rank, g->world);
+	check_reduce(d, rank, g->world);
 	check_counts(d, rank, g->world);
 	if (g->world == 2)
 		check_reduce_scatter_chunks(d, rank, g->world);

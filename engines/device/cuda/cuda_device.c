@@ -389,6 +389,37 @@ static int cuda_sync(struct device *dev)
 	return cuda_err(dev, cudaStreamSynchronize(cuda_dev(dev)->stream));
 }
 
+/* Marks are CUDA events without timing (the cheapest kind). */
+static void *cuda_mark_new(struct device *dev)
+{
+	cudaEvent_t ev;
+
+	if (cuda_alive(dev) || cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) !=
+	    cudaSuccess) {
+		(void)cudaGetLastError();
+		return NULL;
+	}
+	return ev;
+}
+
+static int cuda_mark_set(struct device *dev, void *mark)
+{
+	int r = cuda_alive(dev);
+
+	if (r)
+		return r;
+	return cuda_err(dev, cudaEventRecord((cudaEvent_t)mark, cuda_dev(dev)->stream));
+}
+
+static void cuda_mark_free(struct device *dev, void *mark)
+{
+	(void)dev;
+	if (!mark)
+		return;
+	(void)cudaEventDestroy((cudaEvent_t)mark);
+	(void)cudaGetLastError();
+}
+
 static size_t cuda_mem_in_use(struct device *dev)
 {
 	return atomic_load(&cuda_dev(dev)->in_use);
@@ -437,6 +468,9 @@ const struct device_ops cuda_device_ops = {
 	.copy_d2h = cuda_copy_d2h,
 	.copy_d2d = cuda_copy_d2d,
 	.sync = cuda_sync,
+	.mark_new = cuda_mark_new,
+	.mark_set = cuda_mark_set,
+	.mark_free = cuda_mark_free,
 	.mem_in_use = cuda_mem_in_use,
 	.mem_free = cuda_mem_free,
 	.host_alloc = cuda_host_alloc,

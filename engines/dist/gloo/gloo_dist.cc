@@ -8,9 +8,9 @@
  * the transport is gloo::transport::tcp, the group is a
  * gloo::rendezvous::Context joined with connectFullMesh, and the
  * collectives are gloo::allreduce, gloo::allgather, gloo::broadcast,
- * gloo::alltoall and gloo::barrier (reduce-scatter is an all-to-all and a
- * local sum: see reduce_scatter_chunks). This file only checks arguments, enforces the
- * deadline and turns exceptions into codes.
+ * gloo::alltoall, gloo::reduce and gloo::barrier (reduce-scatter is an
+ * all-to-all and a local sum: see reduce_scatter_chunks). This file only
+ * checks arguments, enforces the deadline and turns exceptions into codes.
  *
  * No C++ exception leaves this file: each entry point catches them all.
  * gloo::IoException is an I/O failure of a pair: "timeout" in its text ->
@@ -19,7 +19,10 @@
  * -EIO with its text. After any failure but -EINVAL the group is broken and
  * every later call returns -ENOTCONN at once (dist.h).
  *
- * A group is used by one thread at a time. Writes to a dead peer raise
+ * A group is used by one thread at a time (reduce may be called from
+ * another thread than the rest, never at the same time: dist.h). The sums
+ * run on the calling thread; Gloo's TCP device has an I/O thread of its
+ * own. Writes to a dead peer raise
  * SIGPIPE: the process must ignore it (engined does, daemon/main.c).
  */
 #include <algorithm>
@@ -44,6 +47,7 @@
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/math.h>
+#include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
@@ -564,6 +568,45 @@ static int gloo_broadcast(struct dist *d, void *buf, int64_t count, enum dist_dt
 	});
 }
 
+/* gloo::reduce: a ring reduce-scatter of buf, then each rank's reduced
+ * chunk to the root (so every rank's link carries about 2x its share of
+ * buf, not the root's alone). It leaves partial sums in the other ranks'
+ * buf, which dist.h says is zero afterwards: cleared here. Host memory
+ * only: `after` is always NULL for the CPU device. */
+static int gloo_reduce(struct dist *d, void *buf, int64_t count, enum dist_dtype t, int root,
+		       const void *after, struct eng_error *err)
+{
+	struct gloo_dist *g = reinterpret_cast<struct gloo_dist *>(d);
+	size_t bytes = 0;
+	const int tv = dtype_value(&t);
+	int r = enter(d, "reduce", count, tv, 1, &bytes, err);
+
+	(void)after;
+	if (r < 0)
+		return r;
+	r = dist_root_check(d, "reduce", root, err);
+	if (r < 0 || count == 0)
+		return r;
+	if (!buf)
+		return eng_fail(err, -EINVAL, "dist reduce: buf is NULL");
+	r = guarded(g, "reduce", err, [&] {
+		gloo::ReduceOptions opts(g->ctx);
+
+		if (tv == DIST_F64)
+			opts.setOutput(static_cast<double *>(buf), (size_t)count);
+		else
+			opts.setOutput(static_cast<float *>(buf), (size_t)count);
+		opts.setRoot(root);
+		opts.setReduceFunction(sum_fn(tv));
+		opts.setTag(g->tag++);
+		opts.setTimeout(g->timeout);
+		gloo::reduce(opts);
+	});
+	if (r == 0 && d->rank != root)
+		memset(buf, 0, bytes);
+	return r;
+}
+
 static int gloo_barrier(struct dist *d, struct eng_error *err)
 {
 	struct gloo_dist *g = reinterpret_cast<struct gloo_dist *>(d);
@@ -591,5 +634,6 @@ extern "C" const struct dist_ops gloo_dist_ops = {
 	.reduce_scatter = gloo_reduce_scatter,
 	.all_gather = gloo_all_gather,
 	.broadcast = gloo_broadcast,
+	.reduce = gloo_reduce,
 	.barrier = gloo_barrier,
 };

@@ -44,6 +44,8 @@ static struct {
 				   ncclComm_t comm, cudaStream_t st);
 	ncclResult_t (*broadcast)(const void *s, void *r, size_t n, ncclDataType_t t, int root,
 				  ncclComm_t comm, cudaStream_t st);
+	ncclResult_t (*reduce)(const void *s, void *r, size_t n, ncclDataType_t t,
+			       ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t st);
 	const char *(*error_string)(ncclResult_t r);
 	const char *(*last_error)(ncclComm_t comm);
 } nccl;
@@ -55,7 +57,8 @@ static void load_nccl(void)
 	static const char *const names[] = {
 		"ncclGetUniqueId", "ncclCommInitRankConfig", "ncclCommGetAsyncError",
 		"ncclCommAbort", "ncclCommFinalize", "ncclCommDestroy", "ncclAllReduce",
-		"ncclReduceScatter", "ncclAllGather", "ncclBroadcast", "ncclGetErrorString",
+		"ncclReduceScatter", "ncclAllGather", "ncclBroadcast", "ncclReduce",
+		"ncclGetErrorString",
 		"ncclGetLastError",
 	};
 	void **slots = (void **)&nccl;
@@ -91,6 +94,11 @@ struct nccl_dist {
 	struct dist base;       /* first: the struct dist * callers hold */
 	ncclComm_t comm;
 	cudaStream_t stream;
+	/* reduce's own stream (created at open), so that the gradient buckets
+	 * of a backward pass reduce while the engine's stream computes the
+	 * next layers; each reduce waits for the engine's mark first. */
+	cudaStream_t comm_stream;
+	int device;             /* CUDA ordinal: reduce runs on another thread */
 	float *one;             /* device: the barrier's all-reduce */
 };
 
@@ -139,9 +147,20 @@ static int fail_timeout(struct nccl_dist *n, const char *op, struct eng_error *e
 			n->base.timeout_s);
 }
 
+/* A CUDA call of `op` failed: abort the communicator, break the group. */
+static int fail_cuda(struct nccl_dist *n, const char *op, cudaError_t ce, struct eng_error *err)
+{
+	if (n->comm)
+		(void)nccl.abort(n->comm);
+	n->comm = NULL;
+	n->base.broken = true;
+	return eng_fail(err, -EIO, "dist %s (nccl): CUDA: %s", op, cudaGetErrorString(ce));
+}
+
 /* Wait until the communicator has no pending work (open) and, on_stream,
- * the stream is done (a collective), or the timeout. */
-static int wait_done(struct nccl_dist *n, const char *op, bool on_stream, struct eng_error *err)
+ * the stream `st` is done (a collective), or the timeout. */
+static int wait_done_on(struct nccl_dist *n, const char *op, bool on_stream, cudaStream_t st,
+			struct eng_error *err)
 {
 	const double deadline = now_s() + n->base.timeout_s;
 
@@ -155,17 +174,12 @@ static int wait_done(struct nccl_dist *n, const char *op, bool on_stream, struct
 		if (!on_stream && res == ncclSuccess)
 			return 0;
 		if (on_stream && res == ncclSuccess) {
-			cudaError_t ce = cudaStreamQuery(n->stream);
+			cudaError_t ce = cudaStreamQuery(st);
 
 			if (ce == cudaSuccess)
 				return 0;
-			if (ce != cudaErrorNotReady) {
-				(void)nccl.abort(n->comm);
-				n->comm = NULL;
-				n->base.broken = true;
-				return eng_fail(err, -EIO, "dist %s (nccl): the stream failed: %s",
-						op, cudaGetErrorString(ce));
-			}
+			if (ce != cudaErrorNotReady)
+				return fail_cuda(n, op, ce, err);
 		}
 		if (now_s() > deadline)
 			return fail_timeout(n, op, err);
@@ -173,8 +187,11 @@ static int wait_done(struct nccl_dist *n, const char *op, bool on_stream, struct
 	}
 }
 
-/* The checks every collective makes first: the group, its state, count and
- * dtype. */
+static int wait_done(struct nccl_dist *n, const char *op, bool on_stream, struct eng_error *err)
+{
+	return wait_done_on(n, op, on_stream, n->stream, err);
+}
+
 /* The checks every collective makes first (dist_call_check): the byte
  * count of world_size slices must fit. */
 static int enter(struct dist *d, const char *op, int64_t count, enum dist_dtype t,
@@ -239,6 +256,8 @@ static void nccl_close(struct dist *d)
 	}
 	if (n->one)
 		(void)cudaFree(n->one);
+	if (n->comm_stream)
+		(void)cudaStreamDestroy(n->comm_stream);
 	free(n);
 }
 
@@ -274,12 +293,15 @@ static int nccl_open(const struct dist_config *cfg, struct dist **ret, struct en
 	n->base.world_size = cfg->world_size;
 	n->base.timeout_s = cfg->timeout_s;
 	n->stream = (cudaStream_t)cfg->stream;
+	n->device = cfg->cuda_device;
 	ce = cudaMalloc((void **)&n->one, sizeof(float));
 	if (ce == cudaSuccess)
 		ce = cudaMemset(n->one, 0, sizeof(float));
+	if (ce == cudaSuccess)
+		ce = cudaStreamCreateWithFlags(&n->comm_stream, cudaStreamNonBlocking);
 	if (ce != cudaSuccess) {
 		nccl_close(&n->base);
-		return eng_fail(err, -ENOMEM, "dist open (nccl): cudaMalloc: %s",
+		return eng_fail(err, -ENOMEM, "dist open (nccl): device memory or stream: %s",
 				cudaGetErrorString(ce));
 	}
 
@@ -372,6 +394,40 @@ static int nccl_broadcast(struct dist *d, void *buf, int64_t count, enum dist_dt
 						     n->comm, n->stream), err);
 }
 
+/* On the group's comm stream, after the engine's mark: the sum to the
+ * root, then zero on the other ranks (dist.h). May run on a thread of its
+ * own (native_grad_sync.c), which must first select the group's device. */
+static int nccl_reduce(struct dist *d, void *buf, int64_t count, enum dist_dtype t, int root,
+		       const void *after, struct eng_error *err)
+{
+	struct nccl_dist *n = (struct nccl_dist *)d;
+	size_t bytes = 0;
+	ncclResult_t res;
+	cudaError_t ce;
+	int r = dist_call_check(d, "reduce", count, (int)t, 1, &bytes, err);
+
+	if (r < 0)
+		return r;
+	r = dist_root_check(d, "reduce", root, err);
+	if (r < 0 || count == 0)
+		return r;
+	if (!buf)
+		return eng_fail(err, -EINVAL, "dist reduce: buf is NULL");
+	ce = cudaSetDevice(n->device);
+	if (ce == cudaSuccess && after)
+		ce = cudaStreamWaitEvent(n->comm_stream, (cudaEvent_t)after, 0);
+	if (ce != cudaSuccess)
+		return fail_cuda(n, "reduce", ce, err);
+	res = nccl.reduce(buf, buf, (size_t)count, nccl_type(t), ncclSum, root, n->comm,
+			  n->comm_stream);
+	if (res != ncclSuccess && res != ncclInProgress)
+		return fail_nccl(n, "reduce", res, err);
+	if (d->rank != root && (ce = cudaMemsetAsync(buf, 0, bytes, n->comm_stream)) !=
+	    cudaSuccess)
+		return fail_cuda(n, "reduce", ce, err);
+	return wait_done_on(n, "reduce", true, n->comm_stream, err);
+}
+
 static int nccl_barrier(struct dist *d, struct eng_error *err)
 {
 	struct nccl_dist *n = (struct nccl_dist *)d;
@@ -393,5 +449,6 @@ const struct dist_ops nccl_dist_ops = {
 	.reduce_scatter = nccl_reduce_scatter,
 	.all_gather = nccl_all_gather,
 	.broadcast = nccl_broadcast,
+	.reduce = nccl_reduce,
 	.barrier = nccl_barrier,
 };
