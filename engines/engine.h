@@ -164,6 +164,15 @@ struct engine_batch {
 	const int32_t *seq_lens;    /* [num_seqs], sum = n, each >= 1 */
 	float temperature;          /* > 0; 0 means 1 */
 	bool forward_only;
+	/* In a data-parallel group, the last accumulation before the optimizer
+	 * step: the gradients are reduced across the ranks while the last
+	 * micro-batch's backward pass runs, in buckets (docs/DISTRIBUTED.md),
+	 * and the step skips its own reduction. A collective call: every rank
+	 * makes it, the ranks agree before the reduction (a failure on one
+	 * fails all, with nothing changed), and once it runs it is not
+	 * cancelled (cancelled is not polled). Alone: no effect. Not with
+	 * forward_only. */
+	bool reduce_gradients;
 	int64_t max_tokens_per_micro_batch;  /* 0 = engine default */
 	engine_loss_fn loss_fn;     /* may be NULL when forward_only */
 	void *loss_ctx;
@@ -247,6 +256,12 @@ struct engine_status {
 	int64_t optim_shard_params; /* AdamW moments held by this rank */
 	size_t optim_bytes;
 	bool dist_broken;           /* a collective failed: re-initialize */
+	int64_t dist_bucket_bytes;  /* of a reducing ForwardBackward */
+	/* The last reducing ForwardBackward: buckets and bytes reduced, the
+	 * reductions' time, and how long the call waited for them after its
+	 * backward pass (the part not overlapped). */
+	int64_t reduce_buckets, reduce_bytes;
+	double reduce_s, reduce_wait_s;
 };
 
 /* One parameter tensor, in Hugging Face naming, borrowed from the engine:

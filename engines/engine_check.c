@@ -147,5 +147,8 @@ int engine_batch_check(const struct engine_batch *b, struct eng_error *err)
 				(long long)b->max_tokens_per_micro_batch, (long long)ENGINE_MAX_TOKENS);
 	if (!b->forward_only && !b->loss_fn)
 		return eng_fail(err, -EINVAL, "loss.name: a loss is required unless forward_only");
+	if (b->forward_only && b->reduce_gradients)
+		return eng_fail(err, -EINVAL, "reduce_gradients: a forward_only call has no "
+				"gradients to reduce");
 	return 0;
 }

@@ -555,11 +555,15 @@ int llama_backward(struct llama_model *m, const struct llama_batch *b,
 	global_acts_at(m, T, true, &g);
 	head_bwd(m, b, inv_temp, &g, drow_logp, drow_ent, drow_val);
 	norm_bwd(m, g.dx, m->g.norm, g.dln, g.xL, m->w.norm, g.rstdf, T, C, 0.0f);
+	if (m->grads_done && !m->rc)
+		m->grads_done(m->grads_done_ctx, c->num_layers);
 	for (int64_t l = c->num_layers - 1; l >= 0; l--) {
 		struct layer_acts a;
 
 		layer_acts_at(m, T, l, &a);
 		layer_bwd(m, b, &m->w.layers[l], &m->g.layers[l], &a, &g);
+		if (m->grads_done && !m->rc)
+			m->grads_done(m->grads_done_ctx, l);
 	}
 	if (!m->rc)
 		m->rc = m->dev->k->embedding_bwd(m->dev, m->g.wte, g.dx, b->ids, T, C,

@@ -49,6 +49,14 @@ struct llama_model {
 	int64_t cap_tokens;
 	bool cap_training;
 	int rc;                    /* first kernel error of the running pass */
+	/* NULL, or called by llama_backward on the calling thread as the
+	 * gradients of a part of the model are complete for this pass: with
+	 * layer = L (num_layers) once the head and the final norm are done,
+	 * then with each layer l = L-1 .. 0 once layers l..L-1 are done. The
+	 * embedding (and a head tied to it) is complete when llama_backward
+	 * returns. Work queued on a device stream may still be running. */
+	void (*grads_done)(void *ctx, int64_t layer);
+	void *grads_done_ctx;
 };
 
 /* Set up a model over already-bound weights and gradients (layers arrays

@@ -10,6 +10,7 @@
 struct table_builder {
 	struct param_table *t;
 	int64_t cap;
+	int64_t layer;        /* of the entries added now; -1: none */
 	int rc;
 };
 
@@ -41,6 +42,7 @@ static void add(struct table_builder *b, const char *name, int ndim, int64_t d0,
 	e->offset = t->total;
 	e->init_ones = ones;
 	e->init_zero = zero;
+	e->layer = b->layer;
 	/* Dimensions are bounded (config.h) but the sum over the layers is
 	 * checked all the same. */
 	if (!ck_mul_i64(d0, ndim > 1 ? d1 : 1, &e->numel) ||
@@ -52,7 +54,7 @@ int param_table_build(const struct model_config *cfg, bool value_model,
 		      struct param_table *ret, struct eng_error *err)
 {
 	struct param_table t = {0};
-	struct table_builder b = {.t = &t};
+	struct table_builder b = {.t = &t, .layer = -1};
 	int64_t C = cfg->hidden_size, F = cfg->intermediate_size;
 	int64_t QD = cfg->num_heads * cfg->head_dim;
 	int64_t KD = cfg->num_kv_heads * cfg->head_dim;
@@ -60,6 +62,7 @@ int param_table_build(const struct model_config *cfg, bool value_model,
 
 	add(&b, "model.embed_tokens.weight", 2, cfg->vocab_size, C, false, false);
 	for (int64_t l = 0; l < cfg->num_layers; l++) {
+		b.layer = l;
 #define P(suffix) (snprintf(n, sizeof(n), "model.layers.%lld." suffix, (long long)l), n)
 		add(&b, P("input_layernorm.weight"), 1, C, 0, true, false);
 		add(&b, P("self_attn.q_proj.weight"), 2, QD, C, false, false);
@@ -84,6 +87,7 @@ int param_table_build(const struct model_config *cfg, bool value_model,
 		add(&b, P("mlp.down_proj.weight"), 2, C, F, false, false);
 #undef P
 	}
+	b.layer = -1;
 	add(&b, "model.norm.weight", 1, C, 0, true, false);
 	if (value_model) {
 		add(&b, "score.weight", 2, 1, C, false, false);

@@ -22,6 +22,7 @@ struct param_entry {
 	int64_t offset;       /* element offset into the flat array */
 	bool init_ones;       /* RMSNorm weights start at 1 */
 	bool init_zero;       /* biases start at 0 */
+	int64_t layer;        /* its decoder layer, or -1 (embedding, final norm, head) */
 };
 
 struct param_table {

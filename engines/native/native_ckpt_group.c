@@ -54,12 +54,6 @@ static int64_t slice_of(const struct native *n, int r)
 	return (int64_t)r * n->shard_len;
 }
 
-/* A code from a peer as this rank reports it. */
-static int peer_code(int64_t rc)
-{
-	return rc < 0 && eng_strerror((int)rc)[1] != '?' ? (int)rc : -EIO;
-}
-
 /* --- save ---------------------------------------------------------------- */
 
 struct group_save {
@@ -136,9 +130,9 @@ static int save_commit(struct group_save *s, int64_t global_step, int max_to_kee
 
 	for (int r = 1; r < W && rc == 0; r++)
 		if (s->all[r].rc)
-			rc = eng_fail(err, peer_code(s->all[r].rc), "SaveCheckpoint: rank %d failed "
-				      "(%s; its reply says why); nothing was saved", r,
-				      eng_strerror(peer_code(s->all[r].rc)));
+			rc = eng_fail(err, native_dist_peer_code(s->all[r].rc), "SaveCheckpoint: "
+				      "rank %d failed (%s; its reply says why); nothing was saved",
+				      r, eng_strerror(native_dist_peer_code(s->all[r].rc)));
 	for (int r = 1; r < W && rc == 0 && (contents & CKPT_OPTIMIZER); r++) {
 		struct eng_error lerr = {0};
 
@@ -183,8 +177,9 @@ static int save_begin(struct group_save *s, const char *dir, struct save_begin *
 	}
 	rc = native_dist_bcast_words(n, b, sizeof(*b), err);
 	if (rc == 0 && b->rc && n->dist->rank != 0)
-		rc = eng_fail(err, peer_code(b->rc), "SaveCheckpoint: rank 0 could not begin the "
-			      "checkpoint (%s; its reply says why)", eng_strerror(peer_code(b->rc)));
+		rc = eng_fail(err, native_dist_peer_code(b->rc), "SaveCheckpoint: rank 0 could not "
+			      "begin the checkpoint (%s; its reply says why)",
+			      eng_strerror(native_dist_peer_code(b->rc)));
 	return rc ? rc : (int)b->rc;
 }
 
@@ -262,9 +257,9 @@ int native_group_save(struct engine *e, struct native *n, const char *dir,
 	if (rc == 0 && me != 0)
 		rc = (int)mine.rc;
 	if (rc == 0 && verdict.rc)
-		rc = eng_fail(err, peer_code(verdict.rc), "SaveCheckpoint: rank 0 did not commit the "
-			      "checkpoint (%s; its reply says why); nothing was saved",
-			      eng_strerror(peer_code(verdict.rc)));
+		rc = eng_fail(err, native_dist_peer_code(verdict.rc), "SaveCheckpoint: rank 0 did "
+			      "not commit the checkpoint (%s; its reply says why); nothing was saved",
+			      eng_strerror(native_dist_peer_code(verdict.rc)));
 	if (rc == 0 && ret_bytes)
 		*ret_bytes = me == 0 ? (size_t)total : mine.self ? (size_t)mine.bytes : 0;
 out:
@@ -413,9 +408,10 @@ int native_group_load(struct engine *e, struct native *n, const char *dir, unsig
 	rc = native_dist_bcast_words(n, &h, sizeof(h), err);
 	if (rc == 0 && h.rc)
 		rc = me == 0 ? (int)h.rc
-			     : eng_fail(err, peer_code(h.rc), "LoadCheckpoint: rank 0 refused the "
-					"checkpoint (%s; its reply says why); nothing changed",
-					eng_strerror(peer_code(h.rc)));
+			     : eng_fail(err, native_dist_peer_code(h.rc), "LoadCheckpoint: rank 0 "
+					"refused the checkpoint (%s; its reply says why); nothing "
+					"changed",
+					eng_strerror(native_dist_peer_code(h.rc)));
 	if (rc)
 		goto out;
 	contents = (unsigned)h.contents;
@@ -436,10 +432,10 @@ int native_group_load(struct engine *e, struct native *n, const char *dir, unsig
 		for (int r = 0; r < W && rc == 0; r++)
 			if (all[r].rc)
 				rc = r == me ? (int)all[r].rc
-					     : eng_fail(err, peer_code(all[r].rc), "LoadCheckpoint: "
-							"rank %d could not load its optimizer slice (%s); "
-							"nothing changed", r,
-							eng_strerror(peer_code(all[r].rc)));
+					     : eng_fail(err, native_dist_peer_code(all[r].rc),
+							"LoadCheckpoint: rank %d could not load its "
+							"optimizer slice (%s); nothing changed", r,
+							eng_strerror(native_dist_peer_code(all[r].rc)));
 		if (rc)
 			goto out;
 		rc = native_family_write(n, FAM_EXP_AVG, mv, err);
@@ -455,9 +451,10 @@ int native_group_load(struct engine *e, struct native *n, const char *dir, unsig
 		rc = native_dist_bcast_words(n, &model_rc, sizeof(model_rc), err);
 		if (rc == 0 && model_rc)
 			rc = me == 0 ? (int)model_rc
-				     : eng_fail(err, peer_code(model_rc), "LoadCheckpoint: rank 0 "
-						"could not read the parameters (%s); the group is "
-						"inconsistent: load again", eng_strerror(peer_code(model_rc)));
+				     : eng_fail(err, native_dist_peer_code(model_rc),
+						"LoadCheckpoint: rank 0 could not read the parameters "
+						"(%s); the group is inconsistent: load again",
+						eng_strerror(native_dist_peer_code(model_rc)));
 		if (rc == 0)
 			rc = native_dist_sync_params(n, err);
 		if (rc)

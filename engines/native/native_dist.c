@@ -26,6 +26,7 @@
 #include "native_engine.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../checked.h"
@@ -115,6 +116,7 @@ int native_dist_join(struct native *n, const struct engine_init_config *cfg,
 		n->dist = NULL;
 		return rc;
 	}
+	n->dist_bucket_bytes = dc.bucket_bytes;
 	return check_same_model(n, err);
 }
 
@@ -139,13 +141,19 @@ int native_dist_step(struct native *n, const struct engine_optim_config *o, doub
 	const struct kernel_table *k = n->dev->k;
 	struct dist *d = n->dist;
 	float *g = n->fam[FAM_GRADS].dev, *p = n->fam[FAM_PARAMS].dev;
-	double sumsq = 0, norm;
+	double sumsq = 0, norm, unreduced = n->grads_reduced ? 0 : 1;
 	float coef = 1.0f;
 	int rc;
 
 	rc = n->dev->ops->sync(n->dev);
+	/* Skipped when a reducing ForwardBackward left the sums in place on
+	 * every rank: a rank's plain calls after it (their number may differ
+	 * between ranks) make it reduce again, so the ranks agree first. */
 	if (rc == 0)
+		rc = sum_scalar(n, &unreduced, err);
+	if (rc == 0 && unreduced > 0)
 		rc = d->ops->reduce_scatter(d, g + n->shard_off, g, n->shard_len, DIST_F32, err);
+	n->grads_reduced = false;
 	if (rc == 0 && (rc = k->sumsq(n->dev, &sumsq, g + n->shard_off, n->shard_len)) != 0)
 		rc = eng_fail(err, rc, "optimizer: gradient norm failed");
 	if (rc == 0)
@@ -239,8 +247,36 @@ int native_dist_gather_host(struct native *n, void *all, const void *mine, size_
 	return host_collective(n, HOST_GATHER, all, mine, bytes, 0, err);
 }
 
+int native_dist_peer_code(int64_t rc)
+{
+	return rc < 0 && eng_strerror((int)rc)[1] != '?' ? (int)rc : -EIO;
+}
+
+int native_dist_agree(struct native *n, int rc, const char *what, struct eng_error *err)
+{
+	int W = n->dist->world_size, me = n->dist->rank, got;
+	int64_t mine = rc, *all = calloc((size_t)W, sizeof(*all));
+
+	if (!all) {
+		/* No buffer to take part with: the peers time out in the
+		 * exchange, and the group is broken. */
+		n->dist->broken = true;
+		return eng_fail(err, -ENOMEM, "%s: out of host memory for the group's agreement; "
+				"the group is broken", what);
+	}
+	got = native_dist_gather_host(n, all, &mine, sizeof(mine), err);
+	for (int r = 0; r < W && got == 0 && rc == 0; r++)
+		if (all[r] && r != me)
+			rc = eng_fail(err, native_dist_peer_code(all[r]), "%s failed on rank %d "
+				      "(%s; its reply says why); nothing changed on any rank", what,
+				      r, eng_strerror(native_dist_peer_code(all[r])));
+	free(all);
+	return got ? got : rc;
+}
+
 void native_dist_leave(struct native *n)
 {
+	native_sync_stop(n);
 	if (n->dist)
 		n->dist->ops->close(n->dist);
 	n->dist = NULL;

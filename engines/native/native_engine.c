@@ -522,9 +522,12 @@ static int upload_mb(struct native *n, const struct mb_host *h)
 	return o->copy_h2d(n->dev, n->io.cu_seqlens, h->cu, (h->B + 1) * sizeof(int32_t));
 }
 
-static int run_micro_batch(struct native *n, const struct engine_batch *b,
-			   struct engine_fb_result *res, struct mb_host *h,
-			   float inv_temp, struct eng_error *err)
+/* One micro-batch up to its backward pass: inputs up, forward, outputs
+ * into res, the loss and its gradients down to the device (mb_backward
+ * then runs the pass). */
+static int mb_forward(struct native *n, const struct engine_batch *b,
+		      struct engine_fb_result *res, struct mb_host *h,
+		      float inv_temp, struct eng_error *err)
 {
 	const struct device_ops *o = n->dev->ops;
 	int64_t T = h->T, cap = n->io.cap_tokens;
@@ -591,10 +594,22 @@ static int run_micro_batch(struct native *n, const struct engine_batch *b,
 		rc = o->copy_h2d(n->dev, drows + k * cap, h->rows + k * T, T * sizeof(float));
 	if (rc)
 		return eng_fail(err, rc, "device: copy of loss gradients failed");
-	rc = llama_backward(&n->model, &lb, inv_temp, drows, drows + cap, drows + 2 * cap);
-	if (rc)
-		return eng_fail(err, rc, "backward: device kernel failed (%s)", eng_strerror(rc));
 	return 0;
+}
+
+/* The backward pass of the micro-batch mb_forward ran last. */
+static int mb_backward(struct native *n, const struct mb_host *h, float inv_temp,
+		       struct eng_error *err)
+{
+	int64_t cap = n->io.cap_tokens;
+	struct llama_batch lb = {
+		.T = h->T, .B = h->B, .ids = n->io.ids, .pos = n->io.pos,
+		.cu_seqlens = n->io.cu_seqlens, .targets = n->io.targets,
+	};
+	float *drows = n->io.drows;
+	int rc = llama_backward(&n->model, &lb, inv_temp, drows, drows + cap, drows + 2 * cap);
+
+	return rc ? eng_fail(err, rc, "backward: device kernel failed (%s)", eng_strerror(rc)) : 0;
 }
 
 /* A training call that failed or was cancelled after some micro-batches:
@@ -617,6 +632,24 @@ static void undo_gradients(struct native *n, const float *undo, struct eng_error
 	}
 }
 
+/* The last micro-batch's backward pass of a reducing call, with its
+ * gradients reduced across the group in buckets as the pass completes
+ * them (native_grad_sync.c). Any failure here breaks the group: the
+ * peers agreed to reduce. */
+static int reduce_pass(struct native *n, const struct mb_host *h, float inv_temp,
+		       struct eng_error *err)
+{
+	int rc;
+
+	native_sync_begin(n);
+	rc = mb_backward(n, h, inv_temp, err);
+	if (rc) {
+		native_sync_abandon(n);
+		return rc;
+	}
+	return native_sync_finish(n, err);
+}
+
 static int native_forward_backward(struct engine *e, const struct engine_batch *b,
 				   struct engine_fb_result *res, struct eng_error *err)
 {
@@ -624,41 +657,42 @@ static int native_forward_backward(struct engine *e, const struct engine_batch *
 	int64_t budget = b->max_tokens_per_micro_batch > 0 ? b->max_tokens_per_micro_batch
 							   : n->default_budget;
 	float temp = b->temperature > 0 ? b->temperature : 1.0f;
+	/* A reducing call is a collective: it is not cancelled once it runs,
+	 * and every exit before its reduction tells the peers (agree). */
+	bool reducing = n->dist && b->reduce_gradients && !b->forward_only;
+	bool (*cancelled)(void *) = reducing ? NULL : b->cancelled;
+	bool agreed = false, reduced = false;
 	struct mb_plan plan = {0};
-	struct mb_host h;
+	struct mb_host h = {0};
 	int64_t max_T = 0, max_B = 0;
 	float *undo = NULL;
-	int32_t k;
+	int32_t k = 0;
 	int rc;
 
 	rc = validate_batch(n, b, err);
 	if (rc == 0)
 		rc = native_require_placed(n, !b->forward_only, false, err);
-	if (rc)
-		return rc;
-	rc = mb_plan_make(b->seq_lens, b->num_seqs, budget, &plan, err);
-	if (rc)
-		return rc;
-	for (int32_t k = 0; k < plan.num_micro_batches; k++) {
-		if (plan.mb_tokens[k] > max_T)
-			max_T = plan.mb_tokens[k];
-		if (plan.mb_start[k + 1] - plan.mb_start[k] > max_B)
-			max_B = plan.mb_start[k + 1] - plan.mb_start[k];
+	if (rc == 0)
+		rc = mb_plan_make(b->seq_lens, b->num_seqs, budget, &plan, err);
+	for (int32_t i = 0; rc == 0 && i < plan.num_micro_batches; i++) {
+		if (plan.mb_tokens[i] > max_T)
+			max_T = plan.mb_tokens[i];
+		if (plan.mb_start[i + 1] - plan.mb_start[i] > max_B)
+			max_B = plan.mb_start[i + 1] - plan.mb_start[i];
 	}
 	/* Everything the call needs is reserved before any state changes, so
 	 * that a failure here leaves gradients untouched. */
-	rc = llama_reserve(&n->model, max_T, !b->forward_only, err);
+	if (rc == 0)
+		rc = llama_reserve(&n->model, max_T, !b->forward_only, err);
 	if (rc == 0)
 		rc = io_reserve(n, max_T, max_B, err);
 	if (rc == 0 && mb_host_alloc(&h, max_T, max_B))
 		rc = eng_fail(err, -ENOMEM, "micro-batch: out of host memory");
-	if (rc) {
-		mb_plan_free(&plan);
-		return rc;
-	}
+	if (rc == 0 && reducing)
+		rc = native_sync_prepare(n, err);
 	/* A training call that may stop part-way keeps what undoes it: nothing
 	 * when the gradients are zero now (undo = zero them), else a copy. */
-	if (!b->forward_only && b->cancelled && n->grad_calls > 0 &&
+	if (rc == 0 && !b->forward_only && (cancelled || reducing) && n->grad_calls > 0 &&
 	    plan.num_micro_batches > 1) {
 		size_t gbytes = (size_t)n->table.total * sizeof(float);
 
@@ -668,10 +702,12 @@ static int native_forward_backward(struct engine *e, const struct engine_batch *
 			      "gradients (%zu bytes)", gbytes);
 	}
 	for (k = 0; k < plan.num_micro_batches && !rc; k++) {
+		bool last = k == plan.num_micro_batches - 1;
+
 		if (b->progress)
 			b->progress(b->progress_ctx, "forward_backward", k, plan.num_micro_batches,
 				    "micro-batches");
-		if (k > 0 && b->cancelled && b->cancelled(b->cancel_ctx)) {
+		if (k > 0 && cancelled && cancelled(b->cancel_ctx)) {
 			rc = eng_fail(err, -ECANCELED,
 				      "ForwardBackward: cancelled after %d of %d micro-batches (the "
 				      "client went away or its deadline passed); gradients as before",
@@ -679,18 +715,38 @@ static int native_forward_backward(struct engine *e, const struct engine_batch *
 			break;
 		}
 		mb_gather(b, &plan, k, &h);
-		rc = run_micro_batch(n, b, res, &h, 1.0f / temp, err);
+		rc = mb_forward(n, b, res, &h, 1.0f / temp, err);
+		if (rc || b->forward_only)
+			continue;
+		if (!(reducing && last)) {
+			rc = mb_backward(n, &h, 1.0f / temp, err);
+			continue;
+		}
+		agreed = true;
+		rc = native_dist_agree(n, 0, "ForwardBackward", err);
+		if (rc == 0) {
+			reduced = true;
+			rc = reduce_pass(n, &h, 1.0f / temp, err);
+		}
 	}
+	if (reducing && !agreed)
+		rc = native_dist_agree(n, rc, "ForwardBackward", err);
 	if (rc == 0 && b->progress)
 		b->progress(b->progress_ctx, "forward_backward", k, plan.num_micro_batches,
 			    "micro-batches");
-	if (rc && !b->forward_only && k > 0)
+	if (rc && reduced) {
+		/* Reduced in part (the group is broken): dropped, as a failed step
+		 * drops them. */
+		(void)native_zero_grads(n, NULL);
+	} else if (rc && !b->forward_only && k > 0) {
 		undo_gradients(n, undo, err);
+	}
 	dfree(n, undo);
 	res->num_micro_batches = plan.num_micro_batches;
 	if (rc == 0 && !b->forward_only) {
 		n->grad_calls++;
 		n->grad_tokens += b->n;
+		n->grads_reduced = reducing;
 	}
 	mb_host_free(&h);
 	mb_plan_free(&plan);
@@ -921,6 +977,14 @@ static void native_status(struct engine *e, struct engine_status *ret)
 	ret->dist_broken = n->dist && n->dist->broken;
 	ret->optim_shard_params = n->shard_len;
 	ret->optim_bytes = 2 * (size_t)n->shard_len * sizeof(float);
+	if (n->dist) {
+		ret->dist_bucket_bytes = n->dist_bucket_bytes ? n->dist_bucket_bytes
+							      : DIST_BUCKET_DEFAULT;
+		ret->reduce_buckets = n->sync_last.buckets;
+		ret->reduce_bytes = n->sync_last.bytes;
+		ret->reduce_s = n->sync_last.reduce_s;
+		ret->reduce_wait_s = n->sync_last.wait_s;
+	}
 }
 
 #define NATIVE_OPS(mt, dv)                                      \

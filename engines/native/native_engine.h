@@ -44,6 +44,16 @@ struct native_family {
 	float *host;
 };
 
+/* The last reducing ForwardBackward's reduction (GetStatus.dist). */
+struct native_sync_stats {
+	int64_t buckets, bytes;    /* reduced (a bucket spanning two slices: 1) */
+	double reduce_s;           /* the reductions' own time */
+	double wait_s;             /* the call's wait for them after its backward */
+	double pass_s;             /* from the last backward's start to the end */
+};
+
+struct grad_sync;
+
 struct native {
 	char key[96];
 	struct model_config cfg;
@@ -77,6 +87,14 @@ struct native {
 	 * shard_len: this rank's slice [shard_off, shard_off + shard_len). */
 	struct dist *dist;
 	int64_t shard_len, shard_off, padded_total;
+	/* True when the gradients are the group's sum already (a
+	 * ForwardBackward with reduce_gradients, and no training call since):
+	 * this rank's slice holds the sum, the rest zeros; the step then
+	 * skips its reduce-scatter. */
+	bool grads_reduced;
+	int64_t dist_bucket_bytes;       /* dist.bucket_bytes (0: default) */
+	struct grad_sync *sync;          /* native_grad_sync.c; NULL until used */
+	struct native_sync_stats sync_last;  /* of the last reducing call */
 };
 
 /* native_engine.c */
@@ -121,6 +139,24 @@ int native_dist_sync_params(struct native *n, struct eng_error *err);
 int native_dist_step(struct native *n, const struct engine_optim_config *o, double lr,
 		     struct engine_step_result *ret, struct eng_error *err);
 void native_dist_leave(struct native *n);
+/* Every rank's code rc of `what` (an all-gather): 0 when all are 0; this
+ * rank's own rc (err already says why); else the first failing peer's
+ * code, err naming that rank and that nothing changed. */
+int native_dist_agree(struct native *n, int rc, const char *what, struct eng_error *err);
+/* A code from a peer as this rank reports it (a code of err.h, else -EIO). */
+int native_dist_peer_code(int64_t rc);
+
+/* native_grad_sync.c: the gradient reduction of a reducing ForwardBackward,
+ * in buckets during its last backward pass. prepare (before the call
+ * changes anything) starts the module's thread once; begin hooks the
+ * model's backward; finish waits for the last bucket (the gradients are
+ * then the group's sum in this rank's slice, zero elsewhere); abandon
+ * (the backward failed) stops and breaks the group. stop at leave. */
+int native_sync_prepare(struct native *n, struct eng_error *err);
+void native_sync_begin(struct native *n);
+int native_sync_finish(struct native *n, struct eng_error *err);
+void native_sync_abandon(struct native *n);
+void native_sync_stop(struct native *n);
 /* Rank 0's bytes (a multiple of 4) to every rank, bit for bit. */
 int native_dist_bcast_words(struct native *n, void *buf, size_t bytes, struct eng_error *err);
 /* The same from rank `root`, of a host buffer on every rank. */

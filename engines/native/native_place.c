@@ -173,6 +173,7 @@ int native_zero_grads(struct native *n, struct eng_error *err)
 			return eng_fail(err, rc, "device: zeroing gradients failed");
 	}
 	n->grad_calls = n->grad_tokens = 0;
+	n->grads_reduced = false;
 	return 0;
 }
 

@@ -73,10 +73,18 @@ static void dist_config(struct engine_init_config *cfg, const struct dist_group_
 	cfg->dist.store_root = root;
 }
 
+/* How fb_call runs: a reducing call; the loss refusing its n-th
+ * micro-batch; a token id outside the vocabulary. */
+struct fb_opts {
+	bool reduce;
+	int fail_call;
+	bool bad_id;
+};
+
 /* Forward-backward over sequences [s0, s1) of the batch of `step`, the
  * upstream gradients times `scale`. */
-static int fb_range(struct engine *e, int step, int s0, int s1, float scale, bool fwd_only,
-		    struct eng_error *err)
+static int fb_call(struct engine *e, int step, int s0, int s1, float scale, bool fwd_only,
+		   const struct fb_opts *o, struct eng_error *err)
 {
 	int32_t ids[NTOK];
 	float gl[NTOK], ge[NTOK];
@@ -91,14 +99,24 @@ static int fb_range(struct engine *e, int step, int s0, int s1, float scale, boo
 		gl[i] *= scale;
 		ge[i] *= scale;
 	}
-	struct given_grads gg = {.g_logp = gl + t0, .g_ent = ge + t0};
+	if (o && o->bad_id)
+		ids[t0 + n - 1] = 1 << 20;
+	struct given_grads gg = {.g_logp = gl + t0, .g_ent = ge + t0,
+				 .fail_call = o ? o->fail_call : 0};
 	struct engine_batch b = {.n = n, .input_ids = ids + t0, .num_seqs = s1 - s0,
 				 .seq_lens = LENS + s0, .temperature = 1.0f,
 				 .loss_fn = given_loss, .loss_ctx = &gg, .forward_only = fwd_only,
+				 .reduce_gradients = o && o->reduce,
 				 .max_tokens_per_micro_batch = 8};
 	struct engine_fb_result r = {0};
 
 	return engine_forward_backward(e, &b, &r, err);
+}
+
+static int fb_range(struct engine *e, int step, int s0, int s1, float scale, bool fwd_only,
+		    struct eng_error *err)
+{
+	return fb_call(e, step, s0, s1, scale, fwd_only, NULL, err);
 }
 
 static double max_abs_diff(struct engine *a, struct engine *b)
@@ -342,6 +360,157 @@ static void run_rank_ckpt(const struct dist_group_id *id, int rank, int W)
 	_exit(0);
 }
 
+/* A second group the ranks of run_group also join (made by the parent
+ * before it forks). */
+static struct dist_group_id second_id;
+
+/* One rank of the reduce-in-backward test: engine A reduces during its
+ * backward passes (buckets of 1 KiB: many, some spanning two ranks'
+ * slices), engine B, in another group, reduces in its optimizer steps;
+ * the same calls on both, mixing reducing and non-reducing calls before
+ * a step. With 2 ranks a sum of two terms is the same either way: A and B
+ * end bit for bit equal; with 3 the ring sums in another order than the
+ * reduce-scatter (within 1e-6). Both match one engine. */
+static void run_rank_reduce(const struct dist_group_id *id, int rank, int W)
+{
+	struct engine_init_config cfg;
+	struct engine *a = NULL, *b = NULL, *ref = NULL;
+	struct engine_status st;
+	struct eng_error err = {0};
+	const struct fb_opts red = {.reduce = true};
+	int s0 = rank * NSEQ / W, s1 = (rank + 1) * NSEQ / W, mid = (s0 + s1 + 1) / 2;
+	double d = 0;
+
+	init_config(&cfg);
+	dist_config(&cfg, id, rank, W, 60);
+	cfg.dist.bucket_bytes = 1024;
+	CHILD_CHECK(engine_create(&cfg, &a, &err) == 0, "engine_create A: %s", err.msg);
+	init_config(&cfg);
+	dist_config(&cfg, &second_id, rank, W, 60);
+	CHILD_CHECK(engine_create(&cfg, &b, &err) == 0, "engine_create B: %s", err.msg);
+	init_config(&cfg);
+	CHILD_CHECK(engine_create(&cfg, &ref, &err) == 0, "reference: %s", err.msg);
+	for (int step = 0; step < 3; step++) {
+		struct engine_step_result ra, rb, rr;
+		/* step 0: one reducing call; 1: a plain call, then a reducing
+		 * one; 2: a reducing call, then a plain one (the step reduces
+		 * what the plain one added). A rank of one sequence makes the
+		 * reducing call only. */
+		bool first_reduces = step != 1, second_reduces = step != 2;
+		int cut = step == 0 ? s0 : s1 - s0 > 1 ? mid : step == 1 ? s0 : s1;
+
+		if (cut > s0) {
+			struct fb_opts o = {.reduce = first_reduces};
+
+			CHILD_CHECK(fb_call(a, step, s0, cut, (float)W, false, &o, &err) == 0,
+				    "A fb 1: %s", err.msg);
+			CHILD_CHECK(fb_range(b, step, s0, cut, (float)W, false, &err) == 0,
+				    "B fb 1: %s", err.msg);
+		}
+		struct fb_opts o2 = {.reduce = second_reduces};
+
+		if (cut < s1) {
+			CHILD_CHECK(fb_call(a, step, cut, s1, (float)W, false, &o2, &err) == 0,
+				    "A fb 2: %s", err.msg);
+			CHILD_CHECK(fb_range(b, step, cut, s1, (float)W, false, &err) == 0,
+				    "B fb 2: %s", err.msg);
+		}
+		CHILD_CHECK(fb_range(ref, step, 0, NSEQ, 1.0f, false, &err) == 0, "ref fb: %s",
+			    err.msg);
+		if (step == 0) {
+			engine_status(a, &st);
+			CHILD_CHECK(st.reduce_bytes == 4 * W * st.optim_shard_params,
+				    "reduced %lld bytes of %lld", (long long)st.reduce_bytes,
+				    (long long)(4 * W * st.optim_shard_params));
+			CHILD_CHECK(st.reduce_buckets >= st.reduce_bytes / 1024 &&
+				    st.dist_bucket_bytes == 1024, "%lld buckets of %lld bytes",
+				    (long long)st.reduce_buckets, (long long)st.dist_bucket_bytes);
+		}
+		CHILD_CHECK(engine_optimizer_step(a, &ra, &err) == 0, "A step: %s", err.msg);
+		CHILD_CHECK(engine_optimizer_step(b, &rb, &err) == 0, "B step: %s", err.msg);
+		CHILD_CHECK(engine_optimizer_step(ref, &rr, &err) == 0, "ref step: %s", err.msg);
+		CHILD_CHECK(fabs(ra.grad_norm - rr.grad_norm) <= 1e-5 * rr.grad_norm,
+			    "step %d: grad norm %.9g, one engine %.9g", step, ra.grad_norm,
+			    rr.grad_norm);
+		/* Two ranks sum the same two terms either way until step 2,
+		 * whose plain call adds to sums already made. */
+		if (W == 2 && step < 2)
+			CHILD_CHECK(ra.grad_norm == rb.grad_norm && max_abs_diff(a, b) == 0,
+				    "step %d: A and B differ (norms %.17g %.17g)", step,
+				    ra.grad_norm, rb.grad_norm);
+	}
+	d = max_abs_diff(a, b);
+	CHILD_CHECK(d <= 1e-6, "A and B differ by %g", d);
+	d = max_abs_diff(a, ref);
+	CHILD_CHECK(d <= 1e-6, "A differs from one engine by %g", d);
+	/* A reducing call alone in a step, one micro-batch per rank. */
+	{
+		struct engine_step_result ra, rb;
+
+		CHILD_CHECK(fb_call(a, 5, s0, s0 + 1, (float)W, false, &red, &err) == 0,
+			    "A small: %s", err.msg);
+		CHILD_CHECK(fb_range(b, 5, s0, s0 + 1, (float)W, false, &err) == 0, "B small: %s",
+			    err.msg);
+		CHILD_CHECK(engine_optimizer_step(a, &ra, &err) == 0, "A step: %s", err.msg);
+		CHILD_CHECK(engine_optimizer_step(b, &rb, &err) == 0, "B step: %s", err.msg);
+		d = max_abs_diff(a, b);
+		CHILD_CHECK(d <= 1e-6, "A and B differ by %g", d);
+	}
+	fprintf(stderr, "rank %d of %d: reduced in the backward vs in the step: %.3g\n", rank,
+		W, d);
+	engine_destroy(ref);
+	engine_destroy(b);
+	engine_destroy(a);
+	_exit(0);
+}
+
+/* One rank of the agreement test: a reducing call that fails on one rank
+ * (a token outside the vocabulary: refused up front; a loss that refuses
+ * its second micro-batch, after the first added to gradients of an
+ * earlier call) fails on every rank with that rank's code and leaves
+ * every rank's gradients as they were; the group goes on. */
+static void run_rank_refused(const struct dist_group_id *id, int rank, int W)
+{
+	struct engine_init_config cfg;
+	struct engine *e = NULL;
+	struct engine_status st;
+	struct engine_step_result sr;
+	struct eng_error err = {0};
+	const struct fb_opts bad = {.reduce = true, .bad_id = rank == 0};
+	const struct fb_opts late = {.reduce = true, .fail_call = rank == W - 1 ? 2 : 0};
+	const struct fb_opts red = {.reduce = true};
+	int s0 = rank * NSEQ / W, s1 = (rank + 1) * NSEQ / W;
+	uint64_t grads;
+	int rc;
+
+	init_config(&cfg);
+	dist_config(&cfg, id, rank, W, 60);
+	CHILD_CHECK(engine_create(&cfg, &e, &err) == 0, "engine_create: %s", err.msg);
+	CHILD_CHECK(fb_range(e, 0, s0, s1, (float)W, false, &err) == 0, "fb: %s", err.msg);
+	grads = state_digest(e, true);
+
+	rc = fb_call(e, 1, s0, s1, (float)W, false, &bad, &err);
+	CHILD_CHECK(rc == -EINVAL && strstr(err.msg, rank == 0 ? "vocab" : "failed on rank 0"),
+		    "bad id: %d %s", rc, err.msg);
+	eng_error_clear(&err);
+	CHILD_CHECK(state_digest(e, true) == grads, "gradients changed by a refused call");
+
+	rc = fb_call(e, 1, s0, s1, (float)W, false, &late, &err);
+	CHILD_CHECK(rc == -EINVAL && (rank == W - 1 ? strstr(err.msg, "refused") != NULL :
+				      strstr(err.msg, "failed on rank") != NULL),
+		    "late failure: %d %s", rc, err.msg);
+	eng_error_clear(&err);
+	CHILD_CHECK(state_digest(e, true) == grads, "gradients changed by a failed call");
+	engine_status(e, &st);
+	CHILD_CHECK(!st.dist_broken && st.accumulated_calls == 1, "status after refusals");
+
+	CHILD_CHECK(fb_call(e, 1, s0, s1, (float)W, false, &red, &err) == 0, "fb: %s", err.msg);
+	CHILD_CHECK(engine_optimizer_step(e, &sr, &err) == 0 && sr.step == 1, "step: %s",
+		    err.msg);
+	engine_destroy(e);
+	_exit(0);
+}
+
 static void new_group(int W, struct dist_group_id *id)
 {
 	const struct dist_ops *ops = dist_for_device("cpu");
@@ -416,6 +585,27 @@ START_TEST(checkpoints_three_ranks)
 }
 END_TEST
 
+START_TEST(reduce_in_backward_two_ranks)
+{
+	new_group(2, &second_id);
+	run_group(2, run_rank_reduce);
+}
+END_TEST
+
+START_TEST(reduce_in_backward_three_ranks)
+{
+	new_group(3, &second_id);
+	run_group(3, run_rank_reduce);
+}
+END_TEST
+
+START_TEST(reduce_refused_on_one_rank)
+{
+	run_group(2, run_rank_refused);
+	run_group(3, run_rank_refused);
+}
+END_TEST
+
 START_TEST(rank_never_arrives)
 {
 	struct engine_init_config cfg;
@@ -481,6 +671,53 @@ START_TEST(rank_dies)
 }
 END_TEST
 
+/* A reducing call whose peer died: it fails fast with the peer's loss
+ * (at the agreement, before any reduction), the gradients as they were,
+ * the group broken; forward passes go on. */
+START_TEST(reduce_rank_dies)
+{
+	struct engine_init_config cfg;
+	struct dist_group_id id;
+	struct engine *e = NULL;
+	struct engine_status st;
+	struct eng_error err = {0};
+	const struct fb_opts red = {.reduce = true};
+	uint64_t grads;
+	pid_t pid;
+	int rc, status;
+
+	new_group(2, &id);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		int rank = 1;
+
+		init_config(&cfg);
+		dist_config(&cfg, &id, 1, 2, 60);
+		CHILD_CHECK(engine_create(&cfg, &e, &err) == 0, "engine_create: %s", err.msg);
+		_exit(0);
+	}
+	init_config(&cfg);
+	dist_config(&cfg, &id, 0, 2, 5);
+	ck_assert_msg(engine_create(&cfg, &e, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert_int_eq(fb_range(e, 0, 0, 2, 2.0f, false, &err), 0);
+	grads = state_digest(e, true);
+	rc = fb_call(e, 1, 0, 5, 2.0f, false, &red, &err);
+	ck_assert_msg(rc == -ECONNRESET || rc == -ETIMEDOUT, "rc %d: %s", rc, err.msg);
+	ck_assert_uint_eq(state_digest(e, true), grads);
+	engine_status(e, &st);
+	ck_assert(st.dist_broken && st.accumulated_calls == 1);
+	eng_error_clear(&err);
+	rc = fb_call(e, 1, 0, 5, 2.0f, false, &red, &err);
+	ck_assert_msg(rc == -ENOTCONN, "rc %d: %s", rc, err.msg);
+	ck_assert_uint_eq(state_digest(e, true), grads);
+	eng_error_clear(&err);
+	ck_assert_int_eq(fb_range(e, 1, 0, NSEQ, 1.0f, true, &err), 0);
+	engine_destroy(e);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("engine_dist");
@@ -496,8 +733,12 @@ int main(void)
 	tcase_add_test(tc, three_ranks_equal_one_engine);
 	tcase_add_test(tc, checkpoints_two_ranks);
 	tcase_add_test(tc, checkpoints_three_ranks);
+	tcase_add_test(tc, reduce_in_backward_two_ranks);
+	tcase_add_test(tc, reduce_in_backward_three_ranks);
+	tcase_add_test(tc, reduce_refused_on_one_rank);
 	tcase_add_test(tc, rank_never_arrives);
 	tcase_add_test(tc, rank_dies);
+	tcase_add_test(tc, reduce_rank_dies);
 	suite_add_tcase(s, tc);
 	return check_run(s);
 }

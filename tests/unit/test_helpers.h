@@ -45,14 +45,16 @@ static inline struct engine *make_engine(const char *json, const char *model_typ
 struct given_grads {
 	const float *g_logp, *g_ent, *g_val;  /* [n] request order; NULL = 0 */
 	int calls;
+	int fail_call;        /* > 0: that call (1-based) fails with -EINVAL */
 };
 
 static inline int given_loss(void *ctx, struct engine_loss_io *io, struct eng_error *err)
 {
 	struct given_grads *g = ctx;
 
-	(void)err;
 	g->calls++;
+	if (g->calls == g->fail_call)
+		return eng_fail(err, -EINVAL, "test loss: call %d refused", g->calls);
 	for (int64_t i = 0; i < io->n; i++) {
 		int64_t t = io->token_index[i];
 
