@@ -160,6 +160,7 @@ int fb_request_decode(struct fb_prep *p, const Engined__V1__ForwardBackwardReque
 		return eng_fail(err, -EINVAL, "temperature: must be > 0 (unset: 1)");
 	p->batch.temperature = PB_HAS(q, temperature) ? q->temperature : 1.0f;
 	p->batch.forward_only = q->forward_only;
+	p->batch.reduce_gradients = q->reduce_gradients;
 	p->batch.max_tokens_per_micro_batch = q->max_tokens_per_micro_batch;
 	/* The adapter is known now; its context is made when the job runs. */
 	p->batch.loss_fn = named_loss ? loss_engine_fn : NULL;

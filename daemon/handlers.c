@@ -198,6 +198,7 @@ int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err
 			: (double)d->cfg.dist_timeout_ms / 1000.0;
 		c->dist.store_root = d->cfg.dist_store_root;
 		c->dist.host = d->cfg.dist_host;
+		c->dist.bucket_bytes = g->bucket_bytes;
 	}
 	c->threads = d->cfg.threads;
 	c->bf16_matmul = q->bf16_matmul;
@@ -775,6 +776,11 @@ int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err)
 		ds.optimizer_shard_parameters = st.optim_shard_params;
 		ds.optimizer_bytes = (int64_t)st.optim_bytes;
 		ds.broken = st.dist_broken;
+		ds.bucket_bytes = st.dist_bucket_bytes;
+		ds.reduce_buckets = st.reduce_buckets;
+		ds.reduce_bytes = st.reduce_bytes;
+		ds.reduce_s = st.reduce_s;
+		ds.reduce_wait_s = st.reduce_wait_s;
 		resp.dist = &ds;
 	}
 	if (jv.busy) {

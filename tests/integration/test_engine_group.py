@@ -577,15 +577,20 @@ def sft_loss_fn(lens, mask):
     return fn
 
 
-@pytest.mark.parametrize("dist_daemons,loss", [(2, "sft"), (3, "sft"), (2, "ppo"),
-                                               (3, "ppo"), (2, "custom")],
-                         indirect=["dist_daemons"])
-def test_data_parallel_training_equals_one_daemon(dist_daemons, loss):
+@pytest.mark.parametrize("dist_daemons,loss,reduce", [
+    (2, "sft", False), (3, "sft", False), (2, "ppo", False), (3, "ppo", False),
+    (2, "custom", False),
+    # The gradients reduced during the training call's backward pass, in
+    # buckets of 64 KiB (about 15 for the tiny preset), not by the step.
+    (2, "ppo", True), (3, "sft", True), (2, "custom", True)],
+    indirect=["dist_daemons"])
+def test_data_parallel_training_equals_one_daemon(dist_daemons, loss, reduce):
     world = len(dist_daemons) - 1
     with EngineGroup([d.addr for d in dist_daemons[:world]], timeout=300) as g, \
             EngineClient(dist_daemons[world].addr, timeout=300) as ref:
         init = dict(INIT, optimizer={"lr": 1e-4, "weight_decay": 0.01, "clip_grad": 1.0})
-        r_g = initialize_or_skip(g, dist_timeout_s=120, **init)
+        r_g = initialize_or_skip(g, dist_timeout_s=120,
+                                 dist_bucket_bytes=(64 << 10) if reduce else None, **init)
         r_ref = ref.initialize(**init)
         assert (r_g.num_parameters, r_g.num_tensors) == (r_ref.num_parameters,
                                                          r_ref.num_tensors)
@@ -598,7 +603,7 @@ def test_data_parallel_training_equals_one_daemon(dist_daemons, loss):
                 # A client-side loss: its whole-batch gradients, split and
                 # scaled by N by the group, train as on one daemon.
                 fn = sft_loss_fn(lens, b["loss_mask"])
-                lg, fg = forward_backward_custom(g, b["ids"], lens, fn)
+                lg, fg = forward_backward_custom(g, b["ids"], lens, fn, reduce_gradients=reduce)
                 lr, fr = forward_backward_custom(ref, b["ids"], lens, fn)
                 assert lg == pytest.approx(lr, rel=1e-6, abs=1e-7)
                 assert fg.loss == pytest.approx(fr.loss, rel=1e-6, abs=1e-7)
@@ -614,7 +619,7 @@ def test_data_parallel_training_equals_one_daemon(dist_daemons, loss):
                 per_token = {"loss_mask": b["loss_mask"], "advantages": b["advantages"],
                              "old_log_probs": old + np.float32(0.05)}
             fg = g.forward_backward(b["ids"], lens, loss=loss, return_log_probs=True,
-                                    **per_token)
+                                    reduce_gradients=reduce, **per_token)
             fr = ref.forward_backward(b["ids"], lens, loss=loss, return_log_probs=True,
                                       **per_token)
             assert float(np.max(np.abs(fg.log_probs - fr.log_probs))) <= 1e-6
@@ -651,6 +656,13 @@ def test_data_parallel_training_equals_one_daemon(dist_daemons, loss):
         assert n_params <= sum(shards) <= n_params + 4096 * world, shards
         assert all(abs(s - n_params / world) <= largest for s in shards), shards
         assert all(st.dist.optimizer_bytes > 0 for st in statuses)
+        for st in statuses:  # the last training call's reduction, bucket by bucket
+            reduced = 4 * world * st.dist.optimizer_shard_parameters if reduce else 0
+            assert st.dist.reduce_bytes == reduced
+            assert st.dist.bucket_bytes == (64 << 10 if reduce else 25 << 20)
+            assert (st.dist.reduce_buckets >= reduced // (64 << 10)) and (
+                st.dist.reduce_buckets > 0) == reduce
+            assert 0 <= st.dist.reduce_wait_s and 0 <= st.dist.reduce_s
 
 
 @pytest.mark.parametrize("dist_daemons", [2], indirect=True)

@@ -136,7 +136,8 @@ class Api:
                          forward_only=False, temperature=1.0,
                          return_log_probs=False, return_entropy=False,
                          return_values=False, max_tokens_per_micro_batch=0,
-                         target_ids=None, timeout=None, request_id=None, **per_token):
+                         target_ids=None, reduce_gradients=False, timeout=None,
+                         request_id=None, **per_token):
         """input_ids: int32 [N] (packed); seq_lens: sum N. loss: a name
         ("sft", "ppo", ...) or a dict {"name": ..., option: value}; options
         are stringified. Per-token float32 [N] arrays by keyword: loss_mask,
@@ -144,8 +145,11 @@ class Api:
         is_weights, token_weights; grad_log_probs, grad_entropy,
         grad_values with loss="custom" (see forward_backward_custom).
         target_ids: int32 [N], the token each entry's log-prob is of
-        (default: the next token). request_id: this call's id (default: a
-        fresh one). Returns a ForwardBackwardResult: loss, metrics,
+        (default: the next token). reduce_gradients: in a data-parallel
+        group, the last accumulation before optimizer_step: the gradients
+        are reduced across the ranks during this call's backward pass
+        (every rank must set it; see engine.proto). request_id: this
+        call's id (default: a fresh one). Returns a ForwardBackwardResult: loss, metrics,
         num_micro_batches and the numpy outputs asked for (log_probs,
         entropy, values; None otherwise); r["loss"] works too."""
         unknown = set(per_token) - set(_PER_TOKEN)
@@ -156,7 +160,8 @@ class Api:
             seq_lens=[int(s) for s in seq_lens], forward_only=forward_only,
             temperature=temperature, return_log_probs=return_log_probs,
             return_entropy=return_entropy, return_values=return_values,
-            max_tokens_per_micro_batch=max_tokens_per_micro_batch)
+            max_tokens_per_micro_batch=max_tokens_per_micro_batch,
+            reduce_gradients=reduce_gradients)
         if target_ids is not None:
             req.target_ids.CopyFrom(
                 tensor(np.asarray(target_ids, dtype=np.int32).reshape(-1), pb.INT32))

@@ -16,12 +16,13 @@ _GRAD_FIELD = {"log_probs": "grad_log_probs", "entropy": "grad_entropy",
 
 def forward_backward_custom(client, input_ids, seq_lens, loss_fn, *, model_type="language_model",
                             temperature=1.0, target_ids=None, max_tokens_per_micro_batch=0,
-                            timeout=None, request_id=None):
+                            reduce_gradients=False, timeout=None, request_id=None):
     """loss_fn(outputs) -> a 0-dim torch tensor, where outputs maps
     "log_probs" and "entropy" (language model) or "values" (value model)
     to float64 [N] tensors (target-aligned, engine order). Returns
     (loss value, the training call's result). The gradients accumulate like
-    any ForwardBackward's until OptimizerStep."""
+    any ForwardBackward's until OptimizerStep; reduce_gradients is the
+    training call's (forward_backward's)."""
     import torch
 
     names = _OUTPUTS[model_type]
@@ -38,6 +39,6 @@ def forward_backward_custom(client, input_ids, seq_lens, loss_fn, *, model_type=
              for k, t in outputs.items() if t.grad is not None}
     res = client.forward_backward(
         input_ids, seq_lens, loss="custom", temperature=temperature, target_ids=target_ids,
-        max_tokens_per_micro_batch=max_tokens_per_micro_batch, timeout=timeout,
-        request_id=request_id, **grads)
+        max_tokens_per_micro_batch=max_tokens_per_micro_batch,
+        reduce_gradients=reduce_gradients, timeout=timeout, request_id=request_id, **grads)
     return float(loss.detach()), res

@@ -350,10 +350,12 @@ class _GroupBase:
         if "dist" in init_kwargs:
             raise TypeError("initialize: dist is EngineGroup's (one rank per address)")
 
-    def _dist(self, rank, dist_timeout_s):
+    def _dist(self, rank, dist_timeout_s, dist_bucket_bytes):
         d = {"rank": rank, "world_size": self.world_size, "group_id": self.group_id}
         if dist_timeout_s is not None:
             d["timeout_s"] = float(dist_timeout_s)
+        if dist_bucket_bytes:
+            d["bucket_bytes"] = int(dist_bucket_bytes)
         return d
 
     def _raise_failed(self, method, outcomes, request_id):
@@ -421,11 +423,14 @@ class EngineGroup(_GroupBase):
         return finish(self, method, self._raise_failed(method, outcomes, request_id),
                       request_id)
 
-    def initialize(self, *, dist_timeout_s=None, request_id=None, **init_kwargs):
+    def initialize(self, *, dist_timeout_s=None, dist_bucket_bytes=None, request_id=None,
+                   **init_kwargs):
         """Initialize every rank (init_kwargs: EngineClient.initialize's,
         the same on every rank; dist is the group's). world_size > 1:
         CreateGroup on rank 0, then all ranks' Initialize at once with
-        dist {rank, world_size, group_id, timeout_s = dist_timeout_s}.
+        dist {rank, world_size, group_id, timeout_s = dist_timeout_s,
+        bucket_bytes = dist_bucket_bytes (the gradient bucket of a
+        forward_backward with reduce_gradients; None: 25 MiB)}.
         Returns rank 0's InitializeResult (the ranks must agree)."""
         self._check_init(init_kwargs)
         rid = request_id or new_request_id()
@@ -439,8 +444,8 @@ class EngineGroup(_GroupBase):
             self.group_id, self.backend = g.group_id, g.backend
 
             def call(c, r):
-                return c.initialize(dist=self._dist(r, dist_timeout_s), request_id=rid,
-                                    **init_kwargs)
+                return c.initialize(dist=self._dist(r, dist_timeout_s, dist_bucket_bytes),
+                                    request_id=rid, **init_kwargs)
         else:
             def call(c, r):
                 return c.initialize(request_id=rid, **init_kwargs)
@@ -454,7 +459,9 @@ class EngineGroup(_GroupBase):
         per-token array alike, the whole batch's loss normalizers), the ranks
         run at once and their results are merged: a GroupForwardBackwardResult
         whose outputs are in the caller's order. ValueError for a batch of
-        fewer sequences than ranks."""
+        fewer sequences than ranks. reduce_gradients=True (the last call
+        before optimizer_step) reduces the gradients across the ranks
+        during the call's backward pass instead of in the step."""
         rid = request_id or new_request_id()
         if self.world_size == 1:
             return self._run("ForwardBackward", lambda c, r: c.forward_backward(
@@ -574,7 +581,8 @@ class AsyncEngineGroup(_GroupBase):
         return finish(self, method, self._raise_failed(method, outcomes, request_id),
                       request_id)
 
-    async def initialize(self, *, dist_timeout_s=None, request_id=None, **init_kwargs):
+    async def initialize(self, *, dist_timeout_s=None, dist_bucket_bytes=None,
+                         request_id=None, **init_kwargs):
         self._check_init(init_kwargs)
         rid = request_id or new_request_id()
         if self.world_size > 1:
@@ -587,8 +595,8 @@ class AsyncEngineGroup(_GroupBase):
             self.group_id, self.backend = g.group_id, g.backend
 
             def call(c, r):
-                return c.initialize(dist=self._dist(r, dist_timeout_s), request_id=rid,
-                                    **init_kwargs)
+                return c.initialize(dist=self._dist(r, dist_timeout_s, dist_bucket_bytes),
+                                    request_id=rid, **init_kwargs)
         else:
             def call(c, r):
                 return c.initialize(request_id=rid, **init_kwargs)

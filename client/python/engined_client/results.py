@@ -140,6 +140,12 @@ class DistStatus:
     optimizer_shard_parameters: int
     optimizer_bytes: int
     broken: bool
+    bucket_bytes: int
+    # The last forward_backward with reduce_gradients (docs/DISTRIBUTED.md).
+    reduce_buckets: int
+    reduce_bytes: int
+    reduce_s: float
+    reduce_wait_s: float
 
     @classmethod
     def from_proto(cls, m):

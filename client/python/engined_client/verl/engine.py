@@ -4,7 +4,8 @@ Each BaseEngine method is one RPC (docs/DESIGN.md's table) on the daemons
 this verl process drives (config.EnginedEngineConfig.addresses):
   - alone (no torch.distributed world, or a world of one): every address,
     as one EngineGroup (engined's own data parallelism: the batch split
-    over the daemons, gradients reduced by OptimizerStep); verl sees one
+    over the daemons, gradients reduced during the training call's
+    backward pass, reduce_gradients); verl sees one
     data-parallel rank;
   - in a torch.distributed world of W: rank r drives addresses[r], the
     daemons form a group (rank 0's CreateGroup, its id broadcast over
@@ -171,7 +172,10 @@ class EnginedEngine(BaseEngine):
         "loss", "metrics"} as verl's engines do (one entry per call: the
         daemon does its own micro-batching, with the whole batch's
         normalizers, so the call's loss is what verl's micro-batch losses
-        add up to)."""
+        add up to). A training call reduces the gradients across a
+        data-parallel group during its backward pass (reduce_gradients:
+        every rank makes the call, as verl's SPMD workers do; a second call
+        before the step adds and reduces again, which stays exact)."""
         _check_served(data)
         packed = layout.pack(data)
         num_tokens = data["loss_mask"].sum().to(torch.float64) if "loss_mask" in data.keys() \
@@ -192,7 +196,8 @@ class EnginedEngine(BaseEngine):
         name, options, per_token = spec
         outs = self._outputs(entropy)
         r = self.daemon.forward_backward(packed.input_ids, packed.seq_lens, loss=name,
-                                         loss_options=options, **outs, **common, **per_token)
+                                         loss_options=options, reduce_gradients=True,
+                                         **outs, **common, **per_token)
         metrics = verl_metrics(name, options, r.metrics, r.values, packed,
                                data.get("response_mask", None))
         return _result(self._model_output(packed, r), [float(r.loss)], metrics)
@@ -234,7 +239,7 @@ class EnginedEngine(BaseEngine):
         if not grads:
             raise ValueError("the loss does not depend on the model's outputs")
         self.daemon.forward_backward(packed.input_ids, packed.seq_lens, loss="custom",
-                                     **common, **grads)
+                                     reduce_gradients=True, **common, **grads)
         return _result({k: packed.nested(t.detach()) for k, t in leaves.items()},
                        [float(loss.detach())], metrics)
 
