@@ -82,6 +82,26 @@ static void group_of_one(cudaStream_t stream)
 	gt_check(same(got, h, N), "broadcast");
 	gt_check(ops->barrier(d, &err) == 0, "barrier: %s", err.msg);
 
+	/* reduce runs on the group's own stream after a mark of the engine's:
+	 * it must see the copy queued on the engine's stream just before. */
+	{
+		float h2[N];
+		cudaEvent_t ev;
+
+		for (int i = 0; i < N; i++)
+			h2[i] = 2.0f * h[i] + 1.0f;
+		gt_check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) == cudaSuccess,
+			 "event");
+		gt_check(cudaMemcpyAsync(b, h2, sizeof(h2), cudaMemcpyHostToDevice, stream) ==
+			 cudaSuccess && cudaEventRecord(ev, stream) == cudaSuccess, "copy, mark");
+		gt_check(ops->reduce(d, b, N, DIST_F32, 0, ev, &err) == 0, "reduce: %s", err.msg);
+		host_copy(got, b, N);
+		gt_check(same(got, h2, N), "reduce of one rank after a mark");
+		gt_check(ops->reduce(d, b, N, DIST_F32, 1, NULL, &err) == -EINVAL,
+			 "reduce to root 1 of 1");
+		(void)cudaEventDestroy(ev);
+	}
+
 	gt_check(ops->all_reduce(d, NULL, 0, DIST_F32, &err) == 0, "count 0");
 	gt_check(ops->all_reduce(d, a, -1, DIST_F32, &err) == -EINVAL, "count -1");
 	gt_check(ops->broadcast(d, a, N, DIST_F32, 1, &err) == -EINVAL, "root 1 of 1");
