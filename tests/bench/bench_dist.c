@@ -8,7 +8,14 @@
  *     backend's of the buffer (an all-to-all and a local sum) against
  *     Gloo's all-reduce of the same buffer, which is what a reduce-scatter
  *     built on it costs: a true reduce-scatter moves half the bytes, so
- *     its ratio should approach 2.
+ *     its ratio should approach 2;
+ *   reduce to owners in buckets (what a ForwardBackward with
+ *     reduce_gradients does while its backward runs): the buffer from the
+ *     top in buckets of BUCKET_MIB, each reduced to the rank whose half it
+ *     is in (split at the halves' boundary), against the same all-reduce.
+ *     Gloo's reduce is a ring reduce-scatter then a gather to the root,
+ *     and the buckets go one after another, so it moves more than the
+ *     reduce-scatter: the price of overlapping it with the backward.
  *
  * Each size runs ROUNDS rounds; a round times `iters` back-to-back
  * all-reduces on each path, the two paths alternating which goes first.
@@ -33,6 +40,7 @@
 
 #define WORLD 2
 #define ROUNDS 15
+#define BUCKET_MIB 4
 
 static const struct {
 	size_t mib;
@@ -47,9 +55,31 @@ static void die(const char *what, const struct eng_error *err)
 	exit(1);
 }
 
+/* kind 2: buf[count] to its owners (rank r owns the r-th of WORLD equal
+ * slices) in buckets from the top, as native_grad_sync.c reduces. */
+static int reduce_to_owners(struct dist *d, float *buf, size_t count, struct eng_error *err)
+{
+	const size_t S = count / WORLD, B = (size_t)BUCKET_MIB << 18;
+	int rc = 0;
+
+	for (size_t hi = count; hi > 0 && rc == 0;) {
+		size_t lo = hi > B ? hi - B : 0;
+
+		for (size_t a = lo; a < hi && rc == 0;) {
+			size_t owner = a / S, b = (owner + 1) * S < hi ? (owner + 1) * S : hi;
+
+			rc = gloo_dist_ops.reduce(d, buf + a, (int64_t)(b - a), DIST_F32, (int)owner,
+						  NULL, err);
+			a = b;
+		}
+		hi = lo;
+	}
+	return rc;
+}
+
 /* One path's collective on a buffer of `count` floats: kind 0 the
- * backend's all-reduce, 1 its reduce-scatter (count / WORLD to each rank);
- * direct: Gloo's own all-reduce. */
+ * backend's all-reduce, 1 its reduce-scatter (count / WORLD to each rank),
+ * 2 its reduce to owners in buckets; direct: Gloo's own all-reduce. */
 static void one(struct dist *d, struct bench_gloo *direct, float *buf, float *out, size_t count,
 		int kind, int path)
 {
@@ -62,6 +92,8 @@ static void one(struct dist *d, struct bench_gloo *direct, float *buf, float *ou
 	else if (kind == 1 && gloo_dist_ops.reduce_scatter(d, out, buf, (int64_t)(count / WORLD),
 							   DIST_F32, &err))
 		die("reduce_scatter", &err);
+	else if (kind == 2 && reduce_to_owners(d, buf, count, &err))
+		die("reduce", &err);
 }
 
 /* Size s of one kind, both paths interleaved; rank 0 prints. */
@@ -118,12 +150,15 @@ static void run_rank(int rank, const char *root, const struct dist_group_id *id,
 		fprintf(stderr, "bench_dist: out of memory\n");
 		exit(1);
 	}
-	for (int kind = 0; kind < 2; kind++) {
+	static const char *const what[] = { "all-reduce", "reduce-scatter",
+					     "reduce to owners in " "4 MiB buckets" };
+	static const char *const col[] = { "dist.h (gloo)", "dist.h r-scat", "dist.h reduce" };
+
+	for (int kind = 0; kind < 3; kind++) {
 		if (rank == 0) {
 			printf("bench_dist: %s (sum, f32), %d ranks on loopback, median of %d "
-			       "rounds\n", kind ? "reduce-scatter" : "all-reduce", WORLD, ROUNDS);
-			printf("  %8s  %14s  %14s  %6s\n", "buffer",
-			       kind ? "dist.h r-scat" : "dist.h (gloo)",
+			       "rounds\n", what[kind], WORLD, ROUNDS);
+			printf("  %8s  %14s  %14s  %6s\n", "buffer", col[kind],
 			       kind ? "gloo all-red." : "gloo direct", "ratio");
 		}
 		for (size_t s = 0; s < N_SIZES; s++)
