@@ -139,6 +139,11 @@ int dist_call_check(const struct dist *d, const char *op, int64_t count, int t,
 		    size_t slices, size_t *ret_bytes, struct eng_error *err);
 /* A broadcast's root: in [0, world_size) (-EINVAL). */
 int dist_root_check(const struct dist *d, const char *op, int root, struct eng_error *err);
+/* Every check of a collective on buf[count] with a root (broadcast,
+ * reduce): dist_call_check, the root, and a buf (NULL only with count 0).
+ * 0: go on, with *ret_bytes; 1: nothing to do (count 0); else the error. */
+int dist_rooted_check(const struct dist *d, const char *op, const void *buf, int64_t count,
+		      int t, int root, size_t *ret_bytes, struct eng_error *err);
 
 /* Bytes of one element of t. */
 static inline size_t dist_dtype_size(enum dist_dtype t)

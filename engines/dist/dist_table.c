@@ -117,3 +117,17 @@ int dist_root_check(const struct dist *d, const char *op, int root, struct eng_e
 				d->world_size);
 	return 0;
 }
+
+int dist_rooted_check(const struct dist *d, const char *op, const void *buf, int64_t count,
+		      int t, int root, size_t *ret_bytes, struct eng_error *err)
+{
+	int r = dist_call_check(d, op, count, t, 1, ret_bytes, err);
+
+	if (r == 0)
+		r = dist_root_check(d, op, root, err);
+	if (r == 0 && count == 0)
+		return 1;
+	if (r == 0 && !buf)
+		r = eng_fail(err, -EINVAL, "dist %s: buf is NULL", op);
+	return r;
+}

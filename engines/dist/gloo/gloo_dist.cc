@@ -546,17 +546,10 @@ static int gloo_broadcast(struct dist *d, void *buf, int64_t count, enum dist_dt
 	struct gloo_dist *g = reinterpret_cast<struct gloo_dist *>(d);
 	size_t bytes = 0;
 	const int tv = dtype_value(&t);
-	int r = enter(d, "broadcast", count, tv, 1, &bytes, err);
+	int r = dist_rooted_check(d, "broadcast", buf, count, tv, root, &bytes, err);
 
-	if (r < 0)
-		return r;
-	r = dist_root_check(d, "broadcast", root, err);
-	if (r < 0)
-		return r;
-	if (count == 0)
-		return 0;
-	if (!buf)
-		return eng_fail(err, -EINVAL, "dist broadcast: buf is NULL");
+	if (r)
+		return r < 0 ? r : 0;
 	return guarded(g, "broadcast", err, [&] {
 		gloo::BroadcastOptions opts(g->ctx);
 
@@ -579,16 +572,11 @@ static int gloo_reduce(struct dist *d, void *buf, int64_t count, enum dist_dtype
 	struct gloo_dist *g = reinterpret_cast<struct gloo_dist *>(d);
 	size_t bytes = 0;
 	const int tv = dtype_value(&t);
-	int r = enter(d, "reduce", count, tv, 1, &bytes, err);
+	int r = dist_rooted_check(d, "reduce", buf, count, tv, root, &bytes, err);
 
 	(void)after;
-	if (r < 0)
-		return r;
-	r = dist_root_check(d, "reduce", root, err);
-	if (r < 0 || count == 0)
-		return r;
-	if (!buf)
-		return eng_fail(err, -EINVAL, "dist reduce: buf is NULL");
+	if (r)
+		return r < 0 ? r : 0;
 	r = guarded(g, "reduce", err, [&] {
 		gloo::ReduceOptions opts(g->ctx);
 

@@ -379,17 +379,10 @@ static int nccl_broadcast(struct dist *d, void *buf, int64_t count, enum dist_dt
 			  struct eng_error *err)
 {
 	struct nccl_dist *n = (struct nccl_dist *)d;
-	int r = enter(d, "broadcast", count, t, err);
+	int r = dist_rooted_check(d, "broadcast", buf, count, (int)t, root, NULL, err);
 
-	if (r < 0)
-		return r;
-	r = dist_root_check(d, "broadcast", root, err);
-	if (r < 0)
-		return r;
-	if (count == 0)
-		return 0;
-	if (!buf)
-		return eng_fail(err, -EINVAL, "dist broadcast: buf is NULL");
+	if (r)
+		return r < 0 ? r : 0;
 	return finish(n, "broadcast", nccl.broadcast(buf, buf, (size_t)count, nccl_type(t), root,
 						     n->comm, n->stream), err);
 }
@@ -404,15 +397,10 @@ static int nccl_reduce(struct dist *d, void *buf, int64_t count, enum dist_dtype
 	size_t bytes = 0;
 	ncclResult_t res;
 	cudaError_t ce;
-	int r = dist_call_check(d, "reduce", count, (int)t, 1, &bytes, err);
+	int r = dist_rooted_check(d, "reduce", buf, count, (int)t, root, &bytes, err);
 
-	if (r < 0)
-		return r;
-	r = dist_root_check(d, "reduce", root, err);
-	if (r < 0 || count == 0)
-		return r;
-	if (!buf)
-		return eng_fail(err, -EINVAL, "dist reduce: buf is NULL");
+	if (r)
+		return r < 0 ? r : 0;
 	ce = cudaSetDevice(n->device);
 	if (ce == cudaSuccess && after)
 		ce = cudaStreamWaitEvent(n->comm_stream, (cudaEvent_t)after, 0);
