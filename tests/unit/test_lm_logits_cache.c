@@ -5,12 +5,13 @@
  * last row block shorter than the others, a pass shorter than the
  * reservation), the backward really skips the recompute (one product
  * fewer per tile), the budget is T x V floats exactly, the arena counts
- * the cache, and value models (no LM head) are unchanged. */
+ * the cache, and value models (no LM head) are unchanged; through the
+ * engine, lm_cache_floats reaches the model (-1: never) and is checked. */
 #include <stdio.h>
 
 #include "cpu_test_util.h"
-#include "check_run.h"
 #include "model/llama.h"
+#include "test_helpers.h"
 
 /* A qwen2 of 2 layers whose vocabulary needs three chunks of the tile
  * below (2048 + 2048 + 904 columns). */
@@ -254,6 +255,83 @@ START_TEST(value_model_unchanged)
 }
 END_TEST
 
+/* An engine with the default budget keeps the logits (more device memory
+ * after a training call) and trains exactly as one with -1 (never): the
+ * same gradients over micro-batches of several tiles each. */
+static struct engine *engine_with(int64_t lm_cache_floats)
+{
+	struct engine_init_config cfg;
+	struct eng_error err = {0};
+	struct engine *e = NULL;
+
+	engine_init_config_defaults(&cfg);
+	cfg.hf_config_json = TINY_QWEN2;   /* vocabulary 97 */
+	cfg.seed = 3;
+	cfg.threads = 2;
+	cfg.max_tokens_per_micro_batch = 8;
+	cfg.lm_tile_floats = 64;           /* 1 row x 64 columns: 2 chunks a row */
+	cfg.lm_cache_floats = lm_cache_floats;
+	ck_assert_msg(engine_create(&cfg, &e, &err) == 0, "engine_create: %s", err.msg);
+	ck_assert_int_eq(engine_set_mode(e, ENGINE_MODE_TRAIN, false, &err), 0);
+	return e;
+}
+
+static void train_call(struct engine *e, struct engine_status *ret)
+{
+	int32_t ids[14], lens[3] = {5, 4, 5};
+	float g_logp[14], g_ent[14];
+	struct given_grads gg = {.g_logp = g_logp, .g_ent = g_ent};
+	struct engine_batch b = {
+		.n = 14, .input_ids = ids, .num_seqs = 3, .seq_lens = lens,
+		.temperature = 0.8f, .loss_fn = given_loss, .loss_ctx = &gg,
+	};
+	struct engine_fb_result res = {0};
+	struct eng_error err = {0};
+
+	tu_seed(21);
+	for (int i = 0; i < 14; i++)
+		ids[i] = (int32_t)(tu_u64() % 97);
+	tu_fill(g_logp, 14, -1.0f, 1.0f);
+	tu_fill(g_ent, 14, -0.5f, 0.5f);
+	ck_assert_msg(engine_forward_backward(e, &b, &res, &err) == 0, "%s", err.msg);
+	ck_assert_int_gt(res.num_micro_batches, 1);
+	engine_status(e, ret);
+}
+
+START_TEST(engine_budget_reaches_the_model)
+{
+	struct engine *kept = engine_with(0), *recomputed = engine_with(-1);
+	struct engine_status sk, sr;
+
+	train_call(kept, &sk);
+	train_call(recomputed, &sr);
+	ck_assert_uint_eq(state_digest(kept, true), state_digest(recomputed, true));
+	/* the micro-batch's [T, 97] logits in place of a 64-float tile */
+	ck_assert_uint_gt(sk.device_memory, sr.device_memory);
+	engine_destroy(kept);
+	engine_destroy(recomputed);
+}
+END_TEST
+
+START_TEST(engine_budget_checked)
+{
+	struct engine_init_config cfg;
+	struct eng_error err = {0};
+
+	engine_init_config_defaults(&cfg);
+	cfg.hf_config_json = TINY_QWEN2;
+	cfg.lm_cache_floats = -2;
+	ck_assert_int_eq(engine_init_config_check(&cfg, &err), -EINVAL);
+	ck_assert_msg(strstr(err.msg, "lm_cache_floats: -2"), "%s", err.msg);
+	cfg.lm_cache_floats = ENGINE_MAX_LM_CACHE_FLOATS + 1;
+	ck_assert_int_eq(engine_init_config_check(&cfg, &err), -EINVAL);
+	cfg.lm_cache_floats = ENGINE_MAX_LM_CACHE_FLOATS;
+	ck_assert_msg(engine_init_config_check(&cfg, &err) == 0, "%s", err.msg);
+	cfg.lm_cache_floats = -1;
+	ck_assert_msg(engine_init_config_check(&cfg, &err) == 0, "%s", err.msg);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("lm_logits_cache");
@@ -263,6 +341,8 @@ int main(void)
 	tcase_add_test(tc, tied_head_same_gradients);
 	tcase_add_test(tc, budget_and_arena);
 	tcase_add_test(tc, value_model_unchanged);
+	tcase_add_test(tc, engine_budget_reaches_the_model);
+	tcase_add_test(tc, engine_budget_checked);
 	suite_add_tcase(s, tc);
 	return check_run(s);
 }
