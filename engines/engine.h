@@ -94,6 +94,12 @@ struct engine_init_config {
 	/* Floats of one LM-head logits tile (rows x vocabulary chunk); bounds
 	 * the head's working memory. 0 = 16M (64 MiB). */
 	int64_t lm_tile_floats;
+	/* Floats of LM-head logits (tokens x vocabulary) a training
+	 * micro-batch may keep from its forward for its backward, which then
+	 * skips recomputing them (2 x vocabulary x hidden flops a token): a
+	 * memory budget, counted with the activations. 0 = 256M (1 GiB);
+	 * -1 = never keep them. */
+	int64_t lm_cache_floats;
 	/* Polled between tensors while the model is built (random init or
 	 * loading): true stops engine_create with -ECANCELED, nothing kept.
 	 * The daemon passes "the client went away or its deadline passed".
@@ -116,14 +122,16 @@ struct engine_init_config {
 void engine_init_config_defaults(struct engine_init_config *cfg);
 
 /* Limits of sizes that come from clients: tokens in one call and in one
- * micro-batch; floats of one LM-head tile. Every size derived from them
+ * micro-batch; floats of one LM-head tile and of the kept logits. Every size derived from them
  * (with the model bounds of model/config.h) fits int64 and size_t. */
 #define ENGINE_MAX_TOKENS (INT64_C(1) << 30)
 #define ENGINE_MAX_LM_TILE_FLOATS (INT64_C(1) << 32)
+#define ENGINE_MAX_LM_CACHE_FLOATS (INT64_C(1) << 36)
 
 /* The one validation of an init config: model_type, exactly one model
- * source, optimizer and schedule ranges, micro-batch budget and LM tile
- * within their limits, hf_config_json parsed (model/config.c's rules).
+ * source, optimizer and schedule ranges, micro-batch budget, LM tile and
+ * logits cache within their limits, hf_config_json parsed (model/config.c's
+ * rules).
  * engine_create applies it; callers may apply it earlier. */
 int engine_init_config_check(const struct engine_init_config *cfg, struct eng_error *err);
 /* Its optimizer part (the ranges of lr, betas, eps, weight_decay,

@@ -88,6 +88,10 @@ int engine_init_config_check(const struct engine_init_config *cfg, struct eng_er
 		return eng_fail(err, -EINVAL, "lm_tile_floats: %lld, must be in [0, %lld]",
 				(long long)cfg->lm_tile_floats,
 				(long long)ENGINE_MAX_LM_TILE_FLOATS);
+	if (cfg->lm_cache_floats < -1 || cfg->lm_cache_floats > ENGINE_MAX_LM_CACHE_FLOATS)
+		return eng_fail(err, -EINVAL, "lm_cache_floats: %lld, must be -1 (never) or in "
+				"[0, %lld]", (long long)cfg->lm_cache_floats,
+				(long long)ENGINE_MAX_LM_CACHE_FLOATS);
 	if (cfg->dist.world_size > 1) {
 		rc = dist_config_check(&cfg->dist, err);
 		if (rc)

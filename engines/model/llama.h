@@ -33,6 +33,12 @@ struct llama_batch {
 
 /* Default LM-head logits tile: 16M floats (64 MiB). */
 #define LLAMA_LM_TILE_DEFAULT (16 << 20)
+/* Default bound of the logits a training forward keeps for its backward:
+ * 256M floats (1 GiB), so T x V <= 256M: with Qwen's 151936-token
+ * vocabulary, micro-batches up to 1766 tokens keep them (+40% on the other
+ * activations of Qwen2.5-0.5B, 13% of its fp32 training state); 4096-token
+ * micro-batches (2.5 GiB of logits) recompute them. */
+#define LLAMA_LM_CACHE_DEFAULT (INT64_C(256) << 20)
 
 struct llama_model {
 	struct device *dev;
@@ -42,12 +48,16 @@ struct llama_model {
 	struct model_weights g;    /* gradients (device), same layout */
 	float *inv_freq;           /* [D/2] device */
 	int64_t lm_tile;           /* floats per LM-head logits tile */
+	/* Floats of LM-head logits [T, V] a training forward may keep for the
+	 * backward, which then skips recomputing them (llama.c); 0: never. */
+	int64_t lm_cache;
 
 	/* Activation arena (device), sized for `cap_tokens` tokens. */
 	float *arena;
 	size_t arena_floats;
 	int64_t cap_tokens;
 	bool cap_training;
+	bool cap_lm_cache;         /* the arena keeps [cap_tokens, V] logits */
 	int rc;                    /* first kernel error of the running pass */
 	/* NULL, or called by llama_backward on the calling thread as the
 	 * gradients of a part of the model are complete for this pass: with
@@ -70,7 +80,8 @@ void llama_release(struct llama_model *m);   /* frees arena and inv_freq */
 void llama_drop_activations(struct llama_model *m);
 
 /* Bytes of activations needed for T tokens (training keeps every layer's
- * activations; forward-only keeps one layer's). */
+ * activations and, within lm_cache, the LM head's logits; forward-only
+ * keeps one layer's). */
 size_t llama_activation_bytes(const struct llama_model *m, int64_t T, bool training);
 /* Make the arena hold T tokens; -ENOMEM leaves the old arena in place. */
 int llama_reserve(struct llama_model *m, int64_t T, bool training,

@@ -384,6 +384,8 @@ static int native_initialize(struct engine *e, const struct engine_init_config *
 	rc = llama_init(&n->model, n->dev, &n->cfg, n->value_model, err);
 	if (cfg->lm_tile_floats > 0)
 		n->model.lm_tile = cfg->lm_tile_floats;
+	if (cfg->lm_cache_floats != 0)
+		n->model.lm_cache = cfg->lm_cache_floats > 0 ? cfg->lm_cache_floats : 0;
 	native_rebind(n);
 	if (rc)
 		return rc;

@@ -14,7 +14,8 @@
  *       returns, old_values, is_weights, token_weights [N];
  *   CASE_DIR/case.json: {"model_type", "temperature", "lr", "beta1", "beta2",
  *       "eps", "weight_decay", "clip_grad", "max_tokens_per_micro_batch",
- *       "steps", "threads"} and optionally "lm_tile_floats" and
+ *       "steps", "threads"} and optionally "lm_tile_floats",
+ *       "lm_cache_floats" and
  *       "loss": {"name": "ppo", "options": [["key", "value"], ...]}, which
  *       selects loss mode.
  *
@@ -55,6 +56,7 @@ struct parity_case {
 	struct engine_optim_config optim;
 	int64_t max_tokens;
 	int64_t lm_tile;
+	int64_t lm_cache;       /* engine_init_config.lm_cache_floats */
 	int steps;
 	int threads;
 	bool has_loss;          /* loss mode: "loss" in case.json */
@@ -191,6 +193,9 @@ static int read_case(const char *dir, struct parity_case *c)
 	/* optional: LM-head tile size, small to force row and vocabulary chunks */
 	c->lm_tile = json_is_number(json_object_get(root, "lm_tile_floats"))
 		     ? (int64_t)json_number_value(json_object_get(root, "lm_tile_floats")) : 0;
+	/* optional: -1 recomputes the LM head's logits in the backward */
+	c->lm_cache = json_is_number(json_object_get(root, "lm_cache_floats"))
+		      ? (int64_t)json_number_value(json_object_get(root, "lm_cache_floats")) : 0;
 	c->has_loss = false;
 	if (json_object_get(root, "loss") && read_loss(json_object_get(root, "loss"), c))
 		rc = -1;
@@ -573,6 +578,7 @@ static int run_case(const char *dir, struct eng_error *err)
 	cfg.max_tokens_per_micro_batch = c.max_tokens;
 	cfg.threads = c.threads;
 	cfg.lm_tile_floats = c.lm_tile;
+	cfg.lm_cache_floats = c.lm_cache;
 	rc = engine_create(&cfg, &e, err);
 	if (rc)
 		goto out;

@@ -235,6 +235,9 @@ def write_case(d, name, model_type, hf, seed):
 # tile and two vocabulary chunks (300 = 256 + 44), so the online softmax
 # across chunks and the per-chunk backward are compared with torch too.
 LM_TILE_FLOATS = {"llama_untied_gqa": 256, "qwen3_qknorm_headdim_bias": 700}
+# The training forward keeps the tiles for the backward (the engine's
+# default, every other case); this case recomputes them there instead.
+LM_CACHE_FLOATS = {"qwen3_qknorm_headdim_bias": -1}
 
 
 def write_case_json(d, name, model_type, clip):
@@ -243,6 +246,8 @@ def write_case_json(d, name, model_type, clip):
                 threads=2, **OPTIM)
     if name in LM_TILE_FLOATS:
         case["lm_tile_floats"] = LM_TILE_FLOATS[name]
+    if name in LM_CACHE_FLOATS:
+        case["lm_cache_floats"] = LM_CACHE_FLOATS[name]
     with open(os.path.join(d, "case.json"), "w") as f:
         json.dump(case, f, indent=2)
 
