@@ -93,16 +93,23 @@ static int bb_copy(grpc_byte_buffer *bb, uint8_t **ret, size_t *ret_len)
  * that memory went back to the kernel after every message and the next
  * message's reads faulted it in again, zeroed: on a weight stream (loopback,
  * 4 MiB messages) page faults and brk were 26-42% of the client's CPU
- * (perf, 2026-12-03). A threshold above what a stream holds at once (the
- * flow-control window plus a message) keeps those pages in the heap for
- * reuse. It is process-wide (glibc has one heap policy), set once. */
+ * (perf, 2026-12-03). A trim threshold above what a stream holds at once
+ * (the flow-control window plus a message) keeps those pages in the heap
+ * for reuse. Setting it turns off glibc's own raising of the mmap
+ * threshold (up to 32 MiB as large blocks are freed), so that is set to
+ * its ceiling too: otherwise every block of 128 KiB or more (a message
+ * copied out whole) would be a fresh mmap, faulted in again each time.
+ * Process-wide (glibc has one heap policy), set once; Python's client does
+ * the same (engined_client/_rpc.py: keep_heap_pages). */
 #define TRIM_THRESHOLD (64 << 20)
+#define MMAP_THRESHOLD (32 << 20)
 
 static pthread_once_t heap_once = PTHREAD_ONCE_INIT;
 
 static void keep_heap_pages(void)
 {
-#ifdef M_TRIM_THRESHOLD
+#if defined(M_TRIM_THRESHOLD) && defined(M_MMAP_THRESHOLD)
+	(void)mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD);
 	(void)mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD);
 #endif
 }

@@ -7,11 +7,15 @@
  * The pattern: 64 blocks of 64 KiB (a 4 MiB message's receive slices)
  * allocated, written and freed on the main thread; the heap's end
  * (sbrk(0)) before and after the frees says whether glibc gave the pages
- * back. Before the client opens a channel it does (glibc's default, the
- * precondition that makes this test able to fail); after, it must not.
+ * back. Without the client it does (glibc's default, the precondition
+ * that makes this test able to fail); after a channel is opened, not.
+ * And a block of 1 MiB (a message copied out whole) is then taken from the
+ * heap, not mapped afresh (glibc maps blocks of 128 KiB and more by
+ * default).
  */
 #define _DEFAULT_SOURCE
 #include <check.h>
+#include <malloc.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -42,15 +46,36 @@ static bool message_shrinks_heap(void)
 	return (uintptr_t)sbrk(0) < end;
 }
 
+/* Whether a 1 MiB block is mapped on its own (mmap) rather than taken from
+ * the heap. */
+static bool big_block_mapped(void)
+{
+	size_t before = mallinfo2().hblks, during;
+	void *p = malloc(1 << 20);
+
+	ck_assert_ptr_nonnull(p);
+	during = mallinfo2().hblks;
+	free(p);
+	return during > before;
+}
+
+/* glibc's defaults, without the client: the freed top of the heap goes
+ * back, a large block is mapped (each test runs in its own process). */
+START_TEST(test_glibc_defaults)
+{
+	ck_assert(message_shrinks_heap());
+	ck_assert(big_block_mapped());
+}
+END_TEST
+
 START_TEST(test_heap_kept_after_open)
 {
 	char msg[ECT_MSG_MAX];
 	struct ect_channel *ch = NULL;
 
-	/* glibc's default: the freed top of the heap goes back. */
-	ck_assert(message_shrinks_heap());
 	/* No server needed: gRPC connects on the first call. */
 	ck_assert_int_eq(ect_open("127.0.0.1:1", 1 << 20, &ch, msg), 0);
+	ck_assert(!big_block_mapped());
 	ck_assert(!message_shrinks_heap());
 	ck_assert(!message_shrinks_heap());
 	ect_close(ch);
@@ -62,6 +87,7 @@ int main(void)
 	Suite *s = suite_create("client_heap");
 	TCase *tc = tcase_create("heap");
 
+	tcase_add_test(tc, test_glibc_defaults);
 	tcase_add_test(tc, test_heap_kept_after_open);
 	suite_add_tcase(s, tc);
 	return check_run(s);
