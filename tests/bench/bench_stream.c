@@ -32,7 +32,6 @@
  * where the time goes even when other work competes for the cores.
  */
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -71,38 +70,19 @@ static double self_cpu_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* CPU seconds of the daemon: the sum of its threads' schedstat run times
- * (ns, unlike /proc/PID/stat's ticks). */
+/* CPU seconds of the daemon, all threads: its process CPU clock, which
+ * (unlike a sum over /proc/PID/task) keeps the time of threads that have
+ * exited, such as a stream's conversion workers, joined before the stream
+ * ends. */
 static double daemon_cpu_s(void)
 {
-	char path[64];
-	struct dirent *e;
-	double sum = 0;
-	DIR *dir;
+	struct timespec ts;
+	clockid_t id;
 
-	if (!daemon_pid)
+	if (!daemon_pid || clock_getcpuclockid(daemon_pid, &id) != 0 ||
+	    clock_gettime(id, &ts) != 0)
 		return 0;
-	snprintf(path, sizeof(path), "/proc/%d/task", (int)daemon_pid);
-	dir = opendir(path);
-	if (!dir)
-		return 0;
-	while ((e = readdir(dir))) {
-		char p[320];
-		unsigned long long ns;
-		FILE *f;
-
-		if (e->d_name[0] == '.')
-			continue;
-		snprintf(p, sizeof(p), "/proc/%d/task/%s/schedstat", (int)daemon_pid, e->d_name);
-		f = fopen(p, "r");
-		if (!f)
-			continue;
-		if (fscanf(f, "%llu", &ns) == 1)
-			sum += (double)ns * 1e-9;
-		fclose(f);
-	}
-	closedir(dir);
-	return sum;
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 struct meter {

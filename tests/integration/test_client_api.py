@@ -10,7 +10,10 @@ import asyncio
 import dataclasses
 import inspect
 import os
+import platform
 import re
+import subprocess
+import sys
 
 import grpc
 import numpy as np
@@ -297,6 +300,51 @@ def buckets_of(tensors_, bucket_bytes):
             off += n
     out.append(pb.ParamBucket(slices=cur, data=bytes(data), last=True))
     return out
+
+
+# Run in a fresh interpreter: whether glibc maps a 1 MiB block on its own,
+# and whether freeing 64 blocks of 64 KiB (a message's receive slices)
+# shrinks the heap, before and after a client is made (_rpc.keep_heap_pages).
+HEAP_PROBE = r"""
+import ctypes, sys
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.sbrk.restype = ctypes.c_void_p
+libc.sbrk.argtypes = [ctypes.c_ssize_t]
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks",
+                "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc.mallinfo2.restype = Info
+def big_block_mapped():
+    before = libc.mallinfo2().hblks
+    p = libc.malloc(1 << 20)
+    during = libc.mallinfo2().hblks
+    libc.free(p)
+    return during > before
+def message_shrinks_heap():
+    ps = [libc.malloc(64 << 10) for _ in range(64)]
+    for p in ps:
+        ctypes.memset(p, 1, 64 << 10)
+    end = libc.sbrk(0)
+    for p in reversed(ps):
+        libc.free(p)
+    return libc.sbrk(0) < end
+if sys.argv[1] == "client":
+    import engined_client
+    engined_client.EngineClient("127.0.0.1:1")  # no connection until a call
+print(big_block_mapped(), message_shrinks_heap(), message_shrinks_heap())
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's heap policy")
+def test_client_keeps_heap_pages():
+    def probe(arg):
+        return subprocess.run([sys.executable, "-c", HEAP_PROBE, arg], check=True,
+                              capture_output=True, text=True).stdout.split()
+    assert probe("none") == ["True", "True", "True"]  # glibc's defaults
+    assert probe("client") == ["False", "False", "False"]
 
 
 def test_assembler_split_and_shared_buckets():

@@ -1,8 +1,12 @@
 """What the sync and the async client share about calls: the errors, the
-channel options and credentials, and the one definition of request ids and
-retries (engine.proto's header): the metadata key, the state-changing
-methods that carry an id, the status codes after which the same id is sent
-again, and the backoff between attempts."""
+channel options and credentials, the process's heap policy for receiving
+streams, and the one definition of request ids and retries (engine.proto's
+header): the metadata key, the state-changing methods that carry an id, the
+status codes after which the same id is sent again, and the backoff between
+attempts."""
+import ctypes
+import platform
+import threading
 import uuid
 
 import grpc
@@ -74,6 +78,42 @@ class Attempts:
         self._left -= 1
         delay, self._delay = self._delay, self._delay * 2
         return delay
+
+
+# glibc's mallopt parameters (malloc.h) and the values the C client sets
+# too (client/transport_grpc.c: keep_heap_pages, which says why).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_TRIM_THRESHOLD = 64 << 20
+_MMAP_THRESHOLD = 32 << 20
+_heap_lock = threading.Lock()
+_heap_kept = False
+
+
+def keep_heap_pages():
+    """Keep freed heap pages for reuse, once per process (glibc only; the
+    clients call it when made). grpcio receives a stream into malloc'd
+    slices and copies each message into a bytes object, all freed message
+    by message: with glibc's default thresholds the heap's top went back to
+    the kernel and every megabyte-sized bytes was a fresh mmap, so each
+    message faulted its memory in again, zeroed (page faults were a third
+    of stream_weights' CPU; docs/PERF.md). Raises the trim threshold to
+    64 MiB and the mmap threshold to its 32 MiB ceiling (setting either
+    turns off glibc's own raising of the mmap threshold); process-wide."""
+    global _heap_kept
+    with _heap_lock:
+        if _heap_kept:
+            return
+        _heap_kept = True
+        if platform.libc_ver()[0] != "glibc":
+            return
+        try:
+            mallopt = ctypes.CDLL(None).mallopt
+        except (OSError, AttributeError):
+            return
+        mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+        mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
 
 
 def channel_options(max_message_bytes=1 << 30, server_name=None, options=None):

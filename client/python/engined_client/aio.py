@@ -22,7 +22,7 @@ from ._api import Api, param_request
 from ._pb import pb
 from ._progress import POLL_S, Reporter
 from ._rpc import (SERVICE, Attempts, auth_metadata, channel_options, credentials,
-                   wrap)
+                   keep_heap_pages, wrap)
 from .tensors import Assembler, parse_bucket
 
 
@@ -39,6 +39,7 @@ class AsyncEngineClient(Api):
                  server_name=None, retries=0, retry_backoff=0.2, channel=None):
         self.target = target
         self.timeout = timeout
+        keep_heap_pages()
         if channel is None:
             opts = channel_options(max_message_bytes, server_name, options)
             creds = credentials(root_certificates, certificate_chain, private_key)

@@ -15,7 +15,7 @@ from ._api import Api, _loss_spec, _MODES, _PER_TOKEN, param_request  # noqa: F4
 from ._pb import pb  # noqa: F401
 from ._progress import POLL_S, Reporter
 from ._rpc import (REQUEST_ID_KEY, RETRYABLE, SERVICE, STATE_CHANGING, Attempts,  # noqa: F401
-                   EngineError, channel_options, credentials, wrap)
+                   EngineError, channel_options, credentials, keep_heap_pages, wrap)
 from .tensors import DTYPES as _DTYPES, np_dtype as _np_dtype  # noqa: F401
 from .tensors import Assembler, _bf16_dtype, parse_bucket, tensor, to_numpy, to_torch  # noqa: F401
 
@@ -91,6 +91,7 @@ class EngineClient(Api):
                  server_name=None, retries=0, retry_backoff=0.2, channel=None):
         self.target = target
         self.timeout = timeout
+        keep_heap_pages()
         if channel is None:
             opts = channel_options(max_message_bytes, server_name, options)
             creds = credentials(root_certificates, certificate_chain, private_key)
