@@ -314,38 +314,53 @@ END_TEST
 
 /* The same product of the same values at other addresses (misaligned by
  * 1 and 5 floats) gives the same bits: results must not depend on where a
- * tensor was allocated (checkpoint resume reproduces runs bit for bit). */
+ * tensor was allocated (checkpoint resume reproduces runs bit for bit).
+ * One case per oneDNN entry point and precision: x W^T in fp32 and bf16
+ * (the matmul primitive), dy W and the accumulating dy^T x in fp32
+ * (dnnl_sgemm). */
 START_TEST(gemm_address_independent)
 {
+	static const struct { bool ta, tb, bf16; float beta; } cases[] = {
+		{ false, true, false, 0.0f }, { false, true, true, 0.0f },
+		{ false, false, false, 0.0f }, { true, false, false, 1.0f },
+	};
 	const int64_t M = 50, N = 70, K = 300;
-	int prec, off;
+	size_t c;
+	int off;
 
-	/* prec 0, 1: x W^T in fp32 and bf16; prec 2: fp32 without transposes
-	 * (another oneDNN entry point) */
-	for (prec = 0; prec < 3; prec++) {
-		const bool tb = prec < 2;
-		struct device *dev = tu_open(2, prec == 1 ? MATMUL_BF16 : MATMUL_FP32);
+	for (c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		const bool ta = cases[c].ta, tb = cases[c].tb;
+		const float beta = cases[c].beta;
+		const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+		struct device *dev = tu_open(2, cases[c].bf16 ? MATMUL_BF16 : MATMUL_FP32);
 		float *A = tu_falloc(dev, M * K + 8), *B = tu_falloc(dev, N * K + 8);
 		float *C = tu_falloc(dev, M * N + 8), *ref = malloc(sizeof(float) * M * N);
+		float *C0 = malloc(sizeof(float) * M * N);
 
 		ck_assert_ptr_nonnull(ref);
+		ck_assert_ptr_nonnull(C0);
 		tu_seed(5);
 		tu_fill(A, M * K, -1.0f, 1.0f);
 		tu_fill(B, N * K, -1.0f, 1.0f);
-		ck_assert_int_eq(dev->k->gemm(dev, false, tb, M, N, K, A, K, B, tb ? K : N,
-					      0.0f, C, N), 0);
+		tu_fill(C0, M * N, -1.0f, 1.0f);
+		memcpy(C, C0, sizeof(float) * M * N);
+		ck_assert_int_eq(dev->k->gemm(dev, ta, tb, M, N, K, A, lda, B, ldb,
+					      beta, C, N), 0);
 		memcpy(ref, C, sizeof(float) * M * N);
+		ck_assert(memcmp(ref, C0, sizeof(float) * M * N) != 0);
 		for (off = 1; off <= 5; off += 4) {
 			memmove(A + off, A + off - (off == 1 ? 1 : 4), sizeof(float) * M * K);
 			memmove(B + off, B + off - (off == 1 ? 1 : 4), sizeof(float) * N * K);
-			ck_assert_int_eq(dev->k->gemm(dev, false, tb, M, N, K, A + off, K,
-						      B + off, tb ? K : N, 0.0f, C + off, N), 0);
+			memcpy(C + off, C0, sizeof(float) * M * N);
+			ck_assert_int_eq(dev->k->gemm(dev, ta, tb, M, N, K, A + off, lda,
+						      B + off, ldb, beta, C + off, N), 0);
 			ck_assert_mem_eq(C + off, ref, sizeof(float) * M * N);
 		}
 		dev->ops->free(dev, A);
 		dev->ops->free(dev, B);
 		dev->ops->free(dev, C);
 		free(ref);
+		free(C0);
 		tu_close(dev);
 	}
 }

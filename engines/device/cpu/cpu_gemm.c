@@ -1,14 +1,18 @@
 /* cpu_gemm.c — matrix products on the CPU through oneDNN's matmul primitive.
  *
  * Which oneDNN entry point: measured on these machines (2 threads,
- * Qwen2.5-0.5B shapes, tests/bench/bench_gemm.c) the matmul primitive
- * (brgemm kernels) beats dnnl_sgemm by 10-25% when A or B is transposed
- * (x W^T forward, dy^T x weight gradients), while dnnl_sgemm is 5-15%
- * faster with neither transposed (dy W input gradients). So fp32 products
- * without transposes call dnnl_sgemm and all others the primitive; the
- * primitive is also the only public oneDNN 2.6 entry point taking bf16
- * inputs with fp32 accumulation and output. Both give results independent
- * of the operands' addresses (tested).
+ * Qwen2.5-0.5B shapes, tests/bench/bench_gemm.c, its "fp32" and "sgemm"
+ * columns) the matmul primitive (brgemm kernels) beats dnnl_sgemm by
+ * 10-25% when B is transposed (x W^T forward), while dnnl_sgemm is
+ * faster when it is not: 5-15% with neither transposed (dy W input
+ * gradients) and 7-26% for the weight gradients dy^T x, which accumulate
+ * (beta 1: sgemm applies beta in its kernel, the primitive in a sum
+ * post-op; AMD EPYC Zen 5, 2026-12-03, 256 and 512 tokens). So fp32
+ * products with B as stored call dnnl_sgemm and those with B transposed
+ * the primitive; the primitive is also the only public oneDNN 2.6 entry
+ * point taking bf16 inputs with fp32 accumulation and output. The choice
+ * depends on nothing but the call, so results do not vary between runs,
+ * and both give results independent of the operands' addresses (tested).
  *
  * A primitive is built per distinct (precision, transposes, M, N, K, leading
  * dimensions, beta) and kept in a small LRU cache owned by the device, so a
@@ -335,9 +339,9 @@ int cpu_gemm(struct device *dev, bool trans_a, bool trans_b,
 		return 0;
 	}
 	cpu_enter(dev);
-	if (dev->prec == MATMUL_FP32 && !trans_a && !trans_b)
-		return dnnl_err(dnnl_sgemm('N', 'N', M, N, K, 1.0f, A, lda, B, ldb,
-					   beta, C, ldc));
+	if (dev->prec == MATMUL_FP32 && !trans_b)
+		return dnnl_err(dnnl_sgemm(trans_a ? 'T' : 'N', 'N', M, N, K, 1.0f, A, lda,
+					   B, ldb, beta, C, ldc));
 
 	key.ta = trans_a;
 	key.tb = trans_b;
