@@ -5,9 +5,9 @@
  * columns) the matmul primitive (brgemm kernels) beats dnnl_sgemm by
  * 10-25% when B is transposed (x W^T forward), while dnnl_sgemm is
  * faster when it is not: 5-15% with neither transposed (dy W input
- * gradients) and 7-26% for the weight gradients dy^T x, which accumulate
- * (beta 1: sgemm applies beta in its kernel, the primitive in a sum
- * post-op; AMD EPYC Zen 5, 2026-12-03, 256 and 512 tokens). So fp32
+ * gradients) and, at 256 tokens, 7-26% for the weight gradients dy^T x,
+ * which accumulate (beta 1: a sum post-op for the primitive; at 512
+ * tokens the two are within 4%; AMD EPYC Zen 5, 2026-12-03). So fp32
  * products with B as stored call dnnl_sgemm and those with B transposed
  * the primitive; the primitive is also the only public oneDNN 2.6 entry
  * point taking bf16 inputs with fp32 accumulation and output. The choice
