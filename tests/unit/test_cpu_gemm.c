@@ -312,6 +312,57 @@ START_TEST(gemm_edge_cases)
 }
 END_TEST
 
+/* An accumulating product (beta 1 and 0.5) is the beta-0 product plus
+ * beta C, bit for bit, on every path: the primitive's row blocks (M x N
+ * over 1M floats: two blocks, the second shorter), bf16 and fp32, both
+ * transposes of A; dnnl_sgemm. beta 0.5 scales exactly, so a fused
+ * multiply-add and a multiply then add agree. */
+START_TEST(gemm_accumulate_is_product_plus_c)
+{
+	static const struct { bool ta, tb, bf16; } cases[] = {
+		{ false, true, false }, { false, true, true }, { true, false, true },
+		{ false, false, true }, { true, false, false },
+	};
+	const int64_t M = 1200, N = 1000, K = 40;
+	size_t c;
+
+	for (c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		const bool ta = cases[c].ta, tb = cases[c].tb;
+		const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+		struct device *dev = tu_open(2, cases[c].bf16 ? MATMUL_BF16 : MATMUL_FP32);
+		float *A = tu_falloc(dev, M * K), *B = tu_falloc(dev, N * K);
+		float *C = tu_falloc(dev, M * N), *P = tu_falloc(dev, M * N);
+		float *C0 = malloc(sizeof(float) * M * N);
+		const float betas[] = { 1.0f, 0.5f };
+
+		ck_assert_ptr_nonnull(C0);
+		tu_seed(11);
+		tu_fill(A, M * K, -1.0f, 1.0f);
+		tu_fill(B, N * K, -1.0f, 1.0f);
+		tu_fill(C0, M * N, -4.0f, 4.0f);
+		ck_assert_int_eq(dev->k->gemm(dev, ta, tb, M, N, K, A, lda, B, ldb, 0.0f, P, N), 0);
+		for (int b = 0; b < 2; b++) {
+			memcpy(C, C0, sizeof(float) * M * N);
+			ck_assert_int_eq(dev->k->gemm(dev, ta, tb, M, N, K, A, lda, B, ldb,
+						      betas[b], C, N), 0);
+			for (int64_t i = 0; i < M * N; i++) {
+				float want = P[i] + betas[b] * C0[i];
+
+				if (memcmp(&want, &C[i], sizeof(float)))
+					ck_abort_msg("case %zu beta %g: C[%ld] = %a, want %a",
+						     c, betas[b], (long)i, C[i], want);
+			}
+		}
+		dev->ops->free(dev, A);
+		dev->ops->free(dev, B);
+		dev->ops->free(dev, C);
+		dev->ops->free(dev, P);
+		free(C0);
+		tu_close(dev);
+	}
+}
+END_TEST
+
 /* The same product of the same values at other addresses (misaligned by
  * 1 and 5 floats) gives the same bits: results must not depend on where a
  * tensor was allocated (checkpoint resume reproduces runs bit for bit).
@@ -376,6 +427,7 @@ int main(void)
 	tcase_add_test(tc, device_table);
 	tcase_add_test(tc, memory_accounting);
 	tcase_add_test(tc, gemm_fp32_all_transposes);
+	tcase_add_test(tc, gemm_accumulate_is_product_plus_c);
 	tcase_add_test(tc, gemm_bf16);
 	tcase_add_test(tc, gemm_large_shape);
 	tcase_add_test(tc, gemm_cache_eviction);

@@ -34,6 +34,7 @@ enum cpu_scratch_slot {
 	CPU_SCRATCH_TILES,        /* per-thread attention score panels */
 	CPU_SCRATCH_ROWS,         /* per-row values: attention D_i, sumsq block sums */
 	CPU_SCRATCH_INDEX,        /* attention work-item table */
+	CPU_SCRATCH_GEMM_C,       /* a row block of an accumulating product */
 	CPU_SCRATCH_COUNT,
 };
 
