@@ -15,7 +15,7 @@
  * and both give results independent of the operands' addresses (tested).
  *
  * A primitive is built per distinct (precision, transposes, M, N, K, leading
- * dimensions, beta) and kept in a small LRU cache owned by the device, so a
+ * dimensions) and kept in a small LRU cache owned by the device, so a
  * training step that repeats the same shapes builds each one once. The
  * transposes and leading dimensions are expressed as memory strides, so no
  * operand is copied in fp32.
@@ -56,7 +56,6 @@ struct gemm_key {
 	bool ta, tb, bf16;
 	int64_t M, N, K;
 	int64_t lda, ldb, ldc;       /* of the operands oneDNN reads */
-	float beta;
 };
 
 struct gemm_entry {
@@ -141,8 +140,7 @@ static bool key_eq(const struct gemm_key *x, const struct gemm_key *y)
 {
 	return x->ta == y->ta && x->tb == y->tb && x->bf16 == y->bf16 &&
 	       x->M == y->M && x->N == y->N && x->K == y->K &&
-	       x->lda == y->lda && x->ldb == y->ldb && x->ldc == y->ldc &&
-	       x->beta == y->beta;
+	       x->lda == y->lda && x->ldb == y->ldb && x->ldc == y->ldc;
 }
 
 /* Build the primitive and memory objects of `key` into the empty entry `e`.
@@ -153,8 +151,6 @@ static int entry_build(struct cpu_gemm_cache *g, struct gemm_entry *e,
 	dnnl_data_type_t in_t = key->bf16 ? dnnl_bf16 : dnnl_f32;
 	dnnl_memory_desc_t a_md, b_md, c_md;
 	dnnl_matmul_desc_t mm;
-	dnnl_primitive_attr_t attr = NULL;
-	dnnl_post_ops_t po = NULL;
 	dnnl_primitive_desc_t pd = NULL;
 	/* op(A) is [M,K]: stored [M,K] with row stride lda, or [K,M]. */
 	dnnl_dims_t a_dims = { key->M, key->K };
@@ -173,16 +169,7 @@ static int entry_build(struct cpu_gemm_cache *g, struct gemm_entry *e,
 	if (!r)
 		r = dnnl_err(dnnl_matmul_desc_init(&mm, &a_md, &b_md, NULL, &c_md));
 	if (!r)
-		r = dnnl_err(dnnl_primitive_attr_create(&attr));
-	if (!r && key->beta != 0.0f) {
-		r = dnnl_err(dnnl_post_ops_create(&po));
-		if (!r)
-			r = dnnl_err(dnnl_post_ops_append_sum(po, key->beta));
-		if (!r)
-			r = dnnl_err(dnnl_primitive_attr_set_post_ops(attr, po));
-	}
-	if (!r)
-		r = dnnl_err(dnnl_primitive_desc_create(&pd, &mm, attr, g->engine, NULL));
+		r = dnnl_err(dnnl_primitive_desc_create(&pd, &mm, NULL, g->engine, NULL));
 	if (!r)
 		r = dnnl_err(dnnl_primitive_create(&e->prim, pd));
 	if (!r)
@@ -193,10 +180,6 @@ static int entry_build(struct cpu_gemm_cache *g, struct gemm_entry *e,
 		r = dnnl_err(dnnl_memory_create(&e->c, &c_md, g->engine, DNNL_MEMORY_NONE));
 	if (pd)
 		dnnl_primitive_desc_destroy(pd);
-	if (po)
-		dnnl_post_ops_destroy(po);
-	if (attr)
-		dnnl_primitive_attr_destroy(attr);
 	if (r < 0) {
 		entry_clear(e);
 		return r;
@@ -353,9 +336,9 @@ static int primitive_run(struct cpu_gemm_cache *g, const struct gemm_key *key,
 
 /* C = op(A) op(B) + beta C through the primitive, in row blocks of op(A)
  * (whole multiples of 32 rows: a block's A starts 64-byte aligned
- * relative to the whole's, in bf16 and fp32): each block's product with beta 0 into scratch,
- * then added into C while it is in cache. key has the whole product's
- * shape and the operands' element type and strides. */
+ * relative to the whole's, in bf16 and fp32): each block's product into
+ * scratch, then added into C while it is in cache. key has the whole
+ * product's shape and the operands' element type and strides. */
 static int primitive_accumulate(struct device *dev, const struct gemm_key *key,
 				const void *a_data, const void *b_data, float beta, float *C)
 {
@@ -371,7 +354,6 @@ static int primitive_accumulate(struct device *dev, const struct gemm_key *key,
 	tmp = cpu_scratch(dev, CPU_SCRATCH_GEMM_C, (size_t)(rows * N) * sizeof(float));
 	if (!tmp)
 		return -ENOMEM;
-	bk.beta = 0.0f;
 	bk.ldc = N;
 	for (r0 = 0; r0 < M; r0 += rows) {
 		const int64_t R = M - r0 < rows ? M - r0 : rows;
@@ -439,7 +421,6 @@ int cpu_gemm(struct device *dev, bool trans_a, bool trans_b,
 	key.lda = lda;
 	key.ldb = ldb;
 	key.ldc = ldc;
-	key.beta = beta;
 	if (key.bf16) {
 		/* Stored layouts: A is [M,K] or [K,M], B is [K,N] or [N,K];
 		 * the bf16 copies keep the layout with compact rows. */
