@@ -26,11 +26,11 @@
  * uses the group (dist.h).
  */
 #include "native_engine.h"
+#include "clock.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 struct grad_sync {
 	pthread_t thread;
@@ -56,14 +56,6 @@ struct grad_sync {
 	int64_t *post_at;          /* [L + 2]: the offsets posted in this pass, in order */
 	void **marks;              /* [L + 2] device marks; NULL: the device queues nothing */
 };
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* The mark to wait for before reading [a, ...): that of the first post
  * that made offset a complete (NULL without marks). */
@@ -126,7 +118,7 @@ static void *sync_thread(void *arg)
 			break;
 		b = s->done;
 		const void *mark = mark_for(s, a);
-		double t0 = now_s();
+		double t0 = eng_now_s();
 		int rc;
 
 		s->busy = true;
@@ -135,7 +127,7 @@ static void *sync_thread(void *arg)
 		rc = reduce_range(s, a, b, mark, &err);
 		pthread_mutex_lock(&s->mu);
 		s->busy = false;
-		s->stats.reduce_s += now_s() - t0;
+		s->stats.reduce_s += eng_now_s() - t0;
 		if (rc) {
 			s->rc = rc;
 			s->err = err;
@@ -277,7 +269,7 @@ void native_sync_begin(struct native *n)
 	s->rc = 0;
 	eng_error_clear(&s->err);
 	memset(&s->stats, 0, sizeof(s->stats));
-	s->t_begin = now_s();
+	s->t_begin = eng_now_s();
 	pthread_mutex_unlock(&s->mu);
 	n->model.grads_done = post_layer;
 	n->model.grads_done_ctx = n;
@@ -291,7 +283,7 @@ int native_sync_finish(struct native *n, struct eng_error *err)
 
 	n->model.grads_done = NULL;
 	post_layer(n, n->cfg.num_layers + 1);
-	t0 = now_s();
+	t0 = eng_now_s();
 	pthread_mutex_lock(&s->mu);
 	while (s->done > 0 && !s->rc)
 		pthread_cond_wait(&s->cv, &s->mu);
@@ -301,8 +293,8 @@ int native_sync_finish(struct native *n, struct eng_error *err)
 	rc = s->rc;
 	if (rc)
 		eng_fail(err, rc, "%s", s->err.msg);
-	s->stats.wait_s = now_s() - t0;
-	s->stats.pass_s = now_s() - s->t_begin;
+	s->stats.wait_s = eng_now_s() - t0;
+	s->stats.pass_s = eng_now_s() - s->t_begin;
 	n->sync_last = s->stats;
 	pthread_mutex_unlock(&s->mu);
 	return rc;

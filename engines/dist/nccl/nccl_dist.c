@@ -16,6 +16,7 @@
  * all-reduce of one float (NCCL has no barrier).
  */
 #include "dist/dist.h"
+#include "clock.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -102,14 +103,6 @@ struct nccl_dist {
 	float *one;             /* device: the barrier's all-reduce */
 };
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void pause_poll(void)
 {
 	struct timespec ts = { .tv_sec = 0, .tv_nsec = 50000 };
@@ -162,7 +155,7 @@ static int fail_cuda(struct nccl_dist *n, const char *op, cudaError_t ce, struct
 static int wait_done_on(struct nccl_dist *n, const char *op, bool on_stream, cudaStream_t st,
 			struct eng_error *err)
 {
-	const double deadline = now_s() + n->base.timeout_s;
+	const double deadline = eng_now_s() + n->base.timeout_s;
 
 	for (;;) {
 		ncclResult_t res = ncclSuccess;
@@ -181,7 +174,7 @@ static int wait_done_on(struct nccl_dist *n, const char *op, bool on_stream, cud
 			if (ce != cudaErrorNotReady)
 				return fail_cuda(n, op, ce, err);
 		}
-		if (now_s() > deadline)
+		if (eng_now_s() > deadline)
 			return fail_timeout(n, op, err);
 		pause_poll();
 	}
@@ -241,10 +234,10 @@ static void nccl_close(struct dist *d)
 		return;
 	if (n->comm) {
 		/* A healthy group: finish its work, bounded like the rest. */
-		const double deadline = now_s() + n->base.timeout_s;
+		const double deadline = eng_now_s() + n->base.timeout_s;
 		ncclResult_t res = nccl.finalize(n->comm);
 
-		while (res == ncclInProgress && now_s() < deadline) {
+		while (res == ncclInProgress && eng_now_s() < deadline) {
 			pause_poll();
 			if (nccl.async_error(n->comm, &res) != ncclSuccess)
 				res = ncclInternalError;
