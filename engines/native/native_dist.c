@@ -116,7 +116,7 @@ int native_dist_join(struct native *n, const struct engine_init_config *cfg,
 		n->dist = NULL;
 		return rc;
 	}
-	n->dist_bucket_bytes = dc.bucket_bytes;
+	n->dist_bucket_bytes = dc.bucket_bytes ? dc.bucket_bytes : DIST_BUCKET_DEFAULT;
 	return check_same_model(n, err);
 }
 

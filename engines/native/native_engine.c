@@ -980,8 +980,7 @@ static void native_status(struct engine *e, struct engine_status *ret)
 	ret->optim_shard_params = n->shard_len;
 	ret->optim_bytes = 2 * (size_t)n->shard_len * sizeof(float);
 	if (n->dist) {
-		ret->dist_bucket_bytes = n->dist_bucket_bytes ? n->dist_bucket_bytes
-							      : DIST_BUCKET_DEFAULT;
+		ret->dist_bucket_bytes = n->dist_bucket_bytes;
 		ret->reduce_buckets = n->sync_last.buckets;
 		ret->reduce_bytes = n->sync_last.bytes;
 		ret->reduce_s = n->sync_last.reduce_s;

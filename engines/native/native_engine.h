@@ -92,7 +92,7 @@ struct native {
 	 * this rank's slice holds the sum, the rest zeros; the step then
 	 * skips its reduce-scatter. */
 	bool grads_reduced;
-	int64_t dist_bucket_bytes;       /* dist.bucket_bytes (0: default) */
+	int64_t dist_bucket_bytes;       /* dist.bucket_bytes, the default resolved */
 	struct grad_sync *sync;          /* native_grad_sync.c; NULL until used */
 	struct native_sync_stats sync_last;  /* of the last reducing call */
 };

@@ -177,13 +177,12 @@ static int sync_create(struct native *n, struct eng_error *err)
 {
 	struct device *dev = n->dev;
 	int64_t L = n->cfg.num_layers;
-	int64_t bytes = n->dist_bucket_bytes ? n->dist_bucket_bytes : DIST_BUCKET_DEFAULT;
 	struct grad_sync *s = calloc(1, sizeof(*s));
 
 	if (!s)
 		return eng_fail(err, -ENOMEM, "gradient reduction: out of memory");
 	s->n = n;
-	s->bucket = bytes / (int64_t)sizeof(float);
+	s->bucket = n->dist_bucket_bytes / (int64_t)sizeof(float);
 	s->ready_after = calloc((size_t)L + 2, sizeof(*s->ready_after));
 	s->post_at = calloc((size_t)L + 2, sizeof(*s->post_at));
 	if (dev->ops->mark_new && (s->marks = calloc((size_t)L + 2, sizeof(void *))))
