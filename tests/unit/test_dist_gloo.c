@@ -566,6 +566,22 @@ START_TEST(bad_configs)
 	cfg.store_root = g.root;
 	cfg.world_size = 1;
 	ck_assert_int_eq(dist_config_check(&cfg, &err), -EINVAL);
+	/* The gradient bucket: 0 (the default) or within its bounds. */
+	cfg.world_size = 2;
+	ck_assert_int_eq(dist_config_check(&cfg, &err), 0);
+	cfg.bucket_bytes = DIST_BUCKET_MIN;
+	ck_assert_int_eq(dist_config_check(&cfg, &err), 0);
+	cfg.bucket_bytes = DIST_BUCKET_MAX;
+	ck_assert_int_eq(dist_config_check(&cfg, &err), 0);
+	cfg.bucket_bytes = DIST_BUCKET_MIN - 1;
+	eng_error_clear(&err);
+	ck_assert_int_eq(dist_config_check(&cfg, &err), -EINVAL);
+	ck_assert_str_eq(err.msg, "dist.bucket_bytes: 1023, must be 0 (default 26214400) or in "
+			 "[1024, 4294967296]");
+	cfg.bucket_bytes = DIST_BUCKET_MAX + 1;
+	ck_assert_int_eq(dist_config_check(&cfg, &err), -EINVAL);
+	cfg.bucket_bytes = -1;
+	ck_assert_int_eq(dist_config_check(&cfg, &err), -EINVAL);
 	ops->close(NULL);
 	drop_group(&g);
 }

@@ -95,6 +95,13 @@ START_TEST(decode_and_rules)
 	ck_assert_ptr_nonnull(strstr(err.msg, "max_tokens_per_micro_batch"));
 	q.max_tokens_per_micro_batch = 0;
 	eng_error_clear(&err);
+	q.reduce_gradients = true;      /* with forward_only */
+	memset(&p, 0, sizeof(p));
+	ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), -EINVAL);
+	ck_assert_str_eq(err.msg, "reduce_gradients: a forward_only call has no gradients "
+			 "to reduce");
+	q.reduce_gradients = false;
+	eng_error_clear(&err);
 	q.forward_only = false;
 	memset(&p, 0, sizeof(p));
 	ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), -EINVAL);
