@@ -123,6 +123,9 @@ int params_collect(struct engine *e, int dtype, char *const *names, size_t n_nam
 			t->shape[k] = v.shape[k];
 		t->numel = v.numel;
 		t->host = s->on_host ? v.host_data : NULL;
+		t->data = s->edtype == ENGINE_DTYPE_F32 ? (const void *)t->host :
+			   s->edtype == ENGINE_DTYPE_BF16 && t->host ? (const void *)v.host_bf16 :
+			   NULL;
 		if (!ck_mul_i64(v.numel, (int64_t)s->esz, &t->bytes) ||
 		    !ck_add_i64(s->total_bytes, t->bytes, &s->total_bytes)) {
 			r = eng_fail(err, -E2BIG, "%s: size overflows", v.name);
@@ -130,6 +133,9 @@ int params_collect(struct engine *e, int dtype, char *const *names, size_t n_nam
 		}
 	}
 	s->n = count;
+	s->in_place = true;
+	for (int64_t i = 0; i < count; i++)
+		s->in_place = s->in_place && s->t[i].data;
 out:
 	free(seen);
 	if (r < 0)
@@ -168,8 +174,9 @@ int params_read(struct engine *e, const struct param_set *s, const struct param_
 	if (start < 0 || start > t->numel - count)
 		return eng_fail(err, -EINVAL, "%s: elements [%lld, +%lld) outside its %lld",
 				t->name, (long long)start, (long long)count, (long long)t->numel);
-	if (t->host && s->esz == 4) {
-		memcpy(dst, t->host + start, (size_t)count * 4);
+	if (t->data) {
+		memcpy(dst, (const uint8_t *)t->data + start * (int64_t)s->esz,
+		       (size_t)count * s->esz);
 		return 0;
 	}
 	if (t->host) {

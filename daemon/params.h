@@ -32,6 +32,12 @@ struct param_ref {
 	int64_t bytes;                  /* numel * the set's element size */
 	const float *host;              /* fp32 [numel], stable during the job;
 					 * NULL: read through engine_param_copy */
+	/* The tensor's bytes in the set's dtype, stable during the job, to be
+	 * sent or copied as they are: `host` for FLOAT32, the engine's
+	 * current bf16 copy for BFLOAT16 (engine_param_view.host_bf16, the
+	 * same rounding as params_convert); NULL: converted or read through
+	 * the engine. */
+	const void *data;
 };
 
 /* The tensors asked for, in the order asked (all: engine order). */
@@ -40,6 +46,7 @@ struct param_set {
 	enum engine_dtype edtype;
 	size_t esz;                     /* bytes per element: 4 or 2 */
 	bool on_host;                   /* every tensor has `host` */
+	bool in_place;                  /* every tensor has `data` */
 	struct param_ref *t;            /* [n] */
 	int64_t n;
 	int64_t total_bytes;            /* sum of t[i].bytes */
@@ -60,8 +67,8 @@ int params_collect(struct engine *e, int dtype, char *const *names, size_t n_nam
 void params_set_free(struct param_set *s);
 
 /* Elements [start, start + count) of t in the set's dtype into dst
- * (count * esz bytes): host tensors copied or converted here, others by the
- * engine's device (engine thread only). */
+ * (count * esz bytes): `data` copied, other host tensors converted here,
+ * the rest by the engine's device (engine thread only). */
 int params_read(struct engine *e, const struct param_set *s, const struct param_ref *t,
 		int64_t start, int64_t count, void *dst, struct eng_error *err);
 

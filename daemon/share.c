@@ -153,8 +153,8 @@ static int write_unit(struct share_job *s, const struct unit *u, uint8_t *buf,
 	int64_t esz = (int64_t)s->set.esz;
 	int r;
 
-	if (t->host && esz == 4)
-		return write_all(s->fd, (const uint8_t *)t->host + u->off, u->len, u->file_off,
+	if (t->data)
+		return write_all(s->fd, (const uint8_t *)t->data + u->off, u->len, u->file_off,
 				 err);
 	r = params_read(s->d->engine, &s->set, t, u->off / esz, u->len / esz, buf, err);
 	if (r < 0)
@@ -209,7 +209,7 @@ static int worker_count(const struct share_job *s)
 {
 	long n = s->d->cfg.threads > 0 ? s->d->cfg.threads : sysconf(_SC_NPROCESSORS_ONLN);
 
-	if (!s->set.on_host || s->set.esz == 4 || s->n_units < 2)
+	if (!s->set.on_host || s->set.in_place || s->n_units < 2)
 		return 0;
 	if (n > MAX_SHARE_WORKERS)
 		n = MAX_SHARE_WORKERS;

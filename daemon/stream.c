@@ -9,12 +9,14 @@
  * (the ParamBucket's slices and `last`, then the tag and length of `data` —
  * field order does not matter in protobuf) followed by the data itself, which
  * is never copied by gRPC:
- *   - FLOAT32 from host memory (the cpu device): the data slices point at
- *     the engine's parameters (zero-copy). gRPC may hold them after a send
+ *   - FLOAT32 from host memory (the cpu device), and BFLOAT16 when the
+ *     engine keeps a current bf16 copy of its parameters (bf16 matmuls,
+ *     after an optimizer step): the data slices point at the engine's
+ *     parameters or that copy (zero-copy). gRPC may hold them after a send
  *     completes: they are counted in d->zc_outstanding, and jobs that change
  *     parameters wait for it to drain (stream_wait_released).
- *   - BFLOAT16 / FLOAT16 from host memory: converted into a ring of bucket
- *     buffers by worker threads running ahead of the send, so that
+ *   - other BFLOAT16 / FLOAT16 from host memory: converted into a ring of
+ *     bucket buffers by worker threads running ahead of the send, so that
  *     converting bucket k+1.. overlaps sending bucket k. The conversion reads
  *     the fp32 parameters once from DRAM and is bound by it; it prefetches
  *     ahead because the hardware prefetcher stops at each 4 KiB page.
@@ -103,7 +105,7 @@ struct stream {
 	struct ring *ring;
 	struct param_set set;           /* the tensors, looked up once (params.h) */
 	int64_t bucket_bytes;
-	bool zero_copy;                 /* FLOAT32 from host memory */
+	bool zero_copy;                 /* the set is in place (params.h) */
 
 	int64_t cur_t, cur_off;         /* ring: the planner's position */
 	int64_t next_bucket;            /* ring: next bucket number to claim */
@@ -529,7 +531,7 @@ static int send_slot(struct stream *s, struct slot *sl, struct eng_error *err)
 			const struct piece *p = &sl->pieces[i];
 
 			out[n++] = (struct rpc_piece){
-				(const uint8_t *)s->set.t[p->t].host + p->off,
+				(const uint8_t *)s->set.t[p->t].data + p->off,
 				(size_t)p->len, engine_mem_release, d };
 		}
 	} else if (sl->data_len > 0) {
@@ -613,7 +615,7 @@ int h_run_get_params(struct daemon *d, struct job *j, struct eng_error *err)
 	r = params_collect(d->engine, q->dtype, q->names, q->n_names, false, &s.set, err);
 	if (r < 0)
 		goto out;
-	s.zero_copy = s.set.on_host && s.set.esz == 4;
+	s.zero_copy = s.set.in_place;
 	daemon_progress(d, "send", 0, s.set.total_bytes, "bytes");
 	/* Up to 4 buffers: one in gRPC's hands, one ready, the rest being
 	 * converted; fewer for buckets so large that memory matters more. */
@@ -627,8 +629,11 @@ int h_run_get_params(struct daemon *d, struct job *j, struct eng_error *err)
 			break;  /* fewer workers (none: the engine thread fills) */
 	r = run_stream(&s, err);
 	if (r == 0)
-		log_msg(LOG_LVL_DEBUG, "stream: %lld tensors, %lld messages, %lld bytes",
-			(long long)s.set.n, (long long)s.messages, (long long)s.bytes);
+		log_msg(LOG_LVL_DEBUG, "stream: %lld tensors, %lld messages, %lld bytes of %s, %s",
+			(long long)s.set.n, (long long)s.messages, (long long)s.bytes,
+			protobuf_c_enum_descriptor_get_value(&engined__v1__dtype__descriptor,
+							     s.set.dtype)->name,
+			s.zero_copy ? "sent in place" : "converted or copied");
 out:
 	params_set_free(&s.set);
 	if (s.ring) {

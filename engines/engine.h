@@ -284,6 +284,11 @@ struct engine_param_view {
 	 * staged copy): it stays valid, and may be read from other threads,
 	 * until parameters or placement change. */
 	bool host_resident;
+	/* Parameters only, when host_resident: the values rounded to bf16
+	 * (engines/io/round.h), when the engine keeps that copy current (bf16
+	 * matmuls on the CPU, after their first product or an optimizer step
+	 * that refreshed it); else NULL. Valid as host_data is. */
+	const uint16_t *host_bf16;
 };
 
 struct engine;  /* opaque */

@@ -228,6 +228,13 @@ struct device_ops {
 	 * NULL when out of memory; host_free accepts NULL. */
 	void *(*host_alloc)(struct device *dev, size_t bytes);
 	void (*host_free)(struct device *dev, void *ptr);
+	/* The bf16 copy of the declared parameter region (param_base,
+	 * param_bytes) that MATMUL_BF16 products keep, when it is in host
+	 * memory and holds the values of param_version, rounded by
+	 * engines/io/round.h; else NULL. Valid until the parameters or their
+	 * placement change. Optional: NULL on devices that keep no such copy
+	 * in host memory. */
+	const uint16_t *(*params_bf16)(struct device *dev);
 };
 
 /* Every device has this as its first member. */

@@ -859,6 +859,12 @@ static void fill_info(struct native *n, enum native_fam f, int64_t i,
 	ret->numel = p->numel;
 	ret->host_resident = h != NULL;
 	ret->host_data = h ? h + p->offset : NULL;
+	if (h && f == FAM_PARAMS && n->dev->ops->params_bf16 &&
+	    n->dev->param_base == n->fam[FAM_PARAMS].dev) {
+		const uint16_t *copy = n->dev->ops->params_bf16(n->dev);
+
+		ret->host_bf16 = copy ? copy + p->offset : NULL;
+	}
 }
 
 static int native_param_info(struct engine *e, int64_t i, struct engine_param_view *ret)

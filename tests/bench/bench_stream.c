@@ -4,7 +4,12 @@
  *     (the peer of 2), with the threads where the scheduler puts them;
  *     also (--pinned 1, the default) with both on one CPU and on two: on
  *     these 2-core machines the figure is bimodal with the placement (one
- *     core keeps both copies in its caches), and the best is reported too;
+ *     core keeps both copies in its caches), and the best is reported too.
+ *     These writes send one 4 MiB buffer again and again (calloc'd: the
+ *     kernel's zero page, in L1), so their copy into the socket never
+ *     touches DRAM, while the stream's data leaves the engine's memory.
+ *     "raw TCP from memory" is that peer too: the 1 GiB written from a 1 GiB
+ *     buffer of data (written once before, no page faults while timed);
  *  2. GetPerTensorParam of the engine's weights (BFLOAT16 by default: ~1 GiB
  *     for the qwen2.5-0.5b-shape preset), read message by message through
  *     the client transport without copying out of gRPC's buffers (the
@@ -18,9 +23,14 @@
  * docs/PERF.md asks for 2 >= 90% of 1 and GetStatus p50 <= 1.3x the floor.
  *
  *   bench_stream ENGINED_BIN [--preset NAME] [--reps N] [--dtype f32|bf16]
- *                [--bucket BYTES] [--latency CALLS] [--iter 0|1] [--raw 0|1]
- *                [--pinned 0|1]
+ *                [--matmul f32|bf16] [--bucket BYTES] [--latency CALLS]
+ *                [--iter 0|1] [--raw 0|1] [--pinned 0|1]
  *                [--addr ADDR [--daemon-pid PID]]
+ *
+ * --matmul bf16 initializes the engine with bf16 matmuls and runs one
+ * training step (in TRAIN mode) before the runs: the engine then keeps its
+ * weights rounded to bf16, and a bf16 stream sends that copy in place, as
+ * after every optimizer step of a bf16 RL loop.
  *
  * Starts its own daemon on a kernel-chosen loopback port (or uses the one at
  * --addr, already initialized; its CPU time is counted when --daemon-pid
@@ -122,6 +132,7 @@ static double median_of(const double *v, int n)
 struct raw_peer {
 	int fd;
 	int cpu;                        /* < 0: not pinned */
+	const char *src;                /* RAW_BYTES to send; NULL: one chunk again and again */
 };
 
 static void pin(pthread_t th, int cpu)
@@ -143,7 +154,7 @@ static void *raw_sender(void *arg)
 
 	pin(pthread_self(), p->cpu);
 	while (buf && sent < RAW_BYTES) {
-		ssize_t n = write(p->fd, buf, CHUNK);
+		ssize_t n = write(p->fd, p->src ? p->src + sent : buf, CHUNK);
 
 		if (n <= 0)
 			break;
@@ -157,14 +168,14 @@ static void *raw_sender(void *arg)
 /* Sender and receiver threads on CPUs cpu_send / cpu_recv (< 0: where the
  * scheduler puts them). On loopback the placement decides the figure: on
  * one core both copies stay in its caches. */
-static int raw_tcp(struct result *ret, int cpu_send, int cpu_recv)
+static int raw_tcp(struct result *ret, int cpu_send, int cpu_recv, const char *src)
 {
 	struct sockaddr_in a;
 	socklen_t alen = sizeof(a);
 	int ls = socket(AF_INET, SOCK_STREAM, 0), cs;
 	char *buf = malloc(CHUNK);
 	long long got = 0;
-	struct raw_peer peer = { -1, cpu_send };
+	struct raw_peer peer = { -1, cpu_send, src };
 	cpu_set_t saved;
 	struct meter m;
 	pthread_t th;
@@ -338,6 +349,42 @@ static pid_t start_daemon(const char *bin, char *addr, size_t addr_len)
 	return pid;
 }
 
+/* TRAIN mode, one SFT forward_backward of 2 x 16 tokens, an optimizer
+ * step: with bf16 matmuls, the engine's bf16 copy is then current. */
+static int train_step(struct ec_client *c, struct ec_status *st)
+{
+	Engined__V1__SetModeRequest mr = ENGINED__V1__SET_MODE_REQUEST__INIT;
+	Engined__V1__SetModeResponse *mres = NULL;
+	Engined__V1__ForwardBackwardRequest fb = ENGINED__V1__FORWARD_BACKWARD_REQUEST__INIT;
+	Engined__V1__ForwardBackwardResponse *fres = NULL;
+	Engined__V1__OptimizerStepResponse *ores = NULL;
+	Engined__V1__LossSpec loss = ENGINED__V1__LOSS_SPEC__INIT;
+	Engined__V1__Tensor t_ids = ENGINED__V1__TENSOR__INIT;
+	int32_t ids[32], lens[2] = { 16, 16 };
+	int64_t n = 32;
+	int r;
+
+	for (int i = 0; i < 32; i++)
+		ids[i] = (i * 37 + 11) % 1000;
+	mr.mode = ENGINED__V1__MODE__MODE_TRAIN;
+	if ((r = ec_set_mode(c, &mr, &mres, st)) != 0)
+		return r;
+	ec_free(mres);
+	ec_tensor_1d(&t_ids, ENGINED__V1__DTYPE__INT32, &n, ids, sizeof(ids));
+	loss.name = "sft";
+	fb.input_ids = &t_ids;
+	fb.n_seq_lens = 2;
+	fb.seq_lens = lens;
+	fb.loss = &loss;
+	if ((r = ec_forward_backward(c, &fb, &fres, st)) != 0)
+		return r;
+	ec_free(fres);
+	if ((r = ec_optimizer_step(c, &ores, st)) != 0)
+		return r;
+	ec_free(ores);
+	return 0;
+}
+
 static void print_result(const char *what, const struct result *r)
 {
 	printf("  %-30s %6.2f GB/s  %5.3f CPU-s/GB (daemon %2.0f%%)\n", what, r->gbps,
@@ -350,8 +397,11 @@ int main(int argc, char **argv)
 	double raw[MAX_REPS], strm[MAX_REPS], iter[MAX_REPS], rs[MAX_REPS], ri[MAX_REPS];
 	double best[MAX_REPS], rb[MAX_REPS];
 	double raw_cpu[MAX_REPS], strm_cpu[MAX_REPS], iter_cpu[MAX_REPS];
+	double mem[MAX_REPS], mem_cpu[MAX_REPS], rm[MAX_REPS], rmc[MAX_REPS], rim[MAX_REPS];
+	char *raw_src = NULL;
 	double sp50[MAX_REPS], sp99[MAX_REPS], ep50[MAX_REPS], ep99[MAX_REPS];
 	int reps = 5, lat_calls = 2000, do_iter = 1, do_raw = 1, do_pinned = 1, failed = 0;
+	int bf16_matmul = 0;
 	int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
 	const char *ext_addr = NULL;
 	pid_t ext_pid = 0;
@@ -372,6 +422,8 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--dtype"))
 			stream_dtype = strcmp(argv[i + 1], "f32") ? ENGINED__V1__DTYPE__BFLOAT16 :
 				       ENGINED__V1__DTYPE__FLOAT32;
+		else if (!strcmp(argv[i], "--matmul"))
+			bf16_matmul = !strcmp(argv[i + 1], "bf16");
 		else if (!strcmp(argv[i], "--bucket"))
 			bucket_bytes = atoll(argv[i + 1]);
 		else if (!strcmp(argv[i], "--latency"))
@@ -402,9 +454,10 @@ int main(int argc, char **argv)
 	if (!ext_addr) {
 		ir.preset = (char *)preset;
 		ir.replace = 1;
-		printf("initializing preset %s ...\n", preset);
-		if (ec_initialize(c, &ir, &ires, &st)) {
-			fprintf(stderr, "Initialize: %s\n", st.message);
+		ir.bf16_matmul = bf16_matmul;
+		printf("initializing preset %s%s ...\n", preset, bf16_matmul ? ", bf16 matmuls" : "");
+		if (ec_initialize(c, &ir, &ires, &st) || (bf16_matmul && train_step(c, &st))) {
+			fprintf(stderr, "Initialize / training step: %s\n", st.message);
 			kill(daemon_pid, SIGTERM);
 			return 1;
 		}
@@ -415,13 +468,24 @@ int main(int argc, char **argv)
 	printf("bucket_bytes %lld, dtype %s\n", (long long)bucket_bytes,
 	       stream_dtype == ENGINED__V1__DTYPE__FLOAT32 ? "f32" : "bf16");
 
+	/* The source of "raw TCP from memory", written once (no page faults
+	 * while timed), with data rather than zeroes. */
+	if (do_raw) {
+		raw_src = malloc(RAW_BYTES);
+		if (!raw_src)
+			return 1;
+		for (int64_t k = 0; k < RAW_BYTES; k++)
+			raw_src[k] = (char)(k * 131 + (k >> 12));
+	}
 	for (int r = 0; r < reps; r++) {
 		struct result a = { 1, 0, 0 }, a1 = { 0, 0, 0 }, a2 = { 0, 0, 0 }, b;
+		struct result am = { 1, 1, 0 };
 		struct result i = { 0, 0, 0 };
 
-		if ((do_raw && raw_tcp(&a, -1, -1) < 0) ||
-		    (do_raw && do_pinned && raw_tcp(&a1, 0, 0) < 0) ||
-		    (do_raw && do_pinned && ncpu > 1 && raw_tcp(&a2, 0, 1) < 0) ||
+		if ((do_raw && raw_tcp(&a, -1, -1, NULL) < 0) ||
+		    (do_raw && do_pinned && raw_tcp(&a1, 0, 0, NULL) < 0) ||
+		    (do_raw && do_pinned && ncpu > 1 && raw_tcp(&a2, 0, 1, NULL) < 0) ||
+		    (do_raw && raw_tcp(&am, -1, -1, raw_src) < 0) ||
 		    stream_transport(ch, &b, &bytes) < 0 ||
 		    (do_iter && stream_iter(c, &i) < 0)) {
 			failed = 1;
@@ -438,6 +502,11 @@ int main(int argc, char **argv)
 		iter_cpu[r] = i.cpu_per_gb;
 		rs[r] = b.gbps / a.gbps;
 		ri[r] = i.gbps / a.gbps;
+		mem[r] = am.gbps;
+		mem_cpu[r] = am.cpu_per_gb;
+		rm[r] = b.gbps / am.gbps;
+		rmc[r] = b.cpu_per_gb / am.cpu_per_gb;
+		rim[r] = i.gbps / am.gbps;
 		printf("run %d: stream %.2f GiB, %.0f%% of raw TCP%s", r + 1,
 		       (double)bytes / (1 << 30), 100 * rs[r], do_iter ? "" : "\n");
 		if (do_iter)
@@ -448,6 +517,8 @@ int main(int argc, char **argv)
 			if (ncpu > 1)
 				print_result("raw TCP, on CPUs 0 and 1", &a2);
 		}
+		if (do_raw)
+			print_result("raw TCP from memory", &am);
 		print_result("stream (transport, no copy)", &b);
 		if (do_iter)
 			print_result("stream (ec_weights_next)", &i);
@@ -474,11 +545,21 @@ int main(int argc, char **argv)
 			printf("median: through ec_weights_next %.2f GB/s (%.3f CPU-s/GB) = %.0f%% of"
 			       " raw TCP\n", median_of(iter, reps), median_of(iter_cpu, reps),
 			       100 * median_of(ri, reps));
+		if (do_raw) {
+			printf("median: raw TCP from memory %.2f GB/s (%.3f CPU-s/GB); the stream ="
+			       " %.0f%% of it, %.2fx its CPU per GB (goals >= 90%%, <= 1.2x)\n",
+			       median_of(mem, reps), median_of(mem_cpu, reps), 100 * median_of(rm, reps),
+			       median_of(rmc, reps));
+			if (do_iter)
+				printf("median: ec_weights_next = %.0f%% of raw TCP from memory"
+				       " (goal >= 70%%)\n", 100 * median_of(rim, reps));
+		}
 		if (lat_calls > 0)
 			printf("median: GetStatus p50 %.1f us, p99 %.1f us = %.2fx the C-core floor"
 			       " p50 %.1f us (goal <= 1.3x)\n", median_of(sp50, reps), median_of(sp99, reps),
 			       median_of(sp50, reps) / median_of(ep50, reps), median_of(ep50, reps));
 	}
+	free(raw_src);
 	ect_close(ch);
 	ec_close(c);
 	if (!ext_addr) {

@@ -445,6 +445,55 @@ def test_engine_param_copy_path(tmp):
         assert d.stop() == 0
 
 
+def rne_bf16(a):
+    """float32 a rounded to nearest even bf16, as bit patterns (torch's
+    rounding where torch imports, else the rule in numpy)."""
+    try:
+        import torch
+        return torch.from_numpy(np.ascontiguousarray(a)).to(torch.bfloat16) \
+            .view(torch.int16).numpy().view(np.uint16)
+    except ImportError:
+        u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def test_bf16_from_the_engines_copy(tmp):
+    """With bf16 matmuls the engine keeps its weights rounded to bf16
+    (AdamW refreshes the copy in its own pass). The bfloat16 stream sends
+    that copy in place (no conversion; its debug line says so) and a share
+    copies it; both must be the float32 weights rounded to nearest even:
+    before any product (no copy: converted), after a training step (the
+    copy), after a checkpoint load (the copy is stale until the next
+    product: converted again)."""
+    d = start(tmp, "copy", "--log-level", "debug")
+
+    def check(cl, how):
+        ref = streamed(cl)
+        bf = streamed(cl, "bfloat16")
+        line = [ln for ln in d.log_text().splitlines() if "stream: " in ln][-1]
+        assert "BFLOAT16, " + how in line, line
+        assert [n for n, _ in bf] == [n for n, _ in ref]
+        for (n, a), (_, b) in zip(ref, bf):
+            assert np.array_equal(b.view(np.uint16), rne_bf16(a)), n
+        with cl.share_weights(dtype="bfloat16") as w:
+            same(w, bf)
+
+    try:
+        with EngineClient(d.addr, timeout=60) as cl:
+            cl.initialize(preset="tiny", seed=4, optimizer={"lr": 1e-2}, bf16_matmul=True)
+            cl.set_mode("train")
+            check(cl, "converted")
+            cl.save_checkpoint("pre")
+            train_step(cl)
+            check(cl, "sent in place")
+            train_step(cl)
+            check(cl, "sent in place")
+            cl.load_checkpoint("pre")
+            check(cl, "converted")
+    finally:
+        assert d.stop() == 0
+
+
 # --- authentication ---------------------------------------------------------------
 
 def test_tokens(tmp):

@@ -4,11 +4,13 @@
  * (the contract the engine keeps), AdamW over the whole region refreshes
  * the copy in its own pass (and an update of a slice marks nothing), and
  * an engine that trained in bf16 gives the same log-probs as a fresh
- * engine loaded from its checkpoint. */
+ * engine loaded from its checkpoint; the engine shows the copy (to the
+ * weight stream) only while it is current. */
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "cpu_test_util.h"
+#include "io/safetensors.h"
 #include "test_helpers.h"
 
 #define M 8
@@ -184,6 +186,82 @@ START_TEST(trained_engine_matches_reloaded)
 }
 END_TEST
 
+/* engine_param_info's host_bf16 of every parameter: NULL, or exactly its
+ * fp32 values rounded by engines/io (what the weight stream sends). */
+static int copy_state(struct engine *e)
+{
+	int64_t n = engine_num_params(e), have = 0;
+
+	for (int64_t i = 0; i < n; i++) {
+		struct engine_param_view v;
+		uint16_t *ref;
+
+		ck_assert_int_eq(engine_param_info(e, i, &v, NULL), 0);
+		if (!v.host_bf16)
+			continue;
+		ck_assert_ptr_nonnull(v.host_data);
+		ref = malloc((size_t)v.numel * sizeof(*ref));
+		f32_to_bf16_n(v.host_data, ref, (size_t)v.numel);
+		ck_assert_msg(memcmp(ref, v.host_bf16, (size_t)v.numel * sizeof(*ref)) == 0,
+			      "%s: the bf16 copy is not its values rounded", v.name);
+		free(ref);
+		have++;
+	}
+	ck_assert_msg(have == 0 || have == n, "%lld of %lld parameters have a copy",
+		      (long long)have, (long long)n);
+	return have == n && n > 0;
+}
+
+/* The copy is exposed only while it holds the current values: none before
+ * the first bf16 product, current after one and after an optimizer step
+ * over the whole region, none after a load until the next product; never
+ * in an fp32 engine. */
+START_TEST(engine_exposes_the_current_copy)
+{
+	struct engine_init_config cfg;
+	struct eng_error err = {0};
+	struct engine *e;
+	char root[] = "/tmp/engined-bf16v-XXXXXX", dir[64], cmd[96];
+	int32_t lens[2] = {9, 7}, ids[16];
+	float gl[16];
+	struct given_grads gg = {.g_logp = gl};
+	struct engine_batch bt = {.n = 16, .input_ids = ids, .num_seqs = 2, .seq_lens = lens,
+				  .loss_fn = given_loss, .loss_ctx = &gg};
+	struct engine_fb_result r = {0};
+	struct engine_step_result sr;
+
+	for (int i = 0; i < 16; i++) {
+		ids[i] = (i * 31 + 5) % 97;
+		gl[i] = (float)(i % 3) / 3.0f - 0.3f;
+	}
+	engine_init_config_defaults(&cfg);
+	cfg.hf_config_json = TINY_QWEN2;
+	cfg.optim.lr = 1e-2;
+	for (int bf16 = 0; bf16 < 2; bf16++) {
+		cfg.bf16_matmul = bf16;
+		ck_assert_int_eq(engine_create(&cfg, &e, &err), 0);
+		/* resident, as a controller's training loop keeps it (placement
+		 * changes are parameter changes too) */
+		ck_assert_int_eq(engine_set_mode(e, ENGINE_MODE_TRAIN, false, &err), 0);
+		ck_assert_int_eq(copy_state(e), 0);
+		ck_assert_int_eq(engine_forward_backward(e, &bt, &r, &err), 0);
+		ck_assert_int_eq(copy_state(e), bf16);
+		ck_assert_ptr_nonnull(mkdtemp(strcpy(root, "/tmp/engined-bf16v-XXXXXX")));
+		snprintf(dir, sizeof(dir), "%s/ck", root);
+		ck_assert_int_eq(engine_save_checkpoint(e, dir, 0, 0, CKPT_MODEL, NULL, &err), 0);
+		ck_assert_int_eq(engine_optimizer_step(e, &sr, &err), 0);
+		ck_assert_int_eq(copy_state(e), bf16);
+		ck_assert_int_eq(engine_load_checkpoint(e, dir, CKPT_MODEL, NULL, &err), 0);
+		ck_assert_int_eq(copy_state(e), 0);
+		ck_assert_int_eq(engine_forward_backward(e, &bt, &r, &err), 0);
+		ck_assert_int_eq(copy_state(e), bf16);
+		engine_destroy(e);
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+		ck_assert_int_eq(system(cmd), 0);
+	}
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("bf16_weight_cache");
@@ -193,6 +271,7 @@ int main(void)
 	tcase_add_test(tc, region_rounded_once_per_version);
 	tcase_add_test(tc, adamw_refreshes_the_copy);
 	tcase_add_test(tc, trained_engine_matches_reloaded);
+	tcase_add_test(tc, engine_exposes_the_current_copy);
 	suite_add_tcase(s, tc);
 	return check_run(s);
 }

@@ -233,4 +233,5 @@ const struct device_ops cpu_device_ops = {
 	.mem_free = cpu_mem_free,
 	.host_alloc = cpu_host_alloc,
 	.host_free = cpu_host_free,
+	.params_bf16 = cpu_params_bf16,
 };

@@ -101,6 +101,9 @@ void cpu_round_bf16(uint16_t *out, const float *x, int64_t n);
  * cpu_param_bf16_refreshed() to mark the copy current. */
 uint16_t *cpu_param_bf16_whole(struct device *dev, const float *p, int64_t n);
 void cpu_param_bf16_refreshed(struct device *dev);
+/* device_ops.params_bf16: that copy when it is current and the device's
+ * memory is host memory. */
+const uint16_t *cpu_params_bf16(struct device *dev);
 
 /* The kernels, one group per file; semantics are those of struct
  * kernel_table in device/device.h, refinements are in each file. */

@@ -290,6 +290,14 @@ void cpu_param_bf16_refreshed(struct device *dev)
 	cpu_dev(dev)->p16_version = dev->param_version;
 }
 
+const uint16_t *cpu_params_bf16(struct device *dev)
+{
+	struct cpu_device *cd = cpu_dev(dev);
+
+	return dev->host_memory && p16_for_region(cd, dev) &&
+	       cd->p16_version == dev->param_version ? cd->p16 : NULL;
+}
+
 /* C = beta * C for the K == 0 product (no oneDNN call). */
 static void scale_c(float *C, int64_t M, int64_t N, int64_t ldc, float beta)
 {
