@@ -4,9 +4,7 @@
  *
  * Usage: bench_gemm [threads (default 2)] [tokens (default 256)]
  *
- * The peak is a loop of independent vector FMAs (GCC vector extensions, so
- * it uses the widest registers -march allows, as the kernels do) on every
- * thread. Each shape is timed as the median of 3 runs after one warm-up
+ * The peak is bench_peak.h's loop of independent vector FMAs. Each shape is timed as the median of 3 runs after one warm-up
  * (which also builds the cached oneDNN primitive). The "sgemm" column is
  * oneDNN's dnnl_sgemm on the same fp32 operands, the alternative the
  * device's matmul-primitive path was chosen over. The machines are shared
@@ -29,58 +27,10 @@
 
 #include "device/device.h"
 #include "bench_util.h"
+#include "bench_peak.h"
 
 #define REPS 3
 
-typedef float v16 __attribute__((vector_size(64)));
-
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* fp32 FMA peak of `threads` threads, GFLOP/s: best of 3. */
-static double fma_peak(int threads)
-{
-	const long iters = 20000000;
-	double best = 0.0;
-	int rep;
-
-	for (rep = 0; rep < 3; rep++) {
-		double t0 = now(), t;
-		float sink = 0.0f;
-
-#pragma omp parallel num_threads(threads) reduction(+:sink)
-		{
-			v16 a[12], b, c;
-			long i;
-			int j;
-
-			for (j = 0; j < 12; j++)
-				a[j] = (v16){ 0 } + (float)j;
-			b = (v16){ 0 } + 0.999999f;
-			c = (v16){ 0 } + 1e-7f;
-			/* 12 independent chains cover the FMA latency; without
-			 * -ffast-math the compiler must issue every FMA */
-			for (i = 0; i < iters; i++)
-				for (j = 0; j < 12; j++)
-					a[j] = a[j] * b + c;
-			for (j = 1; j < 12; j++)
-				a[0] += a[j];
-			for (j = 0; j < 16; j++)
-				sink += a[0][j];
-		}
-		t = now() - t0;
-		if (sink == 12345.0f)
-			printf(" ");
-		if (2.0 * 16 * 12 * iters * threads / t * 1e-9 > best)
-			best = 2.0 * 16 * 12 * iters * threads / t * 1e-9;
-	}
-	return best;
-}
 
 struct shape {
 	const char *name;
@@ -101,7 +51,7 @@ static double time_gemm(struct device *dev, const struct shape *s, const float *
 	int r;
 
 	for (r = 0; r <= REPS; r++) {
-		double t0 = now();
+		double t0 = now_s();
 		int rc;
 
 		rc = 0;
@@ -116,7 +66,7 @@ static double time_gemm(struct device *dev, const struct shape *s, const float *
 		}
 		if (rc)
 			return -1.0;
-		t[r] = now() - t0;
+		t[r] = now_s() - t0;
 	}
 	qsort(t + 1, REPS, sizeof(double), cmp_double);   /* drop the warm-up */
 	return t[1 + REPS / 2];
@@ -185,7 +135,7 @@ int main(int argc, char **argv)
 	memset(Cm, 0, maxc * sizeof(float));
 
 	omp_set_num_threads(threads);
-	peak = fma_peak(threads);
+	peak = bench_fma_peak(threads);
 	printf("threads %d, tokens %ld; fp32 FMA peak measured now: %.1f GFLOP/s\n",
 	       threads, (long)T, peak);
 	printf("LM head in %d tiles of %ld vocabulary columns\n", nt, (long)Vt);

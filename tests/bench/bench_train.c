@@ -28,12 +28,18 @@
  *            t+1 keys).
  *   training step = 6 * N_mm * tokens + 3 * attn_fwd
  *   forward only  = 2 * N_mm * tokens + attn_fwd
- * GFLOP/s = FLOPs / median time. Peak RSS is getrusage's ru_maxrss of this
+ * GFLOP/s = FLOPs / median time. Share of the peak: each timed step (and
+ * forward pass) against the fp32 FMA peak (bench_peak.h) measured right
+ * before and right after it, the higher of the two (the machines' speed
+ * drifts by up to 20% within minutes, so a peak taken minutes earlier
+ * misstates the share either way); the median of those shares is
+ * reported. Peak RSS is getrusage's ru_maxrss of this
  * process (both phases; the training phase dominates).
  *
  * Prints a human-readable summary and one JSON line (the last line).
  */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +48,7 @@
 
 #include "engine.h"
 #include "bench_util.h"
+#include "bench_peak.h"
 
 struct opts {
 	int steps;
@@ -142,6 +149,7 @@ int main(int argc, char **argv)
 	int32_t *ids = NULL, *seq_lens = NULL;
 	float *lp = NULL, *ent = NULL;
 	double *t_train = NULL, *t_fwd = NULL, *t_fb = NULL, *t_opt = NULL;
+	double *sh_train = NULL, *sh_fwd = NULL, peak0, med_sh_train, med_sh_fwd;
 	double med_train, med_fwd, med_fb, med_opt, attn_fwd, n_mm;
 	double f_train, f_fwd, rss_mib, state_mib;
 	int64_t i, np, n_params = 0, total;
@@ -174,7 +182,10 @@ int main(int argc, char **argv)
 	t_fwd = calloc((size_t)o.steps, sizeof(*t_fwd));
 	t_fb = calloc((size_t)o.steps, sizeof(*t_fb));
 	t_opt = calloc((size_t)o.steps, sizeof(*t_opt));
-	if (!ids || !seq_lens || !lp || !ent || !t_train || !t_fwd || !t_fb || !t_opt) {
+	sh_train = calloc((size_t)o.steps, sizeof(*sh_train));
+	sh_fwd = calloc((size_t)o.steps, sizeof(*sh_fwd));
+	if (!ids || !seq_lens || !lp || !ent || !t_train || !t_fwd || !t_fb || !t_opt ||
+	    !sh_train || !sh_fwd) {
 		fprintf(stderr, "bench_train: out of memory\n");
 		rc = 1;
 		goto out;
@@ -218,8 +229,10 @@ int main(int argc, char **argv)
 	if (rc)
 		goto fail;
 	for (s = -1; s < o.steps; s++) {
-		double t0 = now_s(), t1;
+		double t0, t1;
 
+		peak0 = s >= 0 ? bench_fma_peak(o.threads) : 0.0;
+		t0 = now_s();
 		rc = engine_forward_backward(e, &b, &res, &err);
 		t1 = now_s();
 		if (!rc)
@@ -230,6 +243,8 @@ int main(int argc, char **argv)
 			t_train[s] = now_s() - t0;
 			t_fb[s] = t1 - t0;
 			t_opt[s] = now_s() - t1;
+			sh_train[s] = f_train / t_train[s] / 1e9 /
+				      fmax(peak0, bench_fma_peak(o.threads));
 		}
 		fprintf(stderr, "train step %d: %.3f s (forward_backward %.3f s in %d micro-batches, "
 			"optimizer_step %.3f s), grad_norm %.4g\n", s + 1, now_s() - t0, t1 - t0,
@@ -240,18 +255,24 @@ int main(int argc, char **argv)
 		goto fail;
 	b.forward_only = true;
 	for (s = -1; s < o.steps; s++) {
-		double t0 = now_s();
+		double t0;
 
+		peak0 = s >= 0 ? bench_fma_peak(o.threads) : 0.0;
+		t0 = now_s();
 		rc = engine_forward_backward(e, &b, &res, &err);
 		if (rc)
 			goto fail;
-		if (s >= 0)
+		if (s >= 0) {
 			t_fwd[s] = now_s() - t0;
+			sh_fwd[s] = f_fwd / t_fwd[s] / 1e9 / fmax(peak0, bench_fma_peak(o.threads));
+		}
 	}
 	med_train = median(t_train, o.steps);
 	med_fwd = median(t_fwd, o.steps);
 	med_fb = median(t_fb, o.steps);
 	med_opt = median(t_opt, o.steps);
+	med_sh_train = median(sh_train, o.steps);
+	med_sh_fwd = median(sh_fwd, o.steps);
 	getrusage(RUSAGE_SELF, &ru);
 	rss_mib = (double)ru.ru_maxrss / 1024.0;
 	state_mib = 16.0 * (double)n_params / (1024.0 * 1024.0);
@@ -265,6 +286,8 @@ int main(int argc, char **argv)
 	       med_fb, med_opt);
 	printf("forward only : median %.3f s, %.1f tokens/s, %.1f GFLOP/s\n",
 	       med_fwd, (double)total / med_fwd, f_fwd / med_fwd / 1e9);
+	printf("share of the fp32 FMA peak measured around each step: training %.3f,"
+	       " forward only %.3f (medians)\n", med_sh_train, med_sh_fwd);
 	printf("peak RSS %.0f MiB (params+grads+Adam = %.0f MiB, ratio %.2f)\n",
 	       rss_mib, state_mib, rss_mib / state_mib);
 	printf("{\"bench\": \"engine_train\", \"dtype\": \"%s\", \"threads\": %d,"
@@ -273,11 +296,12 @@ int main(int argc, char **argv)
 	       " \"train_gflops\": %.2f, \"train_fb_s_median\": %.6f,"
 	       " \"train_opt_s_median\": %.6f, \"fwd_step_s_median\": %.6f,"
 	       " \"fwd_tokens_per_s\": %.3f, \"fwd_gflops\": %.2f,"
+	       " \"train_peak_share\": %.4f, \"fwd_peak_share\": %.4f,"
 	       " \"peak_rss_mib\": %.1f, \"state_mib\": %.1f}\n",
 	       o.bf16 ? "bf16" : "fp32", o.threads, (long long)o.tokens, o.seqs, o.steps,
 	       (long long)n_params, med_train, (double)total / med_train,
 	       f_train / med_train / 1e9, med_fb, med_opt, med_fwd, (double)total / med_fwd,
-	       f_fwd / med_fwd / 1e9, rss_mib, state_mib);
+	       f_fwd / med_fwd / 1e9, med_sh_train, med_sh_fwd, rss_mib, state_mib);
 	rc = 0;
 	goto out;
 fail:
@@ -293,5 +317,7 @@ out:
 	free(t_fwd);
 	free(t_fb);
 	free(t_opt);
+	free(sh_train);
+	free(sh_fwd);
 	return rc;
 }

@@ -10,7 +10,10 @@
 #   bench_train (fp32), bench_train --bf16, torch_train.py (fp32, 2 threads),
 #   bench_train --seqs 8 --tokens 512 (a realistic RL step: 4096 tokens in
 #   8 micro-batches per optimizer step, fp32; STEPS of them)
-# and prints tokens/s, GFLOP/s, peak RSS and the ratios:
+# and prints tokens/s, GFLOP/s, peak RSS and the ratios (the shares of the
+# peak: each step against the FMA peak bench_train measures right before
+# and after it, tests/bench/bench_peak.h; this VM's speed drifts too much
+# over the run for one peak taken at its start):
 #   engine fp32 / torch (training), engine forward-only / engine training,
 #   engine bf16 / engine fp32 (training), engine / torch (forward-only).
 # The environment is passed through unchanged (docs/PERF.md: do not change
@@ -62,14 +65,16 @@ ratios = [
     ("engine fp32 / torch, training", e["train_tokens_per_s"] / t["train_tokens_per_s"], ">= 5"),
     ("engine fp32 / torch, forward-only", e["fwd_tokens_per_s"] / t["fwd_tokens_per_s"], "-"),
     ("forward-only / training (fp32)", e["fwd_tokens_per_s"] / e["train_tokens_per_s"], ">= 3"),
-    ("bf16 / fp32 training", b["train_tokens_per_s"] / e["train_tokens_per_s"], ">= 2"),
-    ("fp32 training, share of the FMA peak (%.0f GFLOP/s)" % peak, e["train_gflops"] / peak, ">= 0.65"),
-    ("fp32 forward-only, share of the FMA peak", e["fwd_gflops"] / peak, "-"),
-    ("fp32 RL step 8 x 512, share of the FMA peak", rl["train_gflops"] / peak, ">= 0.75"),
+    ("bf16 / fp32 training", b["train_tokens_per_s"] / e["train_tokens_per_s"], ">= 1.8"),
+    ("fp32 training, share of the FMA peak", e["train_peak_share"], ">= 0.65"),
+    ("fp32 forward-only, share of the FMA peak", e["fwd_peak_share"], ">= 0.85"),
+    ("fp32 RL step 8 x 512, share of the FMA peak", rl["train_peak_share"], ">= 0.75"),
     ("peak RSS / (params+grads+Adam)", e["peak_rss_mib"] / e["state_mib"], "<= 1.15 (+acts)"),
 ]
 for name, r, goal in ratios:
     print("%-42s %8.2f   goal %s" % (name, r, goal))
+print("(the three shares against bench_gemm's peak at the start, %.0f GFLOP/s: %.2f / %.2f / %.2f)"
+      % (peak, e["train_gflops"] / peak, e["fwd_gflops"] / peak, rl["train_gflops"] / peak))
 core = t.get("openblas_core")
 if not core:
     print("\nWARNING: torch does not use OpenBLAS here (%s): the peer is far slower than "
