@@ -99,7 +99,7 @@ int main(int argc, char **argv)
 	};
 	const size_t nshapes = sizeof(shapes) / sizeof(shapes[0]);
 	struct device *dev32 = NULL, *dev16 = NULL;
-	double peak, flops_all = 0, t32_all = 0, t16_all = 0, tsg_all = 0;
+	double peak, peak16, flops_all = 0, t32_all = 0, t16_all = 0, tsg_all = 0;
 	size_t i, maxa = 0, maxb = 0, maxc = 0;
 	float *A, *B, *Cm;
 
@@ -138,6 +138,9 @@ int main(int argc, char **argv)
 	peak = bench_fma_peak(threads);
 	printf("threads %d, tokens %ld; fp32 FMA peak measured now: %.1f GFLOP/s\n",
 	       threads, (long)T, peak);
+	peak16 = bench_bf16_peak(threads);
+	printf("bf16 dot-product peak (vdpbf16ps) measured now: %.1f GFLOP/s = %.2fx the fp32"
+	       " peak%s\n", peak16, peak16 / peak, peak16 > 0 ? "" : " (no AVX512_BF16)");
 	printf("LM head in %d tiles of %ld vocabulary columns\n", nt, (long)Vt);
 	printf("%-18s %6s %6s %7s   %8s %8s %8s   %6s %6s\n", "shape", "M", "N", "K",
 	       "fp32", "bf16", "sgemm", "fp32/pk", "bf16/pk");

@@ -17,12 +17,16 @@ bf16) and, --rounds times, for each dtype, interleaved:
                 a uint64 view of each tensor), then close;
   stream        stream_weights(dtype) with the same read of each array (the
                 gRPC path: protobuf over loopback, reassembled in Python).
+--matmul bf16: the engine runs bf16 matmuls and one training step in TRAIN
+mode first, so a bfloat16 share copies the engine's current bf16 copy
+instead of converting (as after every optimizer step of a bf16 RL loop).
 Prints the medians in GB/s (payload bytes over wall time) and the share's
 ratios against each, and where the share's time went (RPC / pick-up and
 map / read).
 
   PYTHONPATH=client/python:build/tests/integration build/venv-pypi/bin/python \\
       tests/bench/bench_share.py [--preset small] [--rounds 3] [--dtypes float32,bfloat16]
+      [--matmul f32|bf16]
 """
 import argparse
 import os
@@ -75,6 +79,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--no-stream", action="store_true")
+    ap.add_argument("--matmul", choices=("f32", "bf16"), default="f32")
     args = ap.parse_args()
     dtypes = args.dtypes.split(",")
 
@@ -85,7 +90,12 @@ def main():
     try:
         c = EngineClient(d.addr, timeout=3600)
         t = time.perf_counter()
-        r = c.initialize(preset=args.preset, seed=1)
+        r = c.initialize(preset=args.preset, seed=1, bf16_matmul=args.matmul == "bf16")
+        if args.matmul == "bf16":
+            c.set_mode("train")
+            c.forward_backward(np.arange(32, dtype=np.int32) * 37 % 1000, [16, 16],
+                               loss="sft")
+            c.optimizer_step()
         print("initialized %s: %d parameters in %.1f s" % (args.preset, r.num_parameters,
                                                            time.perf_counter() - t),
               flush=True)
@@ -127,8 +137,8 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
     med = {dt: {k: statistics.median(v) if v else float("nan") for k, v in r.items()}
            for dt, r in res.items()}
-    print("\nmedians of %d rounds, %s (%.2f GB fp32):" % (args.rounds, args.preset,
-                                                          size.get("float32", big) / 1e9))
+    print("\nmedians of %d rounds, %s (%.2f GB fp32), matmuls %s:" % (
+        args.rounds, args.preset, size.get("float32", big) / 1e9, args.matmul))
     for dt in dtypes:
         m = med[dt]
         print("  %-8s %.3f GB: share %.2f GB/s (RPC %.3f s, read %.3f s) | memcpy %.2f "
