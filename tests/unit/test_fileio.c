@@ -4,8 +4,10 @@
  * follows no symlink (io_openat, io_open_file, io_read_file_at: symlinks
  * to files and directories, inside and outside, dangling ones with
  * O_CREAT, "..", absolute paths, FIFOs), with openat2 and with the walk
- * of older kernels. Linked against the io library alone (the client links
- * nothing more). */
+ * of older kernels; file_xxh64 against libxxhash's one-shot XXH64 of the
+ * same bytes, below and above the size from which a second thread reads
+ * the file's second half ahead. Linked against the io library alone (the
+ * client links nothing more). */
 #include "check_run.h"
 #include <check.h>
 #include <errno.h>
@@ -17,7 +19,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include "io/fileio.h"
+#include "io/safetensors.h"
 
 static char dir[64];
 static char *const sentinel = (char *)"untouched";
@@ -323,6 +328,38 @@ START_TEST(openat_refuses_symlinks)
 }
 END_TEST
 
+/* Sizes around xxh.c's XXH_AHEAD_MIN (64 MiB), the largest not a multiple
+ * of its 8 MiB reads. */
+static const size_t xxh_sizes[] = { 0, 1, 3u << 20, (64u << 20) - 1, (64u << 20) + 12345 };
+
+START_TEST(xxh64_of_whole_files)
+{
+	size_t n = xxh_sizes[_i];
+	unsigned char *buf = malloc(n ? n : 1);
+	char path[96];
+	uint64_t got = 0, x = 0x9e3779b97f4a7c15ull;
+	struct eng_error err = { 0 };
+	int fd;
+
+	ck_assert_ptr_nonnull(buf);
+	for (size_t i = 0; i < n; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		buf[i] = (unsigned char)x;
+	}
+	snprintf(path, sizeof(path), "%s/hash.bin", dir);
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(io_write_full(fd, buf, n), 0);
+	close(fd);
+	ck_assert_int_eq(file_xxh64(path, &got, &err), 0);
+	ck_assert_uint_eq(got, XXH64(buf, n, 0));
+	unlink(path);
+	free(buf);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("fileio");
@@ -337,6 +374,8 @@ int main(void)
 	tcase_add_test(tc, missing_and_directory);
 	tcase_add_test(tc, write_full_errors);
 	tcase_add_loop_test(tc, openat_refuses_symlinks, 0, 2);
+	tcase_add_loop_test(tc, xxh64_of_whole_files, 0,
+			    (int)(sizeof(xxh_sizes) / sizeof(xxh_sizes[0])));
 	suite_add_tcase(s, tc);
 	return check_run(s);
 }
