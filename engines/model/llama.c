@@ -268,13 +268,15 @@ static void lin_bwd_in(struct llama_model *m, float *din, const float *dout,
 					W, nin, beta, din, nin);
 }
 
-/* dW[nout,nin] += dout[T,nout]^T in[T,nin] */
+/* dW[nout,nin] += dout[T,nout]^T in[T,nin]; written, not added, when
+ * `first` and the gradients are known zero (m->grads_zero): the product
+ * then does not read the zeroes (beta 0). */
 static void lin_bwd_w(struct llama_model *m, float *dW, const float *dout,
-		      const float *in, int64_t T, int64_t nout, int64_t nin)
+		      const float *in, int64_t T, int64_t nout, int64_t nin, bool first)
 {
 	if (!m->rc)
 		m->rc = m->dev->k->gemm(m->dev, true, false, nout, nin, T, dout, nout,
-					in, nin, 1.0f, dW, nin);
+					in, nin, first && m->grads_zero ? 0.0f : 1.0f, dW, nin);
 }
 
 static void bias_add(struct llama_model *m, float *x, const float *b, int64_t R, int64_t N)
@@ -534,7 +536,8 @@ static void head_bwd(struct llama_model *m, const struct llama_batch *b, float i
 								     drow_logp + r0, drow_ent + r0,
 								     R, v0, Vc, inv_temp);
 			lin_bwd_in(m, g->dln + r0 * C, z, W, R, Vc, C, v0 ? 1.0f : 0.0f);
-			lin_bwd_w(m, m->g.lm_head + v0 * C, z, g->lnf + r0 * C, R, Vc, C);
+			lin_bwd_w(m, m->g.lm_head + v0 * C, z, g->lnf + r0 * C, R, Vc, C,
+				  r0 == 0);
 		}
 	}
 }
@@ -553,19 +556,19 @@ static void layer_bwd(struct llama_model *m, const struct llama_batch *b,
 	/* MLP: x_{l+1} = xmid + h Wd^T; dxmid starts as dx (same buffer). */
 	if (!m->rc)
 		m->rc = m->dev->k->swiglu_fwd(m->dev, h, a->gate, a->up, T * F);
-	lin_bwd_w(m, gw->w_down, g->dx, h, T, C, F);
+	lin_bwd_w(m, gw->w_down, g->dx, h, T, C, F, true);
 	lin_bwd_in(m, dh, g->dx, w->w_down, T, C, F, 0.0f);
 	if (!m->rc)
 		m->rc = m->dev->k->swiglu_bwd(m->dev, dgate, dup, dh, a->gate, a->up, T * F);
-	lin_bwd_w(m, gw->w_gate, dgate, a->ln2, T, F, C);
-	lin_bwd_w(m, gw->w_up, dup, a->ln2, T, F, C);
+	lin_bwd_w(m, gw->w_gate, dgate, a->ln2, T, F, C, true);
+	lin_bwd_w(m, gw->w_up, dup, a->ln2, T, F, C, true);
 	lin_bwd_in(m, g->dln, dgate, w->w_gate, T, F, C, 0.0f);
 	lin_bwd_in(m, g->dln, dup, w->w_up, T, F, C, 1.0f);
 	norm_bwd(m, g->dx, gw->ln2, g->dln, a->xmid, w->ln2, a->rstd2, T, C, 1.0f);
 
 	/* Attention: xmid = x_l + att Wo^T (+ bo). */
 	bias_bwd(m, gw->bo, g->dx, T, C);
-	lin_bwd_w(m, gw->wo, g->dx, a->att, T, C, QD);
+	lin_bwd_w(m, gw->wo, g->dx, a->att, T, C, QD, true);
 	lin_bwd_in(m, g->datt, g->dx, w->wo, T, C, QD, 0.0f);
 	if (!m->rc)
 		m->rc = m->dev->k->attention_bwd(m->dev, g->dq, g->dk, g->dv, g->datt,
@@ -586,9 +589,9 @@ static void layer_bwd(struct llama_model *m, const struct llama_batch *b,
 	bias_bwd(m, gw->bq, g->dq, T, QD);
 	bias_bwd(m, gw->bk, g->dk, T, KD);
 	bias_bwd(m, gw->bv, g->dv, T, KD);
-	lin_bwd_w(m, gw->wq, g->dq, a->ln1, T, QD, C);
-	lin_bwd_w(m, gw->wk, g->dk, a->ln1, T, KD, C);
-	lin_bwd_w(m, gw->wv, g->dv, a->ln1, T, KD, C);
+	lin_bwd_w(m, gw->wq, g->dq, a->ln1, T, QD, C, true);
+	lin_bwd_w(m, gw->wk, g->dk, a->ln1, T, KD, C, true);
+	lin_bwd_w(m, gw->wv, g->dv, a->ln1, T, KD, C, true);
 	lin_bwd_in(m, g->dln, g->dq, w->wq, T, QD, C, 0.0f);
 	lin_bwd_in(m, g->dln, g->dk, w->wk, T, KD, C, 1.0f);
 	lin_bwd_in(m, g->dln, g->dv, w->wv, T, KD, C, 1.0f);
@@ -622,5 +625,6 @@ int llama_backward(struct llama_model *m, const struct llama_batch *b,
 	if (!m->rc)
 		m->rc = m->dev->k->embedding_bwd(m->dev, m->g.wte, g.dx, b->ids, T, C,
 						 c->vocab_size);
+	m->grads_zero = false;
 	return m->rc;
 }

@@ -67,6 +67,11 @@ struct llama_model {
 	 * returns. Work queued on a device stream may still be running. */
 	void (*grads_done)(void *ctx, int64_t layer);
 	void *grads_done_ctx;
+	/* Set by the caller when every gradient is zero: llama_backward then
+	 * writes each weight's product-gradient (dy^T x) instead of adding it
+	 * to the zeroes (its first product into that weight; biases, norms
+	 * and the embedding's rows still add), and clears it on return. */
+	bool grads_zero;
 };
 
 /* Set up a model over already-bound weights and gradients (layers arrays

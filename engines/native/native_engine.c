@@ -703,6 +703,10 @@ static int native_forward_backward(struct engine *e, const struct engine_batch *
 		     eng_fail(err, -ENOMEM, "cancellable call: no memory for a copy of the "
 			      "gradients (%zu bytes)", gbytes);
 	}
+	/* grad_calls == 0: the gradients are zero (every path that leaves
+	 * them otherwise counts a call or zeroes them), so the first backward
+	 * pass writes its weight products instead of adding them. */
+	n->model.grads_zero = n->grad_calls == 0;
 	for (k = 0; k < plan.num_micro_batches && !rc; k++) {
 		bool last = k == plan.num_micro_batches - 1;
 
