@@ -151,7 +151,7 @@ static void run_rank(int rank, const char *root, const struct dist_group_id *id,
 		exit(1);
 	}
 	static const char *const what[] = { "all-reduce", "reduce-scatter",
-					     "reduce to owners in " "4 MiB buckets" };
+					     "reduce to owners in 4 MiB buckets" };
 	static const char *const col[] = { "dist.h (gloo)", "dist.h r-scat", "dist.h reduce" };
 
 	for (int kind = 0; kind < 3; kind++) {
