@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import engined_client
+from bf16_ref import rne_bits
 from engined_client import (AsyncEngineClient, EngineClient, EngineError, ForwardBackwardResult,
                             LoadResult, LrResult, Mode, StepResult, pb, results, tensors)
 from engined_client import _api, _rpc, aio, client as client_mod
@@ -414,14 +415,8 @@ def test_parse_bucket_equals_protobufs_parse():
     assert all(np.array_equal(a, ref) for (_, a), (_, _, ref) in zip(got, ts))
 
 
-def bf16_bits(a):
-    """Round-to-nearest-even bf16 bits of float32 a."""
-    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
 def test_bf16_dtype():
-    bits = bf16_bits(np.array([1.0, -2.5, 3.14159, 1e-3], np.float32))
+    bits = rne_bits(np.array([1.0, -2.5, 3.14159, 1e-3], np.float32))
     asm = tensors.Assembler()
     [(name, a)] = asm.feed(pb.ParamBucket(slices=[pb.TensorSlice(
         name="w", dtype=pb.BFLOAT16, shape=[2, 2], tensor_bytes=8, length=8)],
@@ -442,7 +437,7 @@ def test_bf16_dtype():
 
 def test_to_torch():
     torch = pytest.importorskip("torch")
-    bits = bf16_bits(np.array([1.0, -2.5, 3.14159, 65504.0], np.float32))
+    bits = rne_bits(np.array([1.0, -2.5, 3.14159, 65504.0], np.float32))
     t = engined_client.to_torch(bits, bfloat16=True)
     assert t.dtype == torch.bfloat16 and t.shape == (4,)
     assert np.array_equal(t.view(torch.int16).numpy().view(np.uint16), bits)

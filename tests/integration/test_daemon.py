@@ -25,6 +25,7 @@ import grpc
 import numpy as np
 import pytest
 
+from bf16_ref import rne_bits, torch_bits
 from daemon_fixture import Daemon, make_tmp, wait_for
 from rpc_expect import expect as expect_error
 
@@ -75,17 +76,6 @@ def read_safetensors(path):
     except ImportError:
         pass
     return out
-
-
-def bf16_reference(a):
-    """Correctly rounded bf16 bits of float32 a (torch when available)."""
-    try:
-        import torch
-        return torch.from_numpy(np.ascontiguousarray(a)).to(torch.bfloat16).view(torch.int16) \
-            .numpy().view(np.uint16)
-    except ImportError:
-        u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
-        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
 # --- before Initialize ----------------------------------------------------------
@@ -311,7 +301,7 @@ def test_rl_iteration_and_weights_match_checkpoint(daemon, client):
         assert dt == "F32" and np.array_equal(ref, a), k
     bf = weights(client, "bfloat16")
     for k, a in w1.items():
-        assert np.array_equal(bf[k].view(np.uint16), bf16_reference(a)), k
+        assert np.array_equal(bf[k].view(np.uint16), torch_bits(a)), k
     f16 = weights(client, "float16")
     for k, a in w1.items():
         assert np.array_equal(f16[k].view(np.uint16), a.astype(np.float16).view(np.uint16)), k
@@ -339,12 +329,6 @@ def test_stream_buckets_and_filters(client):
                  field="bucket_bytes")
 
 
-def bf16_rne_bits(a):
-    """float32 a rounded to nearest even bf16: the bit patterns (numpy only)."""
-    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
 def test_bf16_weights(client):
     """stream_weights("bfloat16"): ml_dtypes.bfloat16 arrays where ml_dtypes
     imports (the PyPI venv must have it: ENGINED_EXPECT_ML_DTYPES=1), else
@@ -363,7 +347,7 @@ def test_bf16_weights(client):
     for k, a in w32.items():
         b = bf[k]
         assert b.dtype == (ml_dtypes.bfloat16 if ml_dtypes else np.uint16), (k, b.dtype)
-        assert b.shape == a.shape and np.array_equal(b.view(np.uint16), bf16_rne_bits(a)), k
+        assert b.shape == a.shape and np.array_equal(b.view(np.uint16), rne_bits(a)), k
         if ml_dtypes:
             assert np.array_equal(a.astype(ml_dtypes.bfloat16).view(np.uint16), b.view(np.uint16))
     try:
@@ -376,7 +360,7 @@ def test_bf16_weights(client):
     for k in names:
         assert tb[k].dtype == torch.bfloat16 and tuple(tb[k].shape) == w32[k].shape
         assert np.array_equal(tb[k].view(torch.int16).numpy().view(np.uint16),
-                              bf16_rne_bits(w32[k])), k
+                              rne_bits(w32[k])), k
         assert tf[k].dtype == torch.float32 and np.array_equal(tf[k].numpy(), w32[k])
         assert torch.equal(tb[k], torch.from_numpy(w32[k]).to(torch.bfloat16)), k
 

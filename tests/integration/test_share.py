@@ -31,6 +31,7 @@ import grpc
 import numpy as np
 import pytest
 
+from bf16_ref import torch_bits
 from daemon_fixture import Daemon, wait_for, make_tmp
 from rpc_expect import expect
 
@@ -445,18 +446,6 @@ def test_engine_param_copy_path(tmp):
         assert d.stop() == 0
 
 
-def rne_bf16(a):
-    """float32 a rounded to nearest even bf16, as bit patterns (torch's
-    rounding where torch imports, else the rule in numpy)."""
-    try:
-        import torch
-        return torch.from_numpy(np.ascontiguousarray(a)).to(torch.bfloat16) \
-            .view(torch.int16).numpy().view(np.uint16)
-    except ImportError:
-        u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
-        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
 def test_bf16_from_the_engines_copy(tmp):
     """With bf16 matmuls the engine keeps its weights rounded to bf16
     (AdamW refreshes the copy in its own pass). The bfloat16 stream sends
@@ -474,7 +463,7 @@ def test_bf16_from_the_engines_copy(tmp):
         assert "BFLOAT16, " + how in line, line
         assert [n for n, _ in bf] == [n for n, _ in ref]
         for (n, a), (_, b) in zip(ref, bf):
-            assert np.array_equal(b.view(np.uint16), rne_bf16(a)), n
+            assert np.array_equal(b.view(np.uint16), torch_bits(a)), n
         with cl.share_weights(dtype="bfloat16") as w:
             same(w, bf)
 
