@@ -40,6 +40,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 from daemon_fixture import Daemon  # noqa: E402
+from bench_engine import initialize  # noqa: E402
 
 from engined_client import EngineClient  # noqa: E402
 
@@ -90,12 +91,7 @@ def main():
     try:
         c = EngineClient(d.addr, timeout=3600)
         t = time.perf_counter()
-        r = c.initialize(preset=args.preset, seed=1, bf16_matmul=args.matmul == "bf16")
-        if args.matmul == "bf16":
-            c.set_mode("train")
-            c.forward_backward(np.arange(32, dtype=np.int32) * 37 % 1000, [16, 16],
-                               loss="sft")
-            c.optimizer_step()
+        r = initialize(c, args.preset, args.matmul, seed=1)
         print("initialized %s: %d parameters in %.1f s" % (args.preset, r.num_parameters,
                                                            time.perf_counter() - t),
               flush=True)

@@ -40,6 +40,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 from daemon_fixture import Daemon  # noqa: E402
+from bench_engine import initialize  # noqa: E402
 
 from engined_client import EngineClient  # noqa: E402
 
@@ -114,12 +115,7 @@ def main():
     d = Daemon()
     try:
         c = EngineClient(d.addr, timeout=3600)
-        c.initialize(preset=a.preset, bf16_matmul=a.matmul == "bf16")
-        if a.matmul == "bf16":
-            c.set_mode("train")
-            c.forward_backward(np.arange(32, dtype=np.int32) * 37 % 1000, [16, 16],
-                               loss="sft")
-            c.optimizer_step()
+        initialize(c, a.preset, a.matmul)
         kinds = ("float32", "bfloat16", "grpc")
         rates = {k: [] for k in ("raw", "rawmem") + kinds}
         cpus = {k: [] for k in kinds}
