@@ -24,6 +24,20 @@
  *
  * The job polls its call between units: a client that went away stops it
  * (CANCELLED) and the memory is freed at once.
+ *
+ * Without a copy (lend): BFLOAT16 of parameters in host memory, when the
+ * tensors asked for are at least half of all the parameters, is the
+ * engine's own bf16 copy lent as it is (engine_lend_params_bf16: the file
+ * the engine's products read, sealed the same way; made current first in
+ * an fp32 engine, which keeps it current from then on). The reply's
+ * offsets are the tensors' places in that file, which holds every
+ * parameter; the file is never written again (the engine's next values go
+ * to a new one), so the consumer's view cannot change under it. Below
+ * half, the tensors are copied as above: a consumer of a few tensors
+ * should not keep every parameter's memory alive after the engine moved
+ * on. An engine that cannot lend (device memory, no such copy) copies, and
+ * so does one whose copy holds a tensor asked for at an offset that is not
+ * a multiple of SHARE_ALIGN (odd model sizes: the reply promises it).
  */
 #include "handlers.h"
 
@@ -262,6 +276,72 @@ static int fill(struct share_job *s, struct rpc_call *call, struct eng_error *er
 	return r;
 }
 
+/* Back to copying (from the copy, current now: each tensor's data): a
+ * tensor of the lent copy is not at a multiple of SHARE_ALIGN (a model with
+ * odd sizes), which the reply promises. */
+static int unlent(struct share_job *s, const char *name)
+{
+	log_msg(LOG_LVL_DEBUG, "share: copying the tensors: %s is not %d-byte aligned in the "
+		"engine's bf16 copy", name, SHARE_ALIGN);
+	close(s->fd);
+	s->fd = -1;
+	free(s->offsets);
+	s->offsets = NULL;
+	return 0;
+}
+
+/* The lend rule (the header): 1 when the share is the engine's bf16 copy
+ * itself (s->fd, s->total, s->offsets and each tensor's data are the lent
+ * file's), 0 when it is to be copied, < 0 on failure. */
+static int lend(struct share_job *s, struct eng_error *err)
+{
+	struct engine *e = s->d->engine;
+	struct engine_lent_file f;
+	struct eng_error why;
+	const char *odd = NULL;
+	int64_t all = 0, n = engine_num_params(e);
+
+	if (s->set.edtype != ENGINE_DTYPE_BF16 || !s->set.on_host)
+		return 0;
+	for (int64_t i = 0; i < n; i++) {
+		struct engine_param_view v;
+
+		if (engine_param_info(e, i, &v, err) < 0)
+			return -EIO;
+		if (!ck_add_i64(all, v.numel, &all))
+			return eng_fail(err, -E2BIG, "share: size overflows");
+	}
+	if (s->set.total_bytes / 2 < all - all / 2)
+		return 0;
+	eng_error_clear(&why);
+	if (engine_lend_params_bf16(e, &f, &why) < 0) {
+		log_msg(LOG_LVL_DEBUG, "share: copying the tensors: %s", why.msg);
+		return 0;
+	}
+	s->fd = f.fd;
+	s->total = f.bytes;
+	s->offsets = calloc((size_t)(s->set.n ? s->set.n : 1), sizeof(*s->offsets));
+	if (!s->offsets)
+		return eng_fail(err, -ENOMEM, "out of memory");
+	for (int64_t i = 0; i < s->set.n; i++) {
+		struct param_ref *t = &s->set.t[i];
+		struct engine_param_view v;
+		int64_t off;
+
+		if (engine_param_info(e, t->index, &v, err) < 0)
+			return -EIO;
+		off = v.host_bf16 ? (int64_t)(v.host_bf16 - f.base) * 2 : -1;
+		if (off < 0 || off > f.bytes - t->bytes)
+			return eng_fail(err, -EIO, "share: %s lies outside the lent copy", t->name);
+		if (off % SHARE_ALIGN && !odd)
+			odd = t->name;
+		t->data = v.host_bf16;
+		s->offsets[i] = off;
+	}
+	s->set.in_place = true;
+	return odd ? unlent(s, odd) : 1;
+}
+
 /* The host must hold the share besides everything else. */
 static int check_host_memory(int64_t total, struct eng_error *err)
 {
@@ -272,6 +352,24 @@ static int check_host_memory(int64_t total, struct eng_error *err)
 		return eng_fail(err, -ENOMEM,
 				"share: %lld bytes of shared memory, only %zu bytes of host memory "
 				"available", (long long)total, avail);
+	return 0;
+}
+
+/* The copy: a new memfd filled and sealed (the header). */
+static int write_file(struct share_job *s, struct rpc_call *call, struct eng_error *err)
+{
+	int r;
+
+	daemon_progress(s->d, "copy", 0, s->total, "bytes");
+	s->fd = memfd_create("engined-weights", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (s->fd < 0 || ftruncate(s->fd, (off_t)s->total) < 0)
+		return eng_fail(err, eng_errno_code(errno), "share: memfd of %lld bytes: %s",
+				(long long)s->total, strerror(errno));
+	r = fill(s, call, err);
+	if (r < 0)
+		return r;
+	if (fcntl(s->fd, F_ADD_SEALS, SEALS) < 0)
+		return eng_fail(err, -EIO, "share: sealing the memfd: %s", strerror(errno));
 	return 0;
 }
 
@@ -333,7 +431,7 @@ int h_run_share_weights(struct daemon *d, struct job *j, struct eng_error *err)
 	uint8_t handle[SHARE_HANDLE_BYTES];
 	uint64_t id = 0;
 	double t0 = now_s(), dt;
-	int r;
+	int r, lent;
 
 	memset(&s, 0, sizeof(s));
 	s.d = d;
@@ -342,27 +440,16 @@ int h_run_share_weights(struct daemon *d, struct job *j, struct eng_error *err)
 	r = params_collect(d->engine, q->dtype, q->names, q->n_names, true, &s.set, err);
 	if (r < 0)
 		goto out;
-	r = plan(&s, err);
+	lent = lend(&s, err);
+	r = lent < 0 ? lent : lent ? 0 : plan(&s, err);
 	if (r == 0)
 		r = share_table_admit(d->shares, s.total, share_table_now_ms(), err);
-	if (r == 0)
+	if (r == 0 && !lent)
 		r = check_host_memory(s.total, err);
+	if (r == 0 && !lent)
+		r = write_file(&s, j->call, err);
 	if (r < 0)
 		goto out;
-	daemon_progress(d, "copy", 0, s.total, "bytes");
-	s.fd = memfd_create("engined-weights", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (s.fd < 0 || ftruncate(s.fd, (off_t)s.total) < 0) {
-		r = eng_fail(err, eng_errno_code(errno), "share: memfd of %lld bytes: %s",
-			     (long long)s.total, strerror(errno));
-		goto out;
-	}
-	r = fill(&s, j->call, err);
-	if (r < 0)
-		goto out;
-	if (fcntl(s.fd, F_ADD_SEALS, SEALS) < 0) {
-		r = eng_fail(err, -EIO, "share: sealing the memfd: %s", strerror(errno));
-		goto out;
-	}
 	engine_status(d->engine, &st);
 	/* The table owns the descriptor from here, also when this fails. */
 	r = share_table_add(d->shares, s.fd, s.total, q->uses ? q->uses : 1,
@@ -372,9 +459,10 @@ int h_run_share_weights(struct daemon *d, struct job *j, struct eng_error *err)
 		goto out;
 	dt = now_s() - t0;
 	log_msg(LOG_LVL_INFO,
-		"share #%llu: %lld tensors, %lld bytes %s (step %lld) in %.3f s (%.2f GB/s), "
+		"share #%llu: %lld tensors, %lld bytes %s (step %lld) %s in %.3f s (%.2f GB/s), "
 		"%d use%s within %.1f s", (unsigned long long)id, (long long)s.set.n,
-		(long long)s.total, dtype_names[s.set.dtype], (long long)st.step, dt,
+		(long long)s.total, dtype_names[s.set.dtype], (long long)st.step,
+		lent ? "lent (the engine's bf16 copy)" : "copied", dt,
 		dt > 0 ? (double)s.total / dt / 1e9 : 0.0, q->uses ? q->uses : 1,
 		q->uses > 1 ? "s" : "", (double)share_table_ttl_ms(d->shares) / 1e3);
 	r = reply(d, j, &s, handle, st.step);

@@ -301,6 +301,15 @@ int engine_param_info(struct engine *e, int64_t i, struct engine_param_view *ret
 	return e->ops->param_info(e, i, ret);
 }
 
+int engine_lend_params_bf16(struct engine *e, struct engine_lent_file *ret,
+			    struct eng_error *err)
+{
+	if (!e->ops->lend_params_bf16)
+		return eng_fail(err, -ENOTSUP, "the %s engine keeps no bf16 copy to lend",
+				e->ops->backend);
+	return e->ops->lend_params_bf16(e, ret, err);
+}
+
 int engine_param_copy(struct engine *e, int64_t i, enum engine_dtype dtype,
 		      int64_t start, int64_t count, void *dst, struct eng_error *err)
 {

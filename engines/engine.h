@@ -291,6 +291,17 @@ struct engine_param_view {
 	const uint16_t *host_bf16;
 };
 
+/* The engine's bf16 copy of its parameters, lent as a file that can never
+ * change (engine_lend_params_bf16). */
+struct engine_lent_file {
+	int fd;                     /* the caller's: sealed with F_SEAL_WRITE,
+				     * F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL */
+	int64_t bytes;              /* the file's size */
+	/* The copy in this process: a parameter whose host_bf16 is p lies at
+	 * byte (p - base) * 2 of the file. */
+	const uint16_t *base;
+};
+
 struct engine;  /* opaque */
 
 struct engine_ops {
@@ -319,6 +330,9 @@ struct engine_ops {
 	int (*param_info)(struct engine *e, int64_t i, struct engine_param_view *ret);
 	int (*param_copy)(struct engine *e, int64_t i, enum engine_dtype dtype,
 			  int64_t start, int64_t count, void *dst, struct eng_error *err);
+	/* Optional (NULL: -ENOTSUP from the wrapper). */
+	int (*lend_params_bf16)(struct engine *e, struct engine_lent_file *ret,
+				struct eng_error *err);
 	/* `dir` is an absolute path already confined by the caller; NULL on a
 	 * rank other than 0 of a group that cannot reach the checkpoint (rank 0
 	 * writes or reads its part), refused alone or on rank 0. */
@@ -395,6 +409,19 @@ int engine_param_info(struct engine *e, int64_t i, struct engine_param_view *ret
  * runs on the device, and only the slice asked for is copied. */
 int engine_param_copy(struct engine *e, int64_t i, enum engine_dtype dtype,
 		      int64_t start, int64_t count, void *dst, struct eng_error *err);
+/* Lend the parameters rounded to bf16 (engines/io/round.h) as a sealed
+ * file, for consumers on this host (ShareWeights): the engine's own copy
+ * (engine_param_view.host_bf16), made current first when it is stale or
+ * absent (also in an fp32 engine, which keeps it current from then on,
+ * at 2 bytes per parameter). Nothing is copied: the file is the memory
+ * the engine reads, made immutable; the engine writes later values into a
+ * new file, and the lent one lives as long as a holder of its descriptor
+ * or a mapping. Afterwards every parameter's host_bf16 points into `base`
+ * until the parameters change. -ENOTSUP when the engine keeps no such
+ * copy (parameters not in host memory, a device without it), -ENOMEM, or
+ * another -errno, each with a message. */
+int engine_lend_params_bf16(struct engine *e, struct engine_lent_file *ret,
+			    struct eng_error *err);
 /* Bytes per element of a dtype (4 or 2); 0 for an unknown dtype. */
 size_t engine_dtype_size(enum engine_dtype dtype);
 /* Gradient of parameter i (same view; host_data = accumulated gradient).

@@ -187,6 +187,14 @@ struct kernel_table {
 	int (*to_f16)(struct device *dev, uint16_t *out, const float *x, int64_t n);
 };
 
+/* A file holding a copy of device state, lent to its caller
+ * (params_bf16_lend). */
+struct device_lent_file {
+	int fd;                       /* the caller's */
+	size_t bytes;                 /* the file's size */
+	const void *base;             /* the copy as this process maps it */
+};
+
 struct device_ops {
 	const char *name;                    /* "cpu", "cuda" */
 	/* Open / close a device. threads <= 0 means the device's default (the
@@ -235,6 +243,17 @@ struct device_ops {
 	 * placement change. Optional: NULL on devices that keep no such copy
 	 * in host memory. */
 	const uint16_t *(*params_bf16)(struct device *dev);
+	/* That copy, made current first (rounded now if it is stale or
+	 * absent, also with fp32 products: the device keeps it current from
+	 * then on), lent as a file that can never change: *ret gets a new
+	 * descriptor (the caller's) sealed with F_SEAL_WRITE | F_SEAL_SHRINK |
+	 * F_SEAL_GROW | F_SEAL_SEAL, its size, and where the copy lies in this
+	 * process (params_bf16 returns the same base until the parameters
+	 * change; element k of the region is at byte 2k of the file). The
+	 * device writes later values into a new file. -ENOTSUP when the
+	 * device cannot (no host memory, no region), -ENOMEM, or a -errno of
+	 * memfd_create / mmap / fcntl. Optional. */
+	int (*params_bf16_lend)(struct device *dev, struct device_lent_file *ret);
 };
 
 /* Every device has this as its first member. */

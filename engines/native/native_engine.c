@@ -923,6 +923,28 @@ static int native_grad(struct engine *e, int64_t i, struct engine_param_view *re
 /* Convert on the device when the parameters are there (into a scratch
  * allocation unless device memory is host memory), else on the host; then
  * copy the slice to dst. */
+static int native_lend_params_bf16(struct engine *e, struct engine_lent_file *ret,
+				   struct eng_error *err)
+{
+	struct native *n = N(e);
+	struct device_lent_file f;
+	int r;
+
+	if (!n->dev->ops->params_bf16_lend || !native_family_host_ptr(n, FAM_PARAMS) ||
+	    n->dev->param_base != n->fam[FAM_PARAMS].dev)
+		return eng_fail(err, -ENOTSUP,
+				"the parameters are not in host memory with a bf16 copy "
+				"(device %s)", n->dev->ops->name);
+	r = n->dev->ops->params_bf16_lend(n->dev, &f);
+	if (r < 0)
+		return eng_fail(err, r, "lending the bf16 copy of the parameters: %s",
+				strerror(-r));
+	ret->fd = f.fd;
+	ret->bytes = (int64_t)f.bytes;
+	ret->base = f.base;
+	return 0;
+}
+
 static int native_param_copy(struct engine *e, int64_t i, enum engine_dtype dtype,
 			     int64_t start, int64_t count, void *dst, struct eng_error *err)
 {
@@ -1012,6 +1034,7 @@ static void native_status(struct engine *e, struct engine_status *ret)
 		.grad = native_grad,                            \
 		.param_info = native_param_info,                \
 		.param_copy = native_param_copy,                \
+		.lend_params_bf16 = native_lend_params_bf16,    \
 		.save_checkpoint = native_save_checkpoint,      \
 		.load_checkpoint = native_load_checkpoint,      \
 		.status = native_status,                        \

@@ -17,16 +17,25 @@ bf16) and, --rounds times, for each dtype, interleaved:
                 a uint64 view of each tensor), then close;
   stream        stream_weights(dtype) with the same read of each array (the
                 gRPC path: protobuf over loopback, reassembled in Python).
+Before each share, as in an RL loop, one training step (a 2 x 16-token
+SFT forward_backward and an optimizer step, TRAIN mode) changes the
+weights; --no-steps leaves them as they are. A bfloat16 share of all the
+weights is the engine's own bf16 copy, lent (no copy made: the daemon's
+log says "lent"); an fp32 engine makes that copy at its first lend and
+keeps it current in AdamW from then on. A lent copy is never written
+again, so the next optimizer step writes its new copy into fresh memory:
+the bench times the optimizer steps that follow a lent share and those
+that follow a copied one, the difference being the cost the lend moves
+into the step.
 --matmul bf16: the engine runs bf16 matmuls and one training step in TRAIN
-mode first, so a bfloat16 share copies the engine's current bf16 copy
-instead of converting (as after every optimizer step of a bf16 RL loop).
+mode first, so its bf16 copy is current from the start.
 Prints the medians in GB/s (payload bytes over wall time) and the share's
 ratios against each, and where the share's time went (RPC / pick-up and
 map / read).
 
   PYTHONPATH=client/python:build/tests/integration build/venv-pypi/bin/python \\
       tests/bench/bench_share.py [--preset small] [--rounds 3] [--dtypes float32,bfloat16]
-      [--matmul f32|bf16]
+      [--matmul f32|bf16] [--no-steps]
 """
 import argparse
 import os
@@ -65,6 +74,21 @@ def bench_share(c, dtype):
     return n, t2 - t0, t1 - t0, t2 - t1
 
 
+def train_step(c):
+    """One SFT step in TRAIN mode; returns the optimizer step's seconds."""
+    c.set_mode("train")
+    c.forward_backward(np.arange(32, dtype=np.int32) * 41 % 1000, [16, 16], loss="sft")
+    t = time.perf_counter()
+    c.optimizer_step()
+    return time.perf_counter() - t
+
+
+def last_share_lent(d):
+    """Whether the daemon lent its last share (its log line)."""
+    lines = [ln for ln in d.log_text().splitlines() if "share #" in ln and " tensors, " in ln]
+    return bool(lines) and "lent (" in lines[-1]
+
+
 def bench_stream(c, dtype):
     t0 = time.perf_counter()
     n = 0
@@ -81,13 +105,15 @@ def main():
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--no-stream", action="store_true")
     ap.add_argument("--matmul", choices=("f32", "bf16"), default="f32")
+    ap.add_argument("--no-steps", action="store_true")
     args = ap.parse_args()
     dtypes = args.dtypes.split(",")
 
     tmp = tempfile.mkdtemp(prefix="engined-bench-share-")
     d = Daemon("--share-socket", os.path.join(tmp, "share.sock"))
     res = {dt: {"memcpy": [], "memcpy-fresh": [], "share": [], "stream": [],
-                "rpc": [], "read": []} for dt in dtypes}
+                "rpc": [], "read": [], "lent": []} for dt in dtypes}
+    steps = {True: [], False: []}     # optimizer step seconds, after a lent share or not
     try:
         c = EngineClient(d.addr, timeout=3600)
         t = time.perf_counter()
@@ -113,17 +139,21 @@ def main():
                 np.copyto(fresh, src[:n])
                 res[dt]["memcpy-fresh"].append(n / (time.perf_counter() - t) / 1e9)
                 del fresh
+                if not args.no_steps:
+                    steps[last_share_lent(d)].append(train_step(c))
                 n, total, rpc, rd = bench_share(c, dt)
+                res[dt]["lent"].append(last_share_lent(d))
                 res[dt]["share"].append(n / total / 1e9)
                 res[dt]["rpc"].append(rpc)
                 res[dt]["read"].append(rd)
                 if not args.no_stream:
                     n2, t2 = bench_stream(c, dt)
                     res[dt]["stream"].append(n2 / t2 / 1e9)
-                print("round %d %s: memcpy %.2f, fresh %.2f, share %.2f GB/s (rpc %.3f s, "
+                print("round %d %s: memcpy %.2f, fresh %.2f, share %.2f GB/s (%s; rpc %.3f s, "
                       "read %.3f s)%s" % (
                           rnd, dt, res[dt]["memcpy"][-1], res[dt]["memcpy-fresh"][-1],
-                          res[dt]["share"][-1], rpc, rd,
+                          res[dt]["share"][-1], "lent" if res[dt]["lent"][-1] else "copied",
+                          rpc, rd,
                           "" if args.no_stream else ", stream %.2f GB/s" % res[dt]["stream"][-1]),
                       flush=True)
         c.close()
@@ -131,17 +161,23 @@ def main():
         d.stop()
         shares = [ln for ln in d.log_text().splitlines() if "GB/s)" in ln and "share #" in ln]
         shutil.rmtree(tmp, ignore_errors=True)
-    med = {dt: {k: statistics.median(v) if v else float("nan") for k, v in r.items()}
-           for dt, r in res.items()}
+    med = {dt: {k: statistics.median(v) if v else float("nan") for k, v in r.items()
+                if k != "lent"} for dt, r in res.items()}
     print("\nmedians of %d rounds, %s (%.2f GB fp32), matmuls %s:" % (
         args.rounds, args.preset, size.get("float32", big) / 1e9, args.matmul))
     for dt in dtypes:
         m = med[dt]
-        print("  %-8s %.3f GB: share %.2f GB/s (RPC %.3f s, read %.3f s) | memcpy %.2f "
+        how = {True: "lent", False: "copied"}
+        print("  %-8s %.3f GB, %s: share %.2f GB/s (RPC %.3f s, read %.3f s) | memcpy %.2f "
               "(share %.2fx) | memcpy-fresh %.2f (%.2fx) | stream %.2f (%.2fx)" % (
-                  dt, size[dt] / 1e9, m["share"], m["rpc"], m["read"], m["memcpy"],
+                  dt, size[dt] / 1e9, "/".join(sorted({how[x] for x in res[dt]["lent"]})),
+                  m["share"], m["rpc"], m["read"], m["memcpy"],
                   m["share"] / m["memcpy"], m["memcpy-fresh"], m["share"] / m["memcpy-fresh"],
                   m["stream"], m["share"] / m["stream"] if m["stream"] else float("nan")))
+    if steps[True] and steps[False]:
+        a, b = statistics.median(steps[True]), statistics.median(steps[False])
+        print("optimizer step after a lent share %.3f s, after a copied one %.3f s: the lend "
+              "moves %+.3f s into the step (its new bf16 copy in fresh memory)" % (a, b, a - b))
     print("daemon's fill (its log):")
     for ln in shares[-2 * len(dtypes):]:
         print("  " + ln.split(": ", 1)[1] if ": " in ln else ln)

@@ -9,7 +9,9 @@ stale copy). The rest: the file is sealed and the socket's mode is 0660, a
 handle is good for its uses only, bad datagrams are answered and change
 nothing, expired handles are refused, the bounds on pending shares, the
 RPC's authentication, the path through engine_param_copy (CPU device in
-discrete mode), torch views, a stale or busy socket path at start.
+discrete mode), torch views, a stale or busy socket path at start. A
+bfloat16 share of most parameters is the engine's own bf16 copy, lent
+without a copy: the same checks, and it must not change after a step.
 Each test that needs its own settings starts its own daemon.
 Run from the source root (meson runs it through run_py.sh):
 ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/tests/integration
@@ -117,7 +119,8 @@ def test_share_is_the_stream_bit_for_bit(c, dtype):
 
 
 def test_layout_offsets_are_aligned_and_gaps_zero(c):
-    t = c.request_share(dtype="bfloat16")
+    """A copied share's layout (float16 is always copied)."""
+    t = c.request_share(dtype="float16")
     fd = receive_fd(t.socket_path, t.handle)
     try:
         assert os.fstat(fd).st_size == t.total_bytes
@@ -442,6 +445,7 @@ def test_engine_param_copy_path(tmp):
             for dtype in ("float32", "bfloat16"):
                 with cl.share_weights(dtype=dtype) as w:
                     same(w, streamed(cl, dtype))
+                    assert "copied" in share_line(d)   # nothing to lend
     finally:
         assert d.stop() == 0
 
@@ -450,7 +454,7 @@ def test_bf16_from_the_engines_copy(tmp):
     """With bf16 matmuls the engine keeps its weights rounded to bf16
     (AdamW refreshes the copy in its own pass). The bfloat16 stream sends
     that copy in place (no conversion; its debug line says so) and a share
-    copies it; both must be the float32 weights rounded to nearest even:
+    lends it; both must be the float32 weights rounded to nearest even:
     before any product (no copy: converted), after a training step (the
     copy), after a checkpoint load (the copy is stale until the next
     product: converted again)."""
@@ -466,6 +470,7 @@ def test_bf16_from_the_engines_copy(tmp):
             assert np.array_equal(b.view(np.uint16), torch_bits(a)), n
         with cl.share_weights(dtype="bfloat16") as w:
             same(w, bf)
+            assert "lent (the engine's bf16 copy)" in share_line(d)
 
     try:
         with EngineClient(d.addr, timeout=60) as cl:
@@ -479,6 +484,98 @@ def test_bf16_from_the_engines_copy(tmp):
             check(cl, "sent in place")
             cl.load_checkpoint("pre")
             check(cl, "converted")
+    finally:
+        assert d.stop() == 0
+
+
+def share_line(d):
+    """The daemon's log line of its last share."""
+    return [ln for ln in d.log_text().splitlines()
+            if re.search(r"share #\d+: \d+ tensors, ", ln)][-1]
+
+
+def raw_tensors(fd, t):
+    """name -> the bytes of each tensor of ticket t in the file fd."""
+    m = mmap.mmap(fd, t.total_bytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
+    try:
+        return {x.name: m[x.offset:x.offset + x.bytes] for x in t.tensors}
+    finally:
+        m.close()
+
+
+def test_bf16_shares_lend_the_engines_copy(tmp):
+    """A bfloat16 share of at least half of the parameters' elements is the
+    engine's own bf16 copy, lent: no copy is made (the log says "lent"),
+    it holds the float32 weights rounded to nearest even (torch's rounding)
+    at the ticket's offsets, sealed as every share; two shares with no step
+    between are one file; a step writes a new copy and the lent file keeps
+    its bytes; a share of less than half is copied into a file of its own.
+    An fp32 engine keeps the copy current from its first lend: its
+    bfloat16 stream then sends it in place."""
+    d = start(tmp, "lend", "--log-level", "debug")
+
+    def last_stream():
+        return [ln for ln in d.log_text().splitlines() if "stream: " in ln][-1]
+
+    def check(cl, fd, t):
+        ref = dict(streamed(cl))
+        got = raw_tensors(fd, t)
+        assert fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SEALS == SEALS
+        assert os.fstat(fd).st_size == t.total_bytes
+        for x in t.tensors:
+            assert got[x.name] == torch_bits(ref[x.name]).tobytes(), x.name
+
+    try:
+        with EngineClient(d.addr, timeout=60) as cl:
+            cl.initialize(preset="tiny", seed=6, optimizer={"lr": 1e-2})
+            sizes = {n: a.size for n, a in streamed(cl)}
+            total = sum(sizes.values())
+            big, n_big = [], 0
+            for n in sorted(sizes, key=sizes.get, reverse=True):
+                if 2 * n_big < total:
+                    big.append(n)
+                    n_big += sizes[n]
+            small = [n for n in sizes if n not in big]
+            assert 2 * sum(sizes[n] for n in small) < total <= 2 * n_big
+
+            t1 = cl.request_share(dtype="bfloat16")
+            assert "lent (the engine's bf16 copy)" in share_line(d)
+            assert t1.total_bytes == 2 * total
+            fd1 = receive_fd(t1.socket_path, t1.handle)
+            check(cl, fd1, t1)
+            first = raw_tensors(fd1, t1)
+            bf = streamed(cl, "bfloat16")
+            assert "BFLOAT16, sent in place" in last_stream()
+            assert all(first[n] == a.view(np.uint16).tobytes() for n, a in bf)
+
+            t2 = cl.request_share(dtype="bfloat16", names=big)
+            assert "lent" in share_line(d)
+            fd2 = receive_fd(t2.socket_path, t2.handle)
+            assert os.fstat(fd2).st_ino == os.fstat(fd1).st_ino
+            assert all(x.offset % 64 == 0 for x in t1.tensors)
+            off1 = {x.name: x.offset for x in t1.tensors}
+            assert all(x.offset == off1[x.name] for x in t2.tensors)
+            os.close(fd2)
+
+            t3 = cl.request_share(dtype="bfloat16", names=small)
+            assert "copied" in share_line(d)
+            fd3 = receive_fd(t3.socket_path, t3.handle)
+            assert os.fstat(fd3).st_ino != os.fstat(fd1).st_ino
+            assert raw_tensors(fd3, t3) == {n: first[n] for n in small}
+            os.close(fd3)
+
+            train_step(cl)
+            t4 = cl.request_share(dtype="bfloat16")
+            assert "lent" in share_line(d)
+            fd4 = receive_fd(t4.socket_path, t4.handle)
+            assert os.fstat(fd4).st_ino != os.fstat(fd1).st_ino
+            check(cl, fd4, t4)
+            assert raw_tensors(fd1, t1) == first
+            assert raw_tensors(fd4, t4) != first
+            os.close(fd4)
+            os.close(fd1)
+            streamed(cl, "bfloat16")
+            assert "BFLOAT16, sent in place" in last_stream()
     finally:
         assert d.stop() == 0
 

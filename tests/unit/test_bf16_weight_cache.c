@@ -5,8 +5,13 @@
  * the copy in its own pass (and an update of a slice marks nothing), and
  * an engine that trained in bf16 gives the same log-probs as a fresh
  * engine loaded from its checkpoint; the engine shows the copy (to the
- * weight stream) only while it is current. */
+ * weight stream) only while it is current; and a lent copy
+ * (engine_lend_params_bf16, ShareWeights) is a sealed file holding exactly
+ * those values that no later step, load or product changes. */
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cpu_test_util.h"
@@ -262,6 +267,158 @@ START_TEST(engine_exposes_the_current_copy)
 }
 END_TEST
 
+/* A lent file: sealed for good, of the parameters' size, every
+ * parameter's host_bf16 inside it at its byte offset with the values the
+ * engine shows; returns a private copy of its bytes. */
+static uint8_t *check_lent(struct engine *e, const struct engine_lent_file *f)
+{
+	int64_t n = engine_num_params(e), numel = 0;
+	int want = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+	struct stat sb;
+	uint8_t *map, *snap;
+
+	ck_assert_int_ge(f->fd, 0);
+	ck_assert_int_eq(fcntl(f->fd, F_GET_SEALS) & want, want);
+	ck_assert_int_eq(fstat(f->fd, &sb), 0);
+	ck_assert_int_eq(sb.st_size, f->bytes);
+	map = mmap(NULL, (size_t)f->bytes, PROT_READ, MAP_PRIVATE, f->fd, 0);
+	ck_assert_ptr_ne(map, MAP_FAILED);
+	ck_assert_int_eq(copy_state(e), 1);
+	for (int64_t i = 0; i < n; i++) {
+		struct engine_param_view v;
+		int64_t off;
+
+		ck_assert_int_eq(engine_param_info(e, i, &v, NULL), 0);
+		off = (int64_t)(v.host_bf16 - f->base) * 2;
+		ck_assert_int_ge(off, 0);
+		ck_assert_int_le(off + v.numel * 2, f->bytes);
+		ck_assert_mem_eq(map + off, v.host_bf16, (size_t)v.numel * 2);
+		numel += v.numel;
+	}
+	ck_assert_int_eq(f->bytes, numel * 2);
+	/* nobody can write it: not through the descriptor, not by a mapping */
+	ck_assert_int_eq(pwrite(f->fd, map, 2, 0), -1);
+	ck_assert_int_eq(errno, EPERM);
+	ck_assert_ptr_eq(mmap(NULL, (size_t)f->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f->fd,
+			      0), MAP_FAILED);
+	snap = malloc((size_t)f->bytes);
+	memcpy(snap, map, (size_t)f->bytes);
+	munmap(map, (size_t)f->bytes);
+	return snap;
+}
+
+/* The file's bytes now. */
+static void expect_file(int fd, const uint8_t *want, int64_t bytes)
+{
+	uint8_t *map = mmap(NULL, (size_t)bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+
+	ck_assert_ptr_ne(map, MAP_FAILED);
+	ck_assert_msg(memcmp(map, want, (size_t)bytes) == 0, "a lent file changed");
+	munmap(map, (size_t)bytes);
+}
+
+/* Lending in a bf16 engine (the copy of its products) and an fp32 one
+ * (made by the lend, then kept current by AdamW): the same file until the
+ * parameters change, products unchanged by the lend, a new file after a
+ * step (the lent one as it was), the copy stale after a load until the
+ * next lend. */
+START_TEST(lent_copy_never_changes)
+{
+	struct engine_init_config cfg;
+	struct eng_error err = {0};
+	struct engine *e;
+	char root[] = "/tmp/engined-lend-XXXXXX", dir[64], cmd[96];
+	int32_t lens[2] = {9, 7}, ids[16];
+	float gl[16], la[16], lb[16];
+	struct given_grads gg = {.g_logp = gl};
+	struct engine_batch bt = {.n = 16, .input_ids = ids, .num_seqs = 2, .seq_lens = lens,
+				  .loss_fn = given_loss, .loss_ctx = &gg};
+	struct engine_batch fo = {.n = 16, .input_ids = ids, .num_seqs = 2, .seq_lens = lens,
+				  .forward_only = true};
+	struct engine_fb_result r = {0}, ra = {.log_probs = la}, rb = {.log_probs = lb};
+	struct engine_step_result sr;
+
+	for (int i = 0; i < 16; i++) {
+		ids[i] = (i * 37 + 11) % 97;
+		gl[i] = (float)(i % 4) / 4.0f - 0.3f;
+	}
+	engine_init_config_defaults(&cfg);
+	cfg.hf_config_json = TINY_QWEN2;
+	cfg.optim.lr = 1e-2;
+	for (int bf16 = 0; bf16 < 2; bf16++) {
+		struct engine_lent_file f1, f2, f3;
+		struct stat s1, s2;
+		uint8_t *b1, *b3;
+
+		cfg.bf16_matmul = bf16;
+		ck_assert_int_eq(engine_create(&cfg, &e, &err), 0);
+		ck_assert_int_eq(engine_set_mode(e, ENGINE_MODE_TRAIN, false, &err), 0);
+		ck_assert_int_eq(engine_forward_backward(e, &fo, &ra, &err), 0);
+		ck_assert_int_eq(copy_state(e), bf16);
+		ck_assert_int_eq(engine_lend_params_bf16(e, &f1, &err), 0);
+		b1 = check_lent(e, &f1);
+		ck_assert_int_eq(engine_forward_backward(e, &fo, &rb, &err), 0);
+		ck_assert_mem_eq(la, lb, sizeof(la));
+		ck_assert_int_eq(engine_lend_params_bf16(e, &f2, &err), 0);
+		ck_assert_int_eq(fstat(f1.fd, &s1), 0);
+		ck_assert_int_eq(fstat(f2.fd, &s2), 0);
+		ck_assert_msg(s1.st_ino == s2.st_ino && f1.base == f2.base,
+			      "nothing changed, yet a second file");
+		close(f2.fd);
+
+		ck_assert_int_eq(engine_forward_backward(e, &bt, &r, &err), 0);
+		ck_assert_int_eq(engine_optimizer_step(e, &sr, &err), 0);
+		ck_assert_int_eq(copy_state(e), 1);    /* AdamW wrote a new copy */
+		expect_file(f1.fd, b1, f1.bytes);
+		ck_assert_int_eq(engine_lend_params_bf16(e, &f3, &err), 0);
+		ck_assert_ptr_ne(f3.base, f1.base);
+		b3 = check_lent(e, &f3);
+		ck_assert_msg(memcmp(b1, b3, (size_t)f1.bytes) != 0, "the step changed nothing");
+		close(f3.fd);
+
+		/* a load: stale until lent again; the lent files as they were */
+		ck_assert_ptr_nonnull(mkdtemp(strcpy(root, "/tmp/engined-lend-XXXXXX")));
+		snprintf(dir, sizeof(dir), "%s/ck", root);
+		ck_assert_int_eq(engine_save_checkpoint(e, dir, 0, 0, CKPT_MODEL, NULL, &err), 0);
+		ck_assert_int_eq(engine_forward_backward(e, &bt, &r, &err), 0);
+		ck_assert_int_eq(engine_optimizer_step(e, &sr, &err), 0);
+		ck_assert_int_eq(engine_load_checkpoint(e, dir, CKPT_MODEL, NULL, &err), 0);
+		ck_assert_int_eq(copy_state(e), 0);
+		ck_assert_int_eq(engine_lend_params_bf16(e, &f3, &err), 0);
+		free(check_lent(e, &f3));
+		expect_file(f1.fd, b1, f1.bytes);
+		close(f3.fd);
+		close(f1.fd);
+		free(b1);
+		free(b3);
+		engine_destroy(e);
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+		ck_assert_int_eq(system(cmd), 0);
+	}
+}
+END_TEST
+
+/* An engine whose parameters are not in host memory lends nothing. */
+START_TEST(lend_needs_host_memory)
+{
+	struct engine_init_config cfg;
+	struct eng_error err = {0};
+	struct engine *e;
+	struct engine_lent_file f;
+
+	setenv("ENGINED_CPU_DISCRETE", "1", 1);
+	engine_init_config_defaults(&cfg);
+	cfg.hf_config_json = TINY_QWEN2;
+	cfg.bf16_matmul = true;
+	ck_assert_int_eq(engine_create(&cfg, &e, &err), 0);
+	ck_assert_int_eq(engine_set_mode(e, ENGINE_MODE_TRAIN, false, &err), 0);
+	ck_assert_int_eq(engine_lend_params_bf16(e, &f, &err), -ENOTSUP);
+	ck_assert_msg(strstr(err.msg, "bf16 copy"), "%s", err.msg);
+	engine_destroy(e);
+	unsetenv("ENGINED_CPU_DISCRETE");
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("bf16_weight_cache");
@@ -272,6 +429,8 @@ int main(void)
 	tcase_add_test(tc, adamw_refreshes_the_copy);
 	tcase_add_test(tc, trained_engine_matches_reloaded);
 	tcase_add_test(tc, engine_exposes_the_current_copy);
+	tcase_add_test(tc, lent_copy_never_changes);
+	tcase_add_test(tc, lend_needs_host_memory);
 	suite_add_tcase(s, tc);
 	return check_run(s);
 }

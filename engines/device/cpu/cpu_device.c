@@ -65,7 +65,7 @@ static void cpu_close(struct device *dev)
 	cpu_gemm_fini(cd);
 	for (i = 0; i < CPU_SCRATCH_COUNT; i++)
 		free(cd->scratch[i].ptr);
-	free(cd->p16);
+	cpu_param_bf16_free(cd);
 	free(cd);
 }
 
@@ -234,4 +234,5 @@ const struct device_ops cpu_device_ops = {
 	.host_alloc = cpu_host_alloc,
 	.host_free = cpu_host_free,
 	.params_bf16 = cpu_params_bf16,
+	.params_bf16_lend = cpu_params_bf16_lend,
 };

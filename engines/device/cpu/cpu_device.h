@@ -59,13 +59,17 @@ struct cpu_device {
 	 * error would. 0 = off. */
 	long fail_at_alloc;
 	atomic_long allocs;
-	/* MATMUL_BF16: a bf16 copy of the parameter region the engine declared
+	/* A bf16 copy of the parameter region the engine declared
 	 * (base.param_base, param_bytes), made once per base.param_version, so
-	 * that weights are not rounded again by every product. */
-	uint16_t *p16;
-	const void *p16_base;
+	 * that weights are not rounded again by every MATMUL_BF16 product,
+	 * and lent to consumers as a sealed file (cpu_param_bf16.c). */
+	uint16_t *p16;                         /* a mapping of p16_fd; NULL: none */
+	int p16_fd;
+	size_t p16_file_bytes;                 /* the file's and mapping's size */
+	bool p16_lent;                         /* sealed and read-only: never written */
+	const void *p16_base;                  /* the region it was made for */
 	size_t p16_bytes;
-	uint64_t p16_version;
+	uint64_t p16_version;                  /* the param_version of its values */
 };
 
 static inline struct cpu_device *cpu_dev(struct device *dev)
@@ -92,18 +96,29 @@ void cpu_gemm_fini(struct cpu_device *cd);
  * (cpu_convert.c). */
 void cpu_round_bf16(uint16_t *out, const float *x, int64_t n);
 
-/* MATMUL_BF16's copy of the parameter region, refreshed by a kernel that
- * rewrites the whole region (AdamW) in the same pass instead of by the
- * next product's separate sweep: the copy's buffer when [p, p + n) is the
- * region the engine declared and the copy exists (bf16 products ran),
- * else NULL. The engine has already bumped param_version; the kernel
- * rounds every element with cpu_round_bf16, then calls
- * cpu_param_bf16_refreshed() to mark the copy current. */
+/* The bf16 copy of the parameter region (cpu_param_bf16.c). */
+/* The copy of a compactly stored operand X (rows x cols, ld == cols) that
+ * lies inside the region, made current first (one rounding of the whole
+ * region per param_version), or NULL (then the caller rounds X itself). */
+const uint16_t *cpu_param_bf16_of(struct device *dev, const float *X, int64_t rows,
+				  int64_t cols, int64_t ld);
+/* For a kernel that rewrites the whole region (AdamW): the copy's buffer
+ * to round every new value into, in the same pass, instead of the next
+ * product's separate sweep, when [p, p + n) is the region the engine
+ * declared and a copy of it exists (products or a lend made one); else
+ * NULL. A lent copy is replaced by a fresh one here. The engine has
+ * already bumped param_version; the kernel rounds every element with
+ * cpu_round_bf16, then calls cpu_param_bf16_refreshed() to mark the copy
+ * current. */
 uint16_t *cpu_param_bf16_whole(struct device *dev, const float *p, int64_t n);
 void cpu_param_bf16_refreshed(struct device *dev);
-/* device_ops.params_bf16: that copy when it is current and the device's
+/* device_ops.params_bf16: the copy when it is current and the device's
  * memory is host memory. */
 const uint16_t *cpu_params_bf16(struct device *dev);
+/* device_ops.params_bf16_lend. */
+int cpu_params_bf16_lend(struct device *dev, struct device_lent_file *ret);
+/* Unmap and close the copy (close()). */
+void cpu_param_bf16_free(struct cpu_device *cd);
 
 /* The kernels, one group per file; semantics are those of struct
  * kernel_table in device/device.h, refinements are in each file. */

@@ -23,7 +23,7 @@
  * Precision: with MATMUL_BF16 both operands are rounded to bf16 (round to
  * nearest even, cpu_round_bf16) in their stored layout: parameters come
  * from a copy of the engine's parameter region rounded once per
- * param_version (param_bf16), activations into device scratch per call,
+ * param_version (cpu_param_bf16.c), activations into device scratch per call,
  * then multiplied with fp32 accumulation into the fp32 C.
  *
  * beta: 0 overwrites C (C may hold NaN/garbage); any other value gives
@@ -232,72 +232,6 @@ static void round_matrix(uint16_t *dst, const float *src, int64_t rows,
 		cpu_round_bf16(dst + i * cols, src + i * ld, cols);
 }
 
-/* The bf16 copy of a compactly stored operand X (rows x cols, ld == cols)
- * that lies inside the engine's parameter region, or NULL (then the caller
- * rounds it itself). The whole region is rounded once per param_version:
- * the engine bumps it whenever parameter values change. */
-/* The bf16 copy's buffer exists and was made for the region the engine
- * declares now (its values may be of an older param_version). */
-static bool p16_for_region(const struct cpu_device *cd, const struct device *dev)
-{
-	return cd->p16 && cd->p16_base == dev->param_base && cd->p16_bytes == dev->param_bytes;
-}
-
-static const uint16_t *param_bf16(struct device *dev, const float *X, int64_t rows,
-				  int64_t cols, int64_t ld)
-{
-	struct cpu_device *cd = cpu_dev(dev);
-	const float *base = dev->param_base;
-	size_t n = dev->param_bytes / sizeof(float);
-
-	if (!base || ld != cols || X < base || X + rows * cols > base + n)
-		return NULL;
-	if (!p16_for_region(cd, dev) || cd->p16_version != dev->param_version) {
-		size_t bytes = (n * sizeof(uint16_t) + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
-		int64_t chunk = 1 << 16, nchunks = ((int64_t)n + chunk - 1) / chunk;
-
-		if (cd->p16_bytes != dev->param_bytes || !cd->p16) {
-			free(cd->p16);
-			cd->p16 = aligned_alloc(CPU_ALIGN, bytes ? bytes : CPU_ALIGN);
-			cd->p16_bytes = cd->p16 ? dev->param_bytes : 0;
-			if (!cd->p16)
-				return NULL;
-		}
-#pragma omp parallel for schedule(static)
-		for (int64_t c = 0; c < nchunks; c++) {
-			int64_t s = c * chunk, len = (int64_t)n - s < chunk ? (int64_t)n - s : chunk;
-
-			cpu_round_bf16(cd->p16 + s, base + s, len);
-		}
-		cd->p16_base = base;
-		cd->p16_version = dev->param_version;
-	}
-	return cd->p16 + (X - base);
-}
-
-uint16_t *cpu_param_bf16_whole(struct device *dev, const float *p, int64_t n)
-{
-	struct cpu_device *cd = cpu_dev(dev);
-
-	if (!p16_for_region(cd, dev) || !p || p != dev->param_base || n < 0 ||
-	    (size_t)n != dev->param_bytes / sizeof(float))
-		return NULL;
-	return cd->p16;
-}
-
-void cpu_param_bf16_refreshed(struct device *dev)
-{
-	cpu_dev(dev)->p16_version = dev->param_version;
-}
-
-const uint16_t *cpu_params_bf16(struct device *dev)
-{
-	struct cpu_device *cd = cpu_dev(dev);
-
-	return dev->host_memory && p16_for_region(cd, dev) &&
-	       cd->p16_version == dev->param_version ? cd->p16 : NULL;
-}
-
 /* C = beta * C for the K == 0 product (no oneDNN call). */
 static void scale_c(float *C, int64_t M, int64_t N, int64_t ldc, float beta)
 {
@@ -434,8 +368,8 @@ int cpu_gemm(struct device *dev, bool trans_a, bool trans_b,
 		 * the bf16 copies keep the layout with compact rows. */
 		int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
 		int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-		const uint16_t *ca = param_bf16(dev, A, a_rows, a_cols, lda);
-		const uint16_t *cb = param_bf16(dev, B, b_rows, b_cols, ldb);
+		const uint16_t *ca = cpu_param_bf16_of(dev, A, a_rows, a_cols, lda);
+		const uint16_t *cb = cpu_param_bf16_of(dev, B, b_rows, b_cols, ldb);
 		uint16_t *a16 = NULL, *b16 = NULL;
 
 		if (!ca)
