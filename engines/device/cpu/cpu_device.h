@@ -16,6 +16,7 @@
 #ifndef ENGINED_CPU_DEVICE_H
 #define ENGINED_CPU_DEVICE_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -70,6 +71,15 @@ struct cpu_device {
 	const void *p16_base;                  /* the region it was made for */
 	size_t p16_bytes;
 	uint64_t p16_version;                  /* the param_version of its values */
+	/* The next copy's file, prepared by a thread of its own after a lend
+	 * (the engine is usually idle then: the consumers are at work), so
+	 * that the step after it does not fault in fresh memory. The fields
+	 * are the thread's until it is joined. */
+	pthread_t spare_thread;
+	bool spare_started;
+	size_t spare_bytes;
+	int spare_fd;                          /* -1: the thread failed */
+	void *spare_map;
 };
 
 static inline struct cpu_device *cpu_dev(struct device *dev)
@@ -117,7 +127,7 @@ void cpu_param_bf16_refreshed(struct device *dev);
 const uint16_t *cpu_params_bf16(struct device *dev);
 /* device_ops.params_bf16_lend. */
 int cpu_params_bf16_lend(struct device *dev, struct device_lent_file *ret);
-/* Unmap and close the copy (close()). */
+/* Unmap and close the copy and the spare, joining its thread (close()). */
 void cpu_param_bf16_free(struct cpu_device *cd);
 
 /* The kernels, one group per file; semantics are those of struct

@@ -18,12 +18,24 @@
  * the last one. A sealed file can never be written again, so there is
  * nothing to reuse and no release to wait for.
  *
+ * Fresh memory costs: tmpfs allocates and clears each page at its first
+ * touch and maps it (here 4 KiB pages: no shmem THP), which made the
+ * optimizer step after a lend of the 0.5B shape 0.42-0.54 s longer
+ * (tests/bench/bench_share.py, 2026-12-03). So a lend starts a thread
+ * that prepares the next file (every page allocated and mapped writable,
+ * MADV_POPULATE_WRITE: MAP_POPULATE would map them read-only and each
+ * first write fault again) while the engine waits for its next call; the
+ * next writer takes it, joining the thread if it is not done yet (then
+ * +0.16-0.27 s). The thread runs under SCHED_IDLE: it takes no CPU that
+ * anything else wants (the consumers, the daemon's replies).
+ *
  * Every writer goes through p16_writable(); nothing writes cd->p16
  * directly. The rounding is cpu_round_bf16 (engines/io/round.h), the
  * stream's and the checkpoint writer's.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -44,7 +56,71 @@ static bool p16_current(const struct cpu_device *cd, const struct device *dev)
 	return p16_for_region(cd, dev) && cd->p16_version == dev->param_version;
 }
 
-void cpu_param_bf16_free(struct cpu_device *cd)
+/* A new memfd of `bytes` mapped shared and writable (*ret_map); with
+ * `populate` every page allocated and mapped writable now. -1 when out of
+ * memory. */
+static int file_new(size_t bytes, bool populate, void **ret_map)
+{
+	int fd = memfd_create("engined-params-bf16", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	void *map = MAP_FAILED;
+
+	if (fd < 0)
+		return -1;
+	if (ftruncate(fd, (off_t)bytes) == 0)
+		map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (map != MAP_FAILED && populate && madvise(map, bytes, MADV_POPULATE_WRITE) < 0) {
+		munmap(map, bytes);
+		map = MAP_FAILED;
+	}
+	if (map == MAP_FAILED) {
+		close(fd);
+		return -1;
+	}
+	*ret_map = map;
+	return fd;
+}
+
+static void *spare_main(void *arg)
+{
+	struct cpu_device *cd = arg;
+	struct sched_param idle = { 0 };
+
+	/* this work has until the next step */
+	pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
+	cd->spare_fd = file_new(cd->spare_bytes, true, &cd->spare_map);
+	return NULL;
+}
+
+/* Start preparing a file of `bytes` for the next copy, unless one is on
+ * its way (a failure to start leaves none: the writer makes its own). */
+static void spare_start(struct cpu_device *cd, size_t bytes)
+{
+	if (cd->spare_started)
+		return;
+	cd->spare_bytes = bytes;
+	cd->spare_fd = -1;
+	cd->spare_started = pthread_create(&cd->spare_thread, NULL, spare_main, cd) == 0;
+}
+
+/* The prepared file and its mapping when there is one of `bytes` (the
+ * caller's), else -1 (one of another size is let go). */
+static int spare_take(struct cpu_device *cd, size_t bytes, void **ret_map)
+{
+	if (!cd->spare_started)
+		return -1;
+	pthread_join(cd->spare_thread, NULL);
+	cd->spare_started = false;
+	if (cd->spare_fd >= 0 && cd->spare_bytes != bytes) {
+		munmap(cd->spare_map, cd->spare_bytes);
+		close(cd->spare_fd);
+		cd->spare_fd = -1;
+	}
+	*ret_map = cd->spare_map;
+	return cd->spare_fd;
+}
+
+/* Let the copy go (a consumer's descriptor keeps a lent one alive). */
+static void copy_drop(struct cpu_device *cd)
 {
 	if (cd->p16) {
 		munmap(cd->p16, cd->p16_file_bytes);
@@ -56,6 +132,14 @@ void cpu_param_bf16_free(struct cpu_device *cd)
 	cd->p16_base = NULL;
 	cd->p16_bytes = 0;
 	cd->p16_lent = false;
+}
+
+void cpu_param_bf16_free(struct cpu_device *cd)
+{
+	void *map;
+
+	(void)spare_take(cd, 0, &map);  /* joined and let go: no spare has size 0 */
+	copy_drop(cd);
 }
 
 /* A copy of the declared region that may be written: the one there is
@@ -73,16 +157,12 @@ static uint16_t *p16_writable(struct cpu_device *cd, const struct device *dev)
 		return cd->p16;
 	if (!dev->param_base || !bytes)
 		return NULL;
-	fd = memfd_create("engined-params-bf16", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	fd = spare_take(cd, bytes, &map);
+	if (fd < 0)
+		fd = file_new(bytes, false, &map);
 	if (fd < 0)
 		return NULL;
-	map = ftruncate(fd, (off_t)bytes) == 0 ?
-	      mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-	if (map == MAP_FAILED) {
-		close(fd);
-		return NULL;
-	}
-	cpu_param_bf16_free(cd);
+	copy_drop(cd);
 	cd->p16 = map;
 	cd->p16_fd = fd;
 	cd->p16_file_bytes = bytes;
@@ -161,15 +241,16 @@ static int p16_seal(struct cpu_device *cd)
 	if (mmap(cd->p16, cd->p16_file_bytes, PROT_READ, MAP_PRIVATE | MAP_FIXED, cd->p16_fd,
 		 0) == MAP_FAILED) {
 		r = -errno;
-		cpu_param_bf16_free(cd);
+		copy_drop(cd);
 		return r;
 	}
 	if (fcntl(cd->p16_fd, F_ADD_SEALS, P16_SEALS) < 0) {
 		r = -errno;
-		cpu_param_bf16_free(cd);        /* read-only now: never write it */
+		copy_drop(cd);                  /* read-only now: never write it */
 		return r;
 	}
 	cd->p16_lent = true;
+	spare_start(cd, cd->p16_file_bytes);
 	return 0;
 }
 
