@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "checked.h"
 #include "io/safetensors.h"
@@ -141,6 +142,46 @@ out:
 	if (r < 0)
 		params_set_free(s);
 	return r;
+}
+
+int params_use_bf16_copy(struct engine *e, struct param_set *s, bool lend,
+			 struct engine_lent_file *ret_file, struct eng_error *err)
+{
+	int64_t all = 0, n = engine_num_params(e);
+	int r;
+
+	if (s->edtype != ENGINE_DTYPE_BF16 || !s->on_host)
+		return 0;
+	for (int64_t i = 0; i < n; i++) {
+		struct engine_param_view v;
+
+		r = engine_param_info(e, i, &v, err);
+		if (r < 0)
+			return r;
+		if (!ck_add_i64(all, v.numel, &all))
+			return eng_fail(err, -E2BIG, "parameters: size overflows");
+	}
+	if (s->total_bytes / 2 < all - all / 2)
+		return 0;
+	r = lend ? engine_lend_params_bf16(e, ret_file, err) : engine_keep_params_bf16(e, err);
+	if (r < 0)
+		return r;
+	for (int64_t i = 0; i < s->n; i++) {
+		struct engine_param_view v;
+
+		r = engine_param_info(e, s->t[i].index, &v, err);
+		if (r == 0 && !v.host_bf16)
+			r = eng_fail(err, -EIO, "%s: no bf16 copy after the engine made it",
+				     v.name);
+		if (r < 0) {
+			if (lend)
+				close(ret_file->fd);
+			return r;
+		}
+		s->t[i].data = v.host_bf16;
+	}
+	s->in_place = true;
+	return 1;
 }
 
 void params_set_free(struct param_set *s)

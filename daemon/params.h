@@ -1,8 +1,9 @@
 /* params.h — the parameters as the weight exports see them: GetPerTensorParam's
  * stream (stream.c) and ShareWeights' shared memory (share.c). One place
  * for what both need: the dtypes a client may ask for, the tensors asked
- * for (by name or all, in order) looked up once, and reading a slice of
- * one in the asked dtype (fp32 host memory copied or converted with the
+ * for (by name or all, in order) looked up once, when to export the
+ * engine's bf16 copy as it is, and reading a slice of one in the asked
+ * dtype (fp32 host memory copied or converted with the
  * rounding of engines/io, anything else through engine_param_copy).
  *
  * Threads: params_collect and params_read of a set without host memory on
@@ -65,6 +66,18 @@ int params_check_request(int dtype, char *const *names, size_t n_names,
 int params_collect(struct engine *e, int dtype, char *const *names, size_t n_names,
 		   bool unique, struct param_set *ret, struct eng_error *err);
 void params_set_free(struct param_set *s);
+
+/* The engine's bf16 copy for the set (engine thread): when the set is
+ * BFLOAT16 of host parameters making up at least half of the engine's
+ * parameter elements (a smaller set is not worth a copy of all of them),
+ * the copy is made current and kept (engine_keep_params_bf16) and every
+ * tensor's `data` points into it (in_place). Returns 1 then; 0 when the
+ * rule leaves the set as it was; -ENOTSUP (err: the engine's reason) when
+ * the engine keeps no such copy, the set unchanged; another -errno on
+ * failure. `lend`: lend the copy as well (engine_lend_params_bf16,
+ * ShareWeights), *ret_file the lent file (the caller's when 1). */
+int params_use_bf16_copy(struct engine *e, struct param_set *s, bool lend,
+			 struct engine_lent_file *ret_file, struct eng_error *err);
 
 /* Elements [start, start + count) of t in the set's dtype into dst
  * (count * esz bytes): `data` copied, other host tensors converted here,

@@ -290,55 +290,42 @@ static int unlent(struct share_job *s, const char *name)
 	return 0;
 }
 
-/* The lend rule (the header): 1 when the share is the engine's bf16 copy
- * itself (s->fd, s->total, s->offsets and each tensor's data are the lent
- * file's), 0 when it is to be copied, < 0 on failure. */
+/* The lend rule (the header; params_use_bf16_copy): 1 when the share is
+ * the engine's bf16 copy itself (s->fd, s->total, s->offsets and each
+ * tensor's data are the lent file's), 0 when it is to be copied, < 0 on
+ * failure. */
 static int lend(struct share_job *s, struct eng_error *err)
 {
-	struct engine *e = s->d->engine;
 	struct engine_lent_file f;
 	struct eng_error why;
 	const char *odd = NULL;
-	int64_t all = 0, n = engine_num_params(e);
+	int r;
 
-	if (s->set.edtype != ENGINE_DTYPE_BF16 || !s->set.on_host)
-		return 0;
-	for (int64_t i = 0; i < n; i++) {
-		struct engine_param_view v;
-
-		if (engine_param_info(e, i, &v, err) < 0)
-			return -EIO;
-		if (!ck_add_i64(all, v.numel, &all))
-			return eng_fail(err, -E2BIG, "share: size overflows");
-	}
-	if (s->set.total_bytes / 2 < all - all / 2)
-		return 0;
 	eng_error_clear(&why);
-	if (engine_lend_params_bf16(e, &f, &why) < 0) {
+	r = params_use_bf16_copy(s->d->engine, &s->set, true, &f, &why);
+	if (r == -ENOTSUP)
 		log_msg(LOG_LVL_DEBUG, "share: copying the tensors: %s", why.msg);
-		return 0;
+	if (r < 0 && r != -ENOTSUP) {
+		*err = why;
+		return r;
 	}
+	if (r <= 0)
+		return 0;
 	s->fd = f.fd;
 	s->total = f.bytes;
 	s->offsets = calloc((size_t)(s->set.n ? s->set.n : 1), sizeof(*s->offsets));
 	if (!s->offsets)
 		return eng_fail(err, -ENOMEM, "out of memory");
 	for (int64_t i = 0; i < s->set.n; i++) {
-		struct param_ref *t = &s->set.t[i];
-		struct engine_param_view v;
-		int64_t off;
+		const struct param_ref *t = &s->set.t[i];
+		int64_t off = ((const uint16_t *)t->data - f.base) * 2;
 
-		if (engine_param_info(e, t->index, &v, err) < 0)
-			return -EIO;
-		off = v.host_bf16 ? (int64_t)(v.host_bf16 - f.base) * 2 : -1;
 		if (off < 0 || off > f.bytes - t->bytes)
 			return eng_fail(err, -EIO, "share: %s lies outside the lent copy", t->name);
 		if (off % SHARE_ALIGN && !odd)
 			odd = t->name;
-		t->data = v.host_bf16;
 		s->offsets[i] = off;
 	}
-	s->set.in_place = true;
 	return odd ? unlent(s, odd) : 1;
 }
 

@@ -9,13 +9,15 @@
  * (the ParamBucket's slices and `last`, then the tag and length of `data` —
  * field order does not matter in protobuf) followed by the data itself, which
  * is never copied by gRPC:
- *   - FLOAT32 from host memory (the cpu device), and BFLOAT16 when the
- *     engine keeps a current bf16 copy of its parameters (bf16 matmuls,
- *     after an optimizer step): the data slices point at the engine's
- *     parameters or that copy (zero-copy). gRPC may hold them after a send
+ *   - FLOAT32 from host memory (the cpu device), and BFLOAT16 from the
+ *     engine's bf16 copy of its parameters (bf16 matmuls keep it; an fp32
+ *     engine makes it at the first BFLOAT16 export of at least half of
+ *     its parameters and keeps it from then on: params_use_bf16_copy):
+ *     the data slices point at the engine's parameters or that copy
+ *     (zero-copy). gRPC may hold them after a send
  *     completes: they are counted in d->zc_outstanding, and jobs that change
  *     parameters wait for it to drain (stream_wait_released).
- *   - other BFLOAT16 / FLOAT16 from host memory: converted into a ring of
+ *   - FLOAT16, and BFLOAT16 of fewer tensors, from host memory: converted into a ring of
  *     bucket buffers by worker threads running ahead of the send, so that
  *     converting bucket k+1.. overlaps sending bucket k. The conversion reads
  *     the fp32 parameters once from DRAM and is bound by it; it prefetches
@@ -615,6 +617,19 @@ int h_run_get_params(struct daemon *d, struct job *j, struct eng_error *err)
 	r = params_collect(d->engine, q->dtype, q->names, q->n_names, false, &s.set, err);
 	if (r < 0)
 		goto out;
+	if (!s.set.in_place) {
+		struct eng_error why;
+
+		eng_error_clear(&why);
+		r = params_use_bf16_copy(d->engine, &s.set, false, NULL, &why);
+		if (r == -ENOTSUP)
+			log_msg(LOG_LVL_DEBUG, "stream: converting: %s", why.msg);
+		if (r < 0 && r != -ENOTSUP) {
+			*err = why;
+			goto out;
+		}
+		r = 0;
+	}
 	s.zero_copy = s.set.in_place;
 	daemon_progress(d, "send", 0, s.set.total_bytes, "bytes");
 	/* Up to 4 buffers: one in gRPC's hands, one ready, the rest being

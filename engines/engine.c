@@ -301,6 +301,14 @@ int engine_param_info(struct engine *e, int64_t i, struct engine_param_view *ret
 	return e->ops->param_info(e, i, ret);
 }
 
+int engine_keep_params_bf16(struct engine *e, struct eng_error *err)
+{
+	if (!e->ops->keep_params_bf16)
+		return eng_fail(err, -ENOTSUP, "the %s engine keeps no bf16 copy",
+				e->ops->backend);
+	return e->ops->keep_params_bf16(e, err);
+}
+
 int engine_lend_params_bf16(struct engine *e, struct engine_lent_file *ret,
 			    struct eng_error *err)
 {

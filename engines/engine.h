@@ -330,7 +330,8 @@ struct engine_ops {
 	int (*param_info)(struct engine *e, int64_t i, struct engine_param_view *ret);
 	int (*param_copy)(struct engine *e, int64_t i, enum engine_dtype dtype,
 			  int64_t start, int64_t count, void *dst, struct eng_error *err);
-	/* Optional (NULL: -ENOTSUP from the wrapper). */
+	/* Optional (NULL: -ENOTSUP from the wrappers). */
+	int (*keep_params_bf16)(struct engine *e, struct eng_error *err);
 	int (*lend_params_bf16)(struct engine *e, struct engine_lent_file *ret,
 				struct eng_error *err);
 	/* `dir` is an absolute path already confined by the caller; NULL on a
@@ -409,11 +410,16 @@ int engine_param_info(struct engine *e, int64_t i, struct engine_param_view *ret
  * runs on the device, and only the slice asked for is copied. */
 int engine_param_copy(struct engine *e, int64_t i, enum engine_dtype dtype,
 		      int64_t start, int64_t count, void *dst, struct eng_error *err);
-/* Lend the parameters rounded to bf16 (engines/io/round.h) as a sealed
- * file, for consumers on this host (ShareWeights): the engine's own copy
- * (engine_param_view.host_bf16), made current first when it is stale or
- * absent (also in an fp32 engine, which keeps it current from then on,
- * at 2 bytes per parameter). Nothing is copied: the file is the memory
+/* Make the engine's bf16 copy of its parameters (engines/io/round.h;
+ * engine_param_view.host_bf16) current now, rounding them if it is stale
+ * or absent, and keep it current from then on (also an fp32 engine, at 2
+ * bytes per parameter: AdamW writes it in its own pass), for the weight
+ * exports to send it as it is. -ENOTSUP when the engine keeps no such copy
+ * (parameters not in host memory, a device without it), -ENOMEM. */
+int engine_keep_params_bf16(struct engine *e, struct eng_error *err);
+/* Lend the parameters rounded to bf16 as a sealed file, for consumers on
+ * this host (ShareWeights): the engine's own copy, made current first
+ * (engine_keep_params_bf16). Nothing is copied: the file is the memory
  * the engine reads, made immutable; the engine writes later values into a
  * new file, and the lent one lives as long as a holder of its descriptor
  * or a mapping. Afterwards every parameter's host_bf16 points into `base`

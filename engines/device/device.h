@@ -243,9 +243,12 @@ struct device_ops {
 	 * placement change. Optional: NULL on devices that keep no such copy
 	 * in host memory. */
 	const uint16_t *(*params_bf16)(struct device *dev);
-	/* That copy, made current first (rounded now if it is stale or
-	 * absent, also with fp32 products: the device keeps it current from
-	 * then on), lent as a file that can never change: *ret gets a new
+	/* Make that copy current now (rounded if it is stale or absent, also
+	 * with fp32 products) and keep it current from then on (AdamW
+	 * refreshes it). -ENOTSUP (no host memory, no region), -ENOMEM.
+	 * Optional. */
+	int (*params_bf16_keep)(struct device *dev);
+	/* That copy, made current first (params_bf16_keep), lent as a file that can never change: *ret gets a new
 	 * descriptor (the caller's) sealed with F_SEAL_WRITE | F_SEAL_SHRINK |
 	 * F_SEAL_GROW | F_SEAL_SEAL, its size, and where the copy lies in this
 	 * process (params_bf16 returns the same base until the parameters

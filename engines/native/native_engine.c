@@ -923,18 +923,36 @@ static int native_grad(struct engine *e, int64_t i, struct engine_param_view *re
 /* Convert on the device when the parameters are there (into a scratch
  * allocation unless device memory is host memory), else on the host; then
  * copy the slice to dst. */
+/* The parameters are where the device keeps its bf16 copy of them. */
+static int bf16_copy_possible(struct native *n, bool op, struct eng_error *err)
+{
+	if (!op || !native_family_host_ptr(n, FAM_PARAMS) ||
+	    n->dev->param_base != n->fam[FAM_PARAMS].dev)
+		return eng_fail(err, -ENOTSUP,
+				"the parameters are not in host memory with a bf16 copy "
+				"(device %s)", n->dev->ops->name);
+	return 0;
+}
+
+static int native_keep_params_bf16(struct engine *e, struct eng_error *err)
+{
+	struct native *n = N(e);
+	int r = bf16_copy_possible(n, n->dev->ops->params_bf16_keep != NULL, err);
+
+	if (r == 0 && (r = n->dev->ops->params_bf16_keep(n->dev)) < 0)
+		return eng_fail(err, r, "the bf16 copy of the parameters: %s", strerror(-r));
+	return r;
+}
+
 static int native_lend_params_bf16(struct engine *e, struct engine_lent_file *ret,
 				   struct eng_error *err)
 {
 	struct native *n = N(e);
 	struct device_lent_file f;
-	int r;
+	int r = bf16_copy_possible(n, n->dev->ops->params_bf16_lend != NULL, err);
 
-	if (!n->dev->ops->params_bf16_lend || !native_family_host_ptr(n, FAM_PARAMS) ||
-	    n->dev->param_base != n->fam[FAM_PARAMS].dev)
-		return eng_fail(err, -ENOTSUP,
-				"the parameters are not in host memory with a bf16 copy "
-				"(device %s)", n->dev->ops->name);
+	if (r < 0)
+		return r;
 	r = n->dev->ops->params_bf16_lend(n->dev, &f);
 	if (r < 0)
 		return eng_fail(err, r, "lending the bf16 copy of the parameters: %s",
@@ -1034,6 +1052,7 @@ static void native_status(struct engine *e, struct engine_status *ret)
 		.grad = native_grad,                            \
 		.param_info = native_param_info,                \
 		.param_copy = native_param_copy,                \
+		.keep_params_bf16 = native_keep_params_bf16,    \
 		.lend_params_bf16 = native_lend_params_bf16,    \
 		.save_checkpoint = native_save_checkpoint,      \
 		.load_checkpoint = native_load_checkpoint,      \

@@ -450,21 +450,32 @@ def test_engine_param_copy_path(tmp):
         assert d.stop() == 0
 
 
-def test_bf16_from_the_engines_copy(tmp):
-    """With bf16 matmuls the engine keeps its weights rounded to bf16
-    (AdamW refreshes the copy in its own pass). The bfloat16 stream sends
-    that copy in place (no conversion; its debug line says so) and a share
-    lends it; both must be the float32 weights rounded to nearest even:
-    before any product (no copy: converted), after a training step (the
-    copy), after a checkpoint load (the copy is stale until the next
-    product: converted again)."""
-    d = start(tmp, "copy", "--log-level", "debug")
+@pytest.mark.parametrize("bf16_matmul", [True, False])
+def test_bf16_from_the_engines_copy(tmp, bf16_matmul):
+    """The engine keeps its weights rounded to bf16: bf16 matmuls do (AdamW
+    refreshes the copy in its own pass), and an fp32 engine makes the copy
+    at its first bfloat16 export of at least half of its weights. The
+    bfloat16 stream sends that copy in place (no conversion; its debug
+    line says so) and a share lends it; a stream of fewer tensors sends it
+    too when it is current, else converts (one conversion is not worth a
+    copy of every weight).
+    All must be the float32 weights rounded to nearest even: at the start,
+    after two training steps, after a checkpoint load (the copy is stale
+    until the next export makes it again)."""
+    d = start(tmp, "copy-%d" % bf16_matmul, "--log-level", "debug")
 
-    def check(cl, how):
+    def last_stream():
+        return [ln for ln in d.log_text().splitlines() if "stream: " in ln][-1]
+
+    def check(cl, few_how):
         ref = streamed(cl)
+        few = ["model.norm.weight", "model.layers.0.self_attn.q_proj.weight"]
+        part = streamed(cl, "bfloat16", few)
+        assert "BFLOAT16, " + few_how in last_stream()
+        assert all(np.array_equal(a.view(np.uint16), torch_bits(dict(ref)[n]))
+                   for n, a in part)
         bf = streamed(cl, "bfloat16")
-        line = [ln for ln in d.log_text().splitlines() if "stream: " in ln][-1]
-        assert "BFLOAT16, " + how in line, line
+        assert "BFLOAT16, sent in place" in last_stream()
         assert [n for n, _ in bf] == [n for n, _ in ref]
         for (n, a), (_, b) in zip(ref, bf):
             assert np.array_equal(b.view(np.uint16), torch_bits(a)), n
@@ -474,16 +485,17 @@ def test_bf16_from_the_engines_copy(tmp):
 
     try:
         with EngineClient(d.addr, timeout=60) as cl:
-            cl.initialize(preset="tiny", seed=4, optimizer={"lr": 1e-2}, bf16_matmul=True)
+            cl.initialize(preset="tiny", seed=4, optimizer={"lr": 1e-2},
+                          bf16_matmul=bf16_matmul)
             cl.set_mode("train")
-            check(cl, "converted")
+            check(cl, "converted")          # no copy yet
             cl.save_checkpoint("pre")
             train_step(cl)
-            check(cl, "sent in place")
+            check(cl, "sent in place")      # AdamW refreshed it
             train_step(cl)
             check(cl, "sent in place")
             cl.load_checkpoint("pre")
-            check(cl, "converted")
+            check(cl, "converted")          # stale
     finally:
         assert d.stop() == 0
 

@@ -5,7 +5,8 @@
  * the copy in its own pass (and an update of a slice marks nothing), and
  * an engine that trained in bf16 gives the same log-probs as a fresh
  * engine loaded from its checkpoint; the engine shows the copy (to the
- * weight stream) only while it is current; and a lent copy
+ * weight stream) only while it is current; an fp32 engine keeps one once
+ * asked (engine_keep_params_bf16); and a lent copy
  * (engine_lend_params_bf16, ShareWeights) is a sealed file holding exactly
  * those values that no later step, load or product changes. */
 #include <fcntl.h>
@@ -398,6 +399,44 @@ START_TEST(lent_copy_never_changes)
 }
 END_TEST
 
+/* An fp32 engine has no copy until asked to keep one; from then on AdamW
+ * keeps it current (no second rounding sweep: the values are checked). */
+START_TEST(fp32_engine_keeps_the_copy_once_asked)
+{
+	struct engine_init_config cfg;
+	struct eng_error err = {0};
+	struct engine *e;
+	int32_t lens[1] = {12}, ids[12];
+	float gl[12];
+	struct given_grads gg = {.g_logp = gl};
+	struct engine_batch bt = {.n = 12, .input_ids = ids, .num_seqs = 1, .seq_lens = lens,
+				  .loss_fn = given_loss, .loss_ctx = &gg};
+	struct engine_fb_result r = {0};
+	struct engine_step_result sr;
+
+	for (int i = 0; i < 12; i++) {
+		ids[i] = (i * 13 + 1) % 97;
+		gl[i] = (float)(i % 3) / 3.0f - 0.2f;
+	}
+	engine_init_config_defaults(&cfg);
+	cfg.hf_config_json = TINY_QWEN2;
+	cfg.optim.lr = 1e-2;
+	ck_assert_int_eq(engine_create(&cfg, &e, &err), 0);
+	ck_assert_int_eq(engine_set_mode(e, ENGINE_MODE_TRAIN, false, &err), 0);
+	ck_assert_int_eq(engine_forward_backward(e, &bt, &r, &err), 0);
+	ck_assert_int_eq(engine_optimizer_step(e, &sr, &err), 0);
+	ck_assert_int_eq(copy_state(e), 0);
+	ck_assert_int_eq(engine_keep_params_bf16(e, &err), 0);
+	ck_assert_int_eq(copy_state(e), 1);
+	for (int s = 0; s < 2; s++) {
+		ck_assert_int_eq(engine_forward_backward(e, &bt, &r, &err), 0);
+		ck_assert_int_eq(engine_optimizer_step(e, &sr, &err), 0);
+		ck_assert_int_eq(copy_state(e), 1);
+	}
+	engine_destroy(e);
+}
+END_TEST
+
 /* An engine whose parameters are not in host memory lends nothing. */
 START_TEST(lend_needs_host_memory)
 {
@@ -414,6 +453,8 @@ START_TEST(lend_needs_host_memory)
 	ck_assert_int_eq(engine_set_mode(e, ENGINE_MODE_TRAIN, false, &err), 0);
 	ck_assert_int_eq(engine_lend_params_bf16(e, &f, &err), -ENOTSUP);
 	ck_assert_msg(strstr(err.msg, "bf16 copy"), "%s", err.msg);
+	ck_assert_int_eq(engine_keep_params_bf16(e, &err), -ENOTSUP);
+	ck_assert_int_eq(copy_state(e), 0);
 	engine_destroy(e);
 	unsetenv("ENGINED_CPU_DISCRETE");
 }
@@ -430,6 +471,7 @@ int main(void)
 	tcase_add_test(tc, trained_engine_matches_reloaded);
 	tcase_add_test(tc, engine_exposes_the_current_copy);
 	tcase_add_test(tc, lent_copy_never_changes);
+	tcase_add_test(tc, fp32_engine_keeps_the_copy_once_asked);
 	tcase_add_test(tc, lend_needs_host_memory);
 	suite_add_tcase(s, tc);
 	return check_run(s);

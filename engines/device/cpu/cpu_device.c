@@ -234,5 +234,6 @@ const struct device_ops cpu_device_ops = {
 	.host_alloc = cpu_host_alloc,
 	.host_free = cpu_host_free,
 	.params_bf16 = cpu_params_bf16,
+	.params_bf16_keep = cpu_params_bf16_keep,
 	.params_bf16_lend = cpu_params_bf16_lend,
 };

@@ -125,7 +125,8 @@ void cpu_param_bf16_refreshed(struct device *dev);
 /* device_ops.params_bf16: the copy when it is current and the device's
  * memory is host memory. */
 const uint16_t *cpu_params_bf16(struct device *dev);
-/* device_ops.params_bf16_lend. */
+/* device_ops.params_bf16_keep and params_bf16_lend. */
+int cpu_params_bf16_keep(struct device *dev);
 int cpu_params_bf16_lend(struct device *dev, struct device_lent_file *ret);
 /* Unmap and close the copy and the spare, joining its thread (close()). */
 void cpu_param_bf16_free(struct cpu_device *cd);

@@ -254,16 +254,21 @@ static int p16_seal(struct cpu_device *cd)
 	return 0;
 }
 
-int cpu_params_bf16_lend(struct device *dev, struct device_lent_file *ret)
+int cpu_params_bf16_keep(struct device *dev)
 {
-	struct cpu_device *cd = cpu_dev(dev);
-	int fd, r;
-
 	if (!dev->host_memory || !dev->param_base || !dev->param_bytes)
 		return -ENOTSUP;
 	cpu_enter(dev);
-	if (!p16_make_current(dev))
-		return -ENOMEM;
+	return p16_make_current(dev) ? 0 : -ENOMEM;
+}
+
+int cpu_params_bf16_lend(struct device *dev, struct device_lent_file *ret)
+{
+	struct cpu_device *cd = cpu_dev(dev);
+	int fd, r = cpu_params_bf16_keep(dev);
+
+	if (r < 0)
+		return r;
 	if (!cd->p16_lent && (r = p16_seal(cd)) < 0)
 		return r;
 	fd = fcntl(cd->p16_fd, F_DUPFD_CLOEXEC, 0);
