@@ -68,6 +68,12 @@ static int file_new(size_t bytes, bool populate, void **ret_map)
 		return -1;
 	if (ftruncate(fd, (off_t)bytes) == 0)
 		map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	/* No access-recency tracking: unmapping it at a lend then skips
+	 * marking each page accessed, which made that remap of a populated
+	 * 1 GB copy take 0.095 s instead of 0.048 s (Zen 5, 6.18). The
+	 * mapping is written whole; readahead does not apply to it. */
+	if (map != MAP_FAILED)
+		madvise(map, bytes, MADV_RANDOM);
 	if (map != MAP_FAILED && populate && madvise(map, bytes, MADV_POPULATE_WRITE) < 0) {
 		munmap(map, bytes);
 		map = MAP_FAILED;
