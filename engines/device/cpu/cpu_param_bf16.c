@@ -98,10 +98,13 @@ static void *spare_main(void *arg)
 }
 
 /* Start preparing a file of `bytes` for the next copy, unless one is on
- * its way (a failure to start leaves none: the writer makes its own). */
+ * its way or the host has not twice that memory available (then, as on a
+ * failure to start, the writer makes its own when it needs it). */
 static void spare_start(struct cpu_device *cd, size_t bytes)
 {
-	if (cd->spare_started)
+	size_t avail = cd->base.ops->mem_free(&cd->base);
+
+	if (cd->spare_started || (avail != SIZE_MAX && avail / 2 < bytes))
 		return;
 	cd->spare_bytes = bytes;
 	cd->spare_fd = -1;
