@@ -30,7 +30,10 @@
  * --matmul bf16 initializes the engine with bf16 matmuls and runs one
  * training step (in TRAIN mode) before the runs: the engine then keeps its
  * weights rounded to bf16, and a bf16 stream sends that copy in place, as
- * after every optimizer step of a bf16 RL loop.
+ * after every optimizer step of a bf16 RL loop. An fp32 engine makes the
+ * same copy at its first bf16 pull of all its weights (the first rep: one
+ * rounding pass before the first byte goes out) and sends it in place
+ * from then on (README, "bf16 matmuls").
  *
  * Starts its own daemon on a kernel-chosen loopback port (or uses the one at
  * --addr, already initialized; its CPU time is counted when --daemon-pid
