@@ -138,26 +138,45 @@ START_TEST(adamw_refreshes_the_copy)
 }
 END_TEST
 
+/* Two sequences of 9 and 7 tokens, ids[i] = (i * mul + add) % 97, with
+ * given log-prob gradients (i % g) / g - off: `train` runs them with those
+ * gradients, `fwd` forward only. */
+struct two_seqs {
+	int32_t lens[2], ids[16];
+	float gl[16];
+	struct given_grads gg;
+	struct engine_batch train, fwd;
+};
+
+static void two_seqs_init(struct two_seqs *b, int mul, int add, int g, float off)
+{
+	memset(b, 0, sizeof(*b));
+	b->lens[0] = 9;
+	b->lens[1] = 7;
+	for (int i = 0; i < 16; i++) {
+		b->ids[i] = (i * mul + add) % 97;
+		b->gl[i] = (float)(i % g) / (float)g - off;
+	}
+	b->gg.g_logp = b->gl;
+	b->train = (struct engine_batch){.n = 16, .input_ids = b->ids, .num_seqs = 2,
+					 .seq_lens = b->lens, .loss_fn = given_loss,
+					 .loss_ctx = &b->gg};
+	b->fwd = (struct engine_batch){.n = 16, .input_ids = b->ids, .num_seqs = 2,
+				       .seq_lens = b->lens, .forward_only = true};
+}
+
 START_TEST(trained_engine_matches_reloaded)
 {
 	struct engine_init_config cfg;
 	struct eng_error err = {0};
 	struct engine *a, *b;
 	char root[] = "/tmp/engined-bf16-XXXXXX", dir[64], cmd[96];
-	int32_t lens[2] = {9, 7}, ids[16];
-	float gl[16], la[16], lb[16];
-	struct given_grads gg = {.g_logp = gl};
-	struct engine_batch bt = {.n = 16, .input_ids = ids, .num_seqs = 2, .seq_lens = lens,
-				  .loss_fn = given_loss, .loss_ctx = &gg};
-	struct engine_batch fo = {.n = 16, .input_ids = ids, .num_seqs = 2, .seq_lens = lens,
-				  .forward_only = true};
+	float la[16], lb[16];
 	struct engine_fb_result r = {0}, ra = {.log_probs = la}, rb = {.log_probs = lb};
 	struct engine_step_result sr;
+	struct two_seqs sq;
 
-	for (int i = 0; i < 16; i++) {
-		ids[i] = (i * 29 + 3) % 97;
-		gl[i] = (float)(i % 5) / 5.0f - 0.4f;
-	}
+	two_seqs_init(&sq, 29, 3, 5, 0.4f);
 	engine_init_config_defaults(&cfg);
 	cfg.hf_config_json = TINY_QWEN2;
 	cfg.bf16_matmul = true;
@@ -165,12 +184,12 @@ START_TEST(trained_engine_matches_reloaded)
 	ck_assert_int_eq(engine_create(&cfg, &a, &err), 0);
 	/* resident in TRAIN: only the optimizer step can refresh the copy */
 	ck_assert_int_eq(engine_set_mode(a, ENGINE_MODE_TRAIN, false, &err), 0);
-	ck_assert_int_eq(engine_forward_backward(a, &fo, &ra, &err), 0);
+	ck_assert_int_eq(engine_forward_backward(a, &sq.fwd, &ra, &err), 0);
 	for (int s = 0; s < 3; s++) {
-		ck_assert_int_eq(engine_forward_backward(a, &bt, &r, &err), 0);
+		ck_assert_int_eq(engine_forward_backward(a, &sq.train, &r, &err), 0);
 		ck_assert_int_eq(engine_optimizer_step(a, &sr, &err), 0);
 	}
-	ck_assert_int_eq(engine_forward_backward(a, &fo, &rb, &err), 0);
+	ck_assert_int_eq(engine_forward_backward(a, &sq.fwd, &rb, &err), 0);
 	ck_assert_msg(memcmp(la, lb, sizeof(la)) != 0, "training changed nothing");
 
 	ck_assert_ptr_nonnull(mkdtemp(root));
@@ -181,9 +200,9 @@ START_TEST(trained_engine_matches_reloaded)
 	/* resident in EVAL: no per-call placement refreshes the copy, so only
 	 * the load itself can tell the device that the weights changed */
 	ck_assert_int_eq(engine_set_mode(b, ENGINE_MODE_EVAL, false, &err), 0);
-	ck_assert_int_eq(engine_forward_backward(b, &fo, &ra, &err), 0);   /* caches old weights */
+	ck_assert_int_eq(engine_forward_backward(b, &sq.fwd, &ra, &err), 0);   /* caches old weights */
 	ck_assert_int_eq(engine_load_checkpoint(b, dir, CKPT_MODEL, NULL, &err), 0);
-	ck_assert_int_eq(engine_forward_backward(b, &fo, &ra, &err), 0);
+	ck_assert_int_eq(engine_forward_backward(b, &sq.fwd, &ra, &err), 0);
 	ck_assert_mem_eq(la, lb, sizeof(la));
 	engine_destroy(a);
 	engine_destroy(b);
@@ -228,18 +247,11 @@ START_TEST(engine_exposes_the_current_copy)
 	struct eng_error err = {0};
 	struct engine *e;
 	char root[] = "/tmp/engined-bf16v-XXXXXX", dir[64], cmd[96];
-	int32_t lens[2] = {9, 7}, ids[16];
-	float gl[16];
-	struct given_grads gg = {.g_logp = gl};
-	struct engine_batch bt = {.n = 16, .input_ids = ids, .num_seqs = 2, .seq_lens = lens,
-				  .loss_fn = given_loss, .loss_ctx = &gg};
 	struct engine_fb_result r = {0};
 	struct engine_step_result sr;
+	struct two_seqs sq;
 
-	for (int i = 0; i < 16; i++) {
-		ids[i] = (i * 31 + 5) % 97;
-		gl[i] = (float)(i % 3) / 3.0f - 0.3f;
-	}
+	two_seqs_init(&sq, 31, 5, 3, 0.3f);
 	engine_init_config_defaults(&cfg);
 	cfg.hf_config_json = TINY_QWEN2;
 	cfg.optim.lr = 1e-2;
@@ -250,7 +262,7 @@ START_TEST(engine_exposes_the_current_copy)
 		 * changes are parameter changes too) */
 		ck_assert_int_eq(engine_set_mode(e, ENGINE_MODE_TRAIN, false, &err), 0);
 		ck_assert_int_eq(copy_state(e), 0);
-		ck_assert_int_eq(engine_forward_backward(e, &bt, &r, &err), 0);
+		ck_assert_int_eq(engine_forward_backward(e, &sq.train, &r, &err), 0);
 		ck_assert_int_eq(copy_state(e), bf16);
 		ck_assert_ptr_nonnull(mkdtemp(strcpy(root, "/tmp/engined-bf16v-XXXXXX")));
 		snprintf(dir, sizeof(dir), "%s/ck", root);
@@ -259,7 +271,7 @@ START_TEST(engine_exposes_the_current_copy)
 		ck_assert_int_eq(copy_state(e), bf16);
 		ck_assert_int_eq(engine_load_checkpoint(e, dir, CKPT_MODEL, NULL, &err), 0);
 		ck_assert_int_eq(copy_state(e), 0);
-		ck_assert_int_eq(engine_forward_backward(e, &bt, &r, &err), 0);
+		ck_assert_int_eq(engine_forward_backward(e, &sq.train, &r, &err), 0);
 		ck_assert_int_eq(copy_state(e), bf16);
 		engine_destroy(e);
 		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
@@ -329,20 +341,12 @@ START_TEST(lent_copy_never_changes)
 	struct eng_error err = {0};
 	struct engine *e;
 	char root[] = "/tmp/engined-lend-XXXXXX", dir[64], cmd[96];
-	int32_t lens[2] = {9, 7}, ids[16];
-	float gl[16], la[16], lb[16];
-	struct given_grads gg = {.g_logp = gl};
-	struct engine_batch bt = {.n = 16, .input_ids = ids, .num_seqs = 2, .seq_lens = lens,
-				  .loss_fn = given_loss, .loss_ctx = &gg};
-	struct engine_batch fo = {.n = 16, .input_ids = ids, .num_seqs = 2, .seq_lens = lens,
-				  .forward_only = true};
+	float la[16], lb[16];
 	struct engine_fb_result r = {0}, ra = {.log_probs = la}, rb = {.log_probs = lb};
 	struct engine_step_result sr;
+	struct two_seqs sq;
 
-	for (int i = 0; i < 16; i++) {
-		ids[i] = (i * 37 + 11) % 97;
-		gl[i] = (float)(i % 4) / 4.0f - 0.3f;
-	}
+	two_seqs_init(&sq, 37, 11, 4, 0.3f);
 	engine_init_config_defaults(&cfg);
 	cfg.hf_config_json = TINY_QWEN2;
 	cfg.optim.lr = 1e-2;
@@ -354,11 +358,11 @@ START_TEST(lent_copy_never_changes)
 		cfg.bf16_matmul = bf16;
 		ck_assert_int_eq(engine_create(&cfg, &e, &err), 0);
 		ck_assert_int_eq(engine_set_mode(e, ENGINE_MODE_TRAIN, false, &err), 0);
-		ck_assert_int_eq(engine_forward_backward(e, &fo, &ra, &err), 0);
+		ck_assert_int_eq(engine_forward_backward(e, &sq.fwd, &ra, &err), 0);
 		ck_assert_int_eq(copy_state(e), bf16);
 		ck_assert_int_eq(engine_lend_params_bf16(e, &f1, &err), 0);
 		b1 = check_lent(e, &f1);
-		ck_assert_int_eq(engine_forward_backward(e, &fo, &rb, &err), 0);
+		ck_assert_int_eq(engine_forward_backward(e, &sq.fwd, &rb, &err), 0);
 		ck_assert_mem_eq(la, lb, sizeof(la));
 		ck_assert_int_eq(engine_lend_params_bf16(e, &f2, &err), 0);
 		ck_assert_int_eq(fstat(f1.fd, &s1), 0);
@@ -367,7 +371,7 @@ START_TEST(lent_copy_never_changes)
 			      "nothing changed, yet a second file");
 		close(f2.fd);
 
-		ck_assert_int_eq(engine_forward_backward(e, &bt, &r, &err), 0);
+		ck_assert_int_eq(engine_forward_backward(e, &sq.train, &r, &err), 0);
 		ck_assert_int_eq(engine_optimizer_step(e, &sr, &err), 0);
 		ck_assert_int_eq(copy_state(e), 1);    /* AdamW wrote a new copy */
 		expect_file(f1.fd, b1, f1.bytes);
@@ -381,7 +385,7 @@ START_TEST(lent_copy_never_changes)
 		ck_assert_ptr_nonnull(mkdtemp(strcpy(root, "/tmp/engined-lend-XXXXXX")));
 		snprintf(dir, sizeof(dir), "%s/ck", root);
 		ck_assert_int_eq(engine_save_checkpoint(e, dir, 0, 0, CKPT_MODEL, NULL, &err), 0);
-		ck_assert_int_eq(engine_forward_backward(e, &bt, &r, &err), 0);
+		ck_assert_int_eq(engine_forward_backward(e, &sq.train, &r, &err), 0);
 		ck_assert_int_eq(engine_optimizer_step(e, &sr, &err), 0);
 		ck_assert_int_eq(engine_load_checkpoint(e, dir, CKPT_MODEL, NULL, &err), 0);
 		ck_assert_int_eq(copy_state(e), 0);
@@ -406,30 +410,23 @@ START_TEST(fp32_engine_keeps_the_copy_once_asked)
 	struct engine_init_config cfg;
 	struct eng_error err = {0};
 	struct engine *e;
-	int32_t lens[1] = {12}, ids[12];
-	float gl[12];
-	struct given_grads gg = {.g_logp = gl};
-	struct engine_batch bt = {.n = 12, .input_ids = ids, .num_seqs = 1, .seq_lens = lens,
-				  .loss_fn = given_loss, .loss_ctx = &gg};
 	struct engine_fb_result r = {0};
 	struct engine_step_result sr;
+	struct two_seqs sq;
 
-	for (int i = 0; i < 12; i++) {
-		ids[i] = (i * 13 + 1) % 97;
-		gl[i] = (float)(i % 3) / 3.0f - 0.2f;
-	}
+	two_seqs_init(&sq, 13, 1, 3, 0.2f);
 	engine_init_config_defaults(&cfg);
 	cfg.hf_config_json = TINY_QWEN2;
 	cfg.optim.lr = 1e-2;
 	ck_assert_int_eq(engine_create(&cfg, &e, &err), 0);
 	ck_assert_int_eq(engine_set_mode(e, ENGINE_MODE_TRAIN, false, &err), 0);
-	ck_assert_int_eq(engine_forward_backward(e, &bt, &r, &err), 0);
+	ck_assert_int_eq(engine_forward_backward(e, &sq.train, &r, &err), 0);
 	ck_assert_int_eq(engine_optimizer_step(e, &sr, &err), 0);
 	ck_assert_int_eq(copy_state(e), 0);
 	ck_assert_int_eq(engine_keep_params_bf16(e, &err), 0);
 	ck_assert_int_eq(copy_state(e), 1);
 	for (int s = 0; s < 2; s++) {
-		ck_assert_int_eq(engine_forward_backward(e, &bt, &r, &err), 0);
+		ck_assert_int_eq(engine_forward_backward(e, &sq.train, &r, &err), 0);
 		ck_assert_int_eq(engine_optimizer_step(e, &sr, &err), 0);
 		ck_assert_int_eq(copy_state(e), 1);
 	}
