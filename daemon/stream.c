@@ -14,14 +14,15 @@
  *     engine makes it at the first BFLOAT16 export of at least half of
  *     its parameters and keeps it from then on: params_use_bf16_copy):
  *     the data slices point at the engine's parameters or that copy
- *     (zero-copy). gRPC may hold them after a send
- *     completes: they are counted in d->zc_outstanding, and jobs that change
- *     parameters wait for it to drain (stream_wait_released).
- *   - FLOAT16, and BFLOAT16 of fewer tensors, from host memory: converted into a ring of
- *     bucket buffers by worker threads running ahead of the send, so that
- *     converting bucket k+1.. overlaps sending bucket k. The conversion reads
- *     the fp32 parameters once from DRAM and is bound by it; it prefetches
- *     ahead because the hardware prefetcher stops at each 4 KiB page.
+ *     (zero-copy). gRPC may hold them after a send completes: they are
+ *     counted in d->zc_outstanding, and jobs that change parameters wait
+ *     for it to drain (stream_wait_released).
+ *   - FLOAT16, and BFLOAT16 of fewer tensors, from host memory: converted
+ *     into a ring of bucket buffers by worker threads running ahead of the
+ *     send, so that converting bucket k+1.. overlaps sending bucket k. The
+ *     conversion reads the fp32 parameters once from DRAM and is bound by
+ *     it; it prefetches ahead because the hardware prefetcher stops at
+ *     each 4 KiB page.
  *   - any dtype from another device (cuda): the engine thread has the
  *     device convert and copy each slice into the ring (engine_param_copy),
  *     bucket k+1 while bucket k travels.
