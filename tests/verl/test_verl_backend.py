@@ -24,6 +24,7 @@ Run: tests/verl/setup_venv.sh build, then
 ENGINED_BIN=build/daemon/engined PYTHONPATH=tests/integration:tests/verl
 build/venv-verl/bin/python -m pytest tests/verl/test_verl_backend.py
 """
+import dataclasses
 import functools
 import os
 import tempfile
@@ -330,6 +331,50 @@ def test_weight_generator_as_rollout_sync(daemons):
         name, t = next(gen)
         assert t.dtype == torch.bfloat16
         gen.close()
+
+
+def test_weights_through_shared_memory(daemons):
+    """weight_transport: from a daemon with a share socket the weights come
+    through shared memory ("share", and "auto" picks it: the daemon's log
+    names each share), bit for bit the stream's, bf16 (the engine's own
+    copy, lent) and fp32 (copied); the generator's tensors outlive it.
+    From a daemon without one, "auto" streams and "share" is refused
+    FAILED_PRECONDITION naming the setting."""
+    import grpc
+    from engined_client import GroupError
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Daemon("--share-socket", os.path.join(tmp, "share.sock"))
+        try:
+            eng = new_engine(d, tmp, weight_dtype="bfloat16")
+            with eng.train_mode():
+                eng.train_batch(vb.sft_batch(4), functools.partial(sft_loss, config=None))
+            for dtype, how in (("bfloat16", "lent"), ("float32", "copied")):
+                eng.engine_config = dataclasses.replace(eng.engine_config, weight_dtype=dtype,
+                                                        weight_transport="stream")
+                ref = weights(eng)
+                for transport in ("auto", "share"):
+                    eng.engine_config = dataclasses.replace(eng.engine_config,
+                                                            weight_transport=transport)
+                    n = d.log_text().count(" tensors, ")
+                    gen, peft = eng.get_per_tensor_param()
+                    got = dict(gen)           # the generator ends: the share is closed
+                    assert peft is None and list(got) == list(ref)
+                    lines = [ln for ln in d.log_text().splitlines() if " tensors, " in ln]
+                    assert len(lines) == n + 1 and how in lines[-1], lines[-1]
+                    for k, v in ref.items():
+                        assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+        finally:
+            d.stop()
+        eng = new_engine(daemons[1], tmp, weight_dtype="bfloat16")
+        gen, _ = eng.get_per_tensor_param()
+        assert next(gen)[1].dtype == torch.bfloat16
+        gen.close()
+        assert eng._share_works is False
+        eng.engine_config = dataclasses.replace(eng.engine_config, weight_transport="share")
+        with pytest.raises(GroupError) as e:
+            eng.get_per_tensor_param()
+        assert e.value.codes() == {0: grpc.StatusCode.FAILED_PRECONDITION}
+        assert "share_socket" in str(e.value)
 
 
 def test_what_engined_does_not_serve_is_refused_precisely(daemons):

@@ -38,9 +38,14 @@ their meaning; the rest say where the daemons are and what they load:
 
 dtype is the matmul precision: "bfloat16" (verl's default) makes the
 daemon multiply in bf16 with fp32 accumulation and fp32 master weights
-(bf16_matmul); "float32" keeps every product in fp32. Weights are streamed
-to rollout in `weight_dtype` ("bfloat16" by default, as verl's FSDP engine
-hands them to vLLM / SGLang).
+(bf16_matmul); "float32" keeps every product in fp32. Weights go to
+rollout in `weight_dtype` ("bfloat16" by default, as verl's FSDP engine
+hands them to vLLM / SGLang), by `weight_transport`: "auto" (the default)
+maps them from shared memory when the daemon runs on this host with a
+share socket this user may open (ShareWeights: a bfloat16 share of a CPU
+engine is its own bf16 copy, no copy made) and streams them otherwise;
+"share" always maps them (an error when it cannot); "stream" always
+streams them (GetPerTensorParam).
 """
 from dataclasses import dataclass, field
 from typing import Optional
@@ -65,6 +70,7 @@ class EnginedEngineConfig(EngineConfig):
     device: str = "cpu"
     checkpoint_local_root: Optional[str] = None
     weight_dtype: str = "bfloat16"
+    weight_transport: str = "auto"
     replace: bool = False
     timeout_s: Optional[float] = None
     retries: int = 3
@@ -82,6 +88,9 @@ class EnginedEngineConfig(EngineConfig):
         if self.weight_dtype not in ("bfloat16", "float32", "float16"):
             raise ValueError(f"weight_dtype: {self.weight_dtype!r}: 'bfloat16', 'float16' "
                              "or 'float32'")
+        if self.weight_transport not in ("auto", "share", "stream"):
+            raise ValueError(f"weight_transport: {self.weight_transport!r}: 'auto', 'share' "
+                             "or 'stream'")
         if self.model_path and self.preset:
             raise ValueError("model_path and preset: give one of them")
 

@@ -23,22 +23,44 @@ details() name the field) in the one-daemon-per-rank mode, and GroupError
 what engined does not serve raises NotImplementedError, a batch it cannot
 take ValueError.
 """
+import logging
 import os
 import re
 import shutil
 
+import grpc
 import torch
 
 import verl.utils.tensordict_utils as tu
 from verl.utils.metric import Metric
 from verl.workers.engine.base import BaseEngine
 
+from .._rpc import EngineError
 from ..client import EngineClient
-from ..group import EngineGroup
+from ..group import EngineGroup, GroupError
 from . import layout
 from .losses import server_loss, verl_metrics
 
 _STEP_DIR = re.compile(r"global_step_\d+$")
+_log = logging.getLogger(__name__)
+# A share that cannot reach this process: the daemon has no share socket,
+# runs on another host (its socket path is not here), or its socket's
+# group leaves this user out. weight_transport "auto" then streams.
+_NO_SHARE = {grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE,
+             grpc.StatusCode.PERMISSION_DENIED}
+
+
+def _codes(e):
+    return set(e.codes().values()) if isinstance(e, GroupError) else {e.code()}
+
+
+def _shared_tensors(w):
+    """(name, torch view) of a share in its order, then the share closed
+    (views handed out stay valid: SharedWeights.close)."""
+    try:
+        yield from w.items()
+    finally:
+        w.close()
 
 
 def _dist_world():
@@ -72,6 +94,7 @@ class EnginedEngine(BaseEngine):
             self.daemon = EngineGroup(addresses, **kw)
         self._initialized = False
         self._saved_paths = []
+        self._share_works = None        # weight_transport "auto": not tried yet
 
     # --- placement and modes ------------------------------------------------
 
@@ -251,10 +274,26 @@ class EnginedEngine(BaseEngine):
 
     def get_per_tensor_param(self, **kwargs):
         """(generator of (HF name, torch tensor), None): the full tensors
-        from the daemon (rank 0 of a group), in weight_dtype, streamed
-        lazily (closing the generator cancels the stream)."""
-        return self.daemon.stream_weights(dtype=self.engine_config.weight_dtype,
-                                          as_torch=True), None
+        from the daemon (rank 0 of a group), in weight_dtype, by
+        weight_transport: "share" maps them from shared memory (views of
+        the daemon's sealed file, released when the generator ends and no
+        tensor is held); "stream" streams them lazily (closing the
+        generator cancels the stream); "auto" shares when the daemon can
+        share with this process and streams otherwise, deciding at the
+        first call (a later failure of a share that worked is raised)."""
+        dtype, how = self.engine_config.weight_dtype, self.engine_config.weight_transport
+        if how == "share" or (how == "auto" and self._share_works is not False):
+            try:
+                w = self.daemon.share_weights(dtype=dtype, as_torch=True)
+            except (EngineError, GroupError) as e:
+                if how == "share" or self._share_works or not _codes(e) <= _NO_SHARE:
+                    raise
+                self._share_works = False
+                _log.warning("engined: weights go through the stream: no share (%s)", e)
+            else:
+                self._share_works = True
+                return _shared_tensors(w), None
+        return self.daemon.stream_weights(dtype=dtype, as_torch=True), None
 
     def get_per_tensor_param_shard(self, **kwargs):
         raise NotImplementedError(
