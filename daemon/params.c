@@ -145,27 +145,28 @@ out:
 }
 
 int params_use_bf16_copy(struct engine *e, struct param_set *s, bool lend,
-			 struct engine_lent_file *ret_file, struct eng_error *err)
+			 struct engine_lent_file *ret_file, struct eng_error *why,
+			 struct eng_error *err)
 {
-	int64_t all = 0, n = engine_num_params(e);
+	struct engine_status st;
+	int64_t all;
 	int r;
 
+	eng_error_clear(why);
 	if (s->edtype != ENGINE_DTYPE_BF16 || !s->on_host)
 		return 0;
-	for (int64_t i = 0; i < n; i++) {
-		struct engine_param_view v;
-
-		r = engine_param_info(e, i, &v, err);
-		if (r < 0)
-			return r;
-		if (!ck_add_i64(all, v.numel, &all))
-			return eng_fail(err, -E2BIG, "parameters: size overflows");
-	}
+	engine_status(e, &st);
+	all = st.num_parameters;
 	if (s->total_bytes / 2 < all - all / 2)
 		return 0;
-	r = lend ? engine_lend_params_bf16(e, ret_file, err) : engine_keep_params_bf16(e, err);
-	if (r < 0)
+	r = lend ? engine_lend_params_bf16(e, ret_file, why) : engine_keep_params_bf16(e, why);
+	if (r == -ENOTSUP)
+		return 0;
+	if (r < 0) {
+		*err = *why;
+		eng_error_clear(why);
 		return r;
+	}
 	for (int64_t i = 0; i < s->n; i++) {
 		struct engine_param_view v;
 

@@ -72,12 +72,13 @@ void params_set_free(struct param_set *s);
  * parameter elements (a smaller set is not worth a copy of all of them),
  * the copy is made current and kept (engine_keep_params_bf16) and every
  * tensor's `data` points into it (in_place). Returns 1 then; 0 when the
- * rule leaves the set as it was; -ENOTSUP (err: the engine's reason) when
- * the engine keeps no such copy, the set unchanged; another -errno on
- * failure. `lend`: lend the copy as well (engine_lend_params_bf16,
+ * set is left as it was: by the rule, or because the engine keeps no such
+ * copy (then *why holds its reason, else why->code is 0); < 0 on failure
+ * (err). `lend`: lend the copy as well (engine_lend_params_bf16,
  * ShareWeights), *ret_file the lent file (the caller's when 1). */
 int params_use_bf16_copy(struct engine *e, struct param_set *s, bool lend,
-			 struct engine_lent_file *ret_file, struct eng_error *err);
+			 struct engine_lent_file *ret_file, struct eng_error *why,
+			 struct eng_error *err);
 
 /* Elements [start, start + count) of t in the set's dtype into dst
  * (count * esz bytes): `data` copied, other host tensors converted here,

@@ -301,16 +301,11 @@ static int lend(struct share_job *s, struct eng_error *err)
 	const char *odd = NULL;
 	int r;
 
-	eng_error_clear(&why);
-	r = params_use_bf16_copy(s->d->engine, &s->set, true, &f, &why);
-	if (r == -ENOTSUP)
+	r = params_use_bf16_copy(s->d->engine, &s->set, true, &f, &why, err);
+	if (why.code)
 		log_msg(LOG_LVL_DEBUG, "share: copying the tensors: %s", why.msg);
-	if (r < 0 && r != -ENOTSUP) {
-		*err = why;
-		return r;
-	}
 	if (r <= 0)
-		return 0;
+		return r;
 	s->fd = f.fd;
 	s->total = f.bytes;
 	s->offsets = calloc((size_t)(s->set.n ? s->set.n : 1), sizeof(*s->offsets));

@@ -621,14 +621,11 @@ int h_run_get_params(struct daemon *d, struct job *j, struct eng_error *err)
 	if (!s.set.in_place) {
 		struct eng_error why;
 
-		eng_error_clear(&why);
-		r = params_use_bf16_copy(d->engine, &s.set, false, NULL, &why);
-		if (r == -ENOTSUP)
-			log_msg(LOG_LVL_DEBUG, "stream: converting: %s", why.msg);
-		if (r < 0 && r != -ENOTSUP) {
-			*err = why;
+		r = params_use_bf16_copy(d->engine, &s.set, false, NULL, &why, err);
+		if (r < 0)
 			goto out;
-		}
+		if (why.code)
+			log_msg(LOG_LVL_DEBUG, "stream: converting: %s", why.msg);
 		r = 0;
 	}
 	s.zero_copy = s.set.in_place;

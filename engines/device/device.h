@@ -248,10 +248,10 @@ struct device_ops {
 	 * refreshes it). -ENOTSUP (no host memory, no region), -ENOMEM.
 	 * Optional. */
 	int (*params_bf16_keep)(struct device *dev);
-	/* That copy, made current first (params_bf16_keep), lent as a file that can never change: *ret gets a new
-	 * descriptor (the caller's) sealed with F_SEAL_WRITE | F_SEAL_SHRINK |
-	 * F_SEAL_GROW | F_SEAL_SEAL, its size, and where the copy lies in this
-	 * process (params_bf16 returns the same base until the parameters
+	/* That copy, made current first (params_bf16_keep), lent as a file
+	 * that can never change: *ret gets a new descriptor (the caller's)
+	 * sealed with F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW |
+	 * F_SEAL_SEAL, its size, and where the copy lies in this process (params_bf16 returns the same base until the parameters
 	 * change; element k of the region is at byte 2k of the file). The
 	 * device writes later values into a new file. -ENOTSUP when the
 	 * device cannot (no host memory, no region), -ENOMEM, or a -errno of

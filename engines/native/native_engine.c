@@ -849,6 +849,14 @@ static int64_t native_num_params(struct engine *e)
 	return N(e)->table.count;
 }
 
+/* The parameters are in host memory, in the region where the device keeps
+ * its bf16 copy of them. */
+static bool bf16_copy_region(struct native *n)
+{
+	return native_family_host_ptr(n, FAM_PARAMS) &&
+	       n->dev->param_base == n->fam[FAM_PARAMS].dev;
+}
+
 static void fill_info(struct native *n, enum native_fam f, int64_t i,
 		      struct engine_param_view *ret)
 {
@@ -863,8 +871,7 @@ static void fill_info(struct native *n, enum native_fam f, int64_t i,
 	ret->numel = p->numel;
 	ret->host_resident = h != NULL;
 	ret->host_data = h ? h + p->offset : NULL;
-	if (h && f == FAM_PARAMS && n->dev->ops->params_bf16 &&
-	    n->dev->param_base == n->fam[FAM_PARAMS].dev) {
+	if (f == FAM_PARAMS && n->dev->ops->params_bf16 && bf16_copy_region(n)) {
 		const uint16_t *copy = n->dev->ops->params_bf16(n->dev);
 
 		ret->host_bf16 = copy ? copy + p->offset : NULL;
@@ -920,14 +927,9 @@ static int native_grad(struct engine *e, int64_t i, struct engine_param_view *re
 	return view(N(e), FAM_GRADS, i, ret, err);
 }
 
-/* Convert on the device when the parameters are there (into a scratch
- * allocation unless device memory is host memory), else on the host; then
- * copy the slice to dst. */
-/* The parameters are where the device keeps its bf16 copy of them. */
 static int bf16_copy_possible(struct native *n, bool op, struct eng_error *err)
 {
-	if (!op || !native_family_host_ptr(n, FAM_PARAMS) ||
-	    n->dev->param_base != n->fam[FAM_PARAMS].dev)
+	if (!op || !bf16_copy_region(n))
 		return eng_fail(err, -ENOTSUP,
 				"the parameters are not in host memory with a bf16 copy "
 				"(device %s)", n->dev->ops->name);
@@ -963,6 +965,9 @@ static int native_lend_params_bf16(struct engine *e, struct engine_lent_file *re
 	return 0;
 }
 
+/* Convert on the device when the parameters are there (into a scratch
+ * allocation unless device memory is host memory), else on the host; then
+ * copy the slice to dst. */
 static int native_param_copy(struct engine *e, int64_t i, enum engine_dtype dtype,
 			     int64_t start, int64_t count, void *dst, struct eng_error *err)
 {
