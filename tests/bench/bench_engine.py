@@ -1,5 +1,8 @@
 """bench_engine.py — the engine state the Python benchmarks start from
-(bench_stream_py.py, bench_share.py; bench_stream.c does the same in C)."""
+(bench_stream_py.py, bench_share.py; bench_stream.c does the same in C) and
+the training step bench_share.py runs between its shares."""
+import time
+
 import numpy as np
 
 
@@ -11,7 +14,15 @@ def initialize(c, preset, matmul="f32", **kw):
     result."""
     r = c.initialize(preset=preset, bf16_matmul=matmul == "bf16", **kw)
     if matmul == "bf16":
-        c.set_mode("train")
-        c.forward_backward(np.arange(32, dtype=np.int32) * 37 % 1000, [16, 16], loss="sft")
-        c.optimizer_step()
+        train_step(c)
     return r
+
+
+def train_step(c):
+    """One SFT step of 2 x 16 tokens in TRAIN mode; returns the optimizer
+    step's seconds."""
+    c.set_mode("train")
+    c.forward_backward(np.arange(32, dtype=np.int32) * 37 % 1000, [16, 16], loss="sft")
+    t = time.perf_counter()
+    c.optimizer_step()
+    return time.perf_counter() - t

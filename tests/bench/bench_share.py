@@ -49,7 +49,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 from daemon_fixture import Daemon  # noqa: E402
-from bench_engine import initialize  # noqa: E402
+from bench_engine import initialize, train_step  # noqa: E402
 
 from engined_client import EngineClient  # noqa: E402
 
@@ -72,15 +72,6 @@ def bench_share(c, dtype):
     n = w.nbytes
     w.close()
     return n, t2 - t0, t1 - t0, t2 - t1
-
-
-def train_step(c):
-    """One SFT step in TRAIN mode; returns the optimizer step's seconds."""
-    c.set_mode("train")
-    c.forward_backward(np.arange(32, dtype=np.int32) * 41 % 1000, [16, 16], loss="sft")
-    t = time.perf_counter()
-    c.optimizer_step()
-    return time.perf_counter() - t
 
 
 def last_share_lent(d):

@@ -464,18 +464,15 @@ def test_bf16_from_the_engines_copy(tmp, bf16_matmul):
     until the next export makes it again)."""
     d = start(tmp, "copy-%d" % bf16_matmul, "--log-level", "debug")
 
-    def last_stream():
-        return [ln for ln in d.log_text().splitlines() if "stream: " in ln][-1]
-
     def check(cl, few_how):
         ref = streamed(cl)
         few = ["model.norm.weight", "model.layers.0.self_attn.q_proj.weight"]
         part = streamed(cl, "bfloat16", few)
-        assert "BFLOAT16, " + few_how in last_stream()
+        assert "BFLOAT16, " + few_how in last_stream(d)
         assert all(np.array_equal(a.view(np.uint16), torch_bits(dict(ref)[n]))
                    for n, a in part)
         bf = streamed(cl, "bfloat16")
-        assert "BFLOAT16, sent in place" in last_stream()
+        assert "BFLOAT16, sent in place" in last_stream(d)
         assert [n for n, _ in bf] == [n for n, _ in ref]
         for (n, a), (_, b) in zip(ref, bf):
             assert np.array_equal(b.view(np.uint16), torch_bits(a)), n
@@ -498,6 +495,11 @@ def test_bf16_from_the_engines_copy(tmp, bf16_matmul):
             check(cl, "converted")          # stale
     finally:
         assert d.stop() == 0
+
+
+def last_stream(d):
+    """The daemon's debug line of its last weight stream."""
+    return [ln for ln in d.log_text().splitlines() if "stream: " in ln][-1]
 
 
 def share_line(d):
@@ -525,9 +527,6 @@ def test_bf16_shares_lend_the_engines_copy(tmp):
     An fp32 engine keeps the copy current from its first lend: its
     bfloat16 stream then sends it in place."""
     d = start(tmp, "lend", "--log-level", "debug")
-
-    def last_stream():
-        return [ln for ln in d.log_text().splitlines() if "stream: " in ln][-1]
 
     def check(cl, fd, t):
         ref = dict(streamed(cl))
@@ -557,7 +556,7 @@ def test_bf16_shares_lend_the_engines_copy(tmp):
             check(cl, fd1, t1)
             first = raw_tensors(fd1, t1)
             bf = streamed(cl, "bfloat16")
-            assert "BFLOAT16, sent in place" in last_stream()
+            assert "BFLOAT16, sent in place" in last_stream(d)
             assert all(first[n] == a.view(np.uint16).tobytes() for n, a in bf)
 
             t2 = cl.request_share(dtype="bfloat16", names=big)
@@ -587,7 +586,7 @@ def test_bf16_shares_lend_the_engines_copy(tmp):
             os.close(fd4)
             os.close(fd1)
             streamed(cl, "bfloat16")
-            assert "BFLOAT16, sent in place" in last_stream()
+            assert "BFLOAT16, sent in place" in last_stream(d)
     finally:
         assert d.stop() == 0
 
