@@ -23,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "log.h"
 #include "methods.h"
 #include "reflection.h"
@@ -59,20 +60,12 @@ static int gate(struct daemon *d, const struct method *m, struct eng_error *err)
 	return 0;
 }
 
-static double now_s(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 /* Run one job; the status snapshot is refreshed before the reply goes out,
  * so that a GetStatus sent after the reply sees the job's effects. */
 static void run_job(struct daemon *d, struct job *j)
 {
 	struct eng_error err;
-	double t0 = now_s(), dt;
+	double t0 = eng_now_s(), dt;
 	bool newly_failed;
 	int r;
 
@@ -91,7 +84,7 @@ static void run_job(struct daemon *d, struct job *j)
 			r = j->m->run(d, j, &err);
 		}
 	}
-	dt = now_s() - t0;
+	dt = eng_now_s() - t0;
 	if (r == 0) {
 		if (j->m_tokens > 0)
 			metrics_forward_backward(&d->metrics, j->m_tokens, dt);
@@ -203,7 +196,7 @@ static void save_on_stop(struct daemon *d)
 	struct eng_error err;
 	struct engine_status st;
 	size_t bytes = 0;
-	double t0 = now_s();
+	double t0 = eng_now_s();
 	int r;
 
 	if (!d->cfg.save_on_stop)
@@ -234,7 +227,7 @@ static void save_on_stop(struct daemon *d)
 	}
 	metrics_checkpoint_saved(&d->metrics);
 	log_msg(LOG_LVL_INFO, "save_on_stop: saved step %lld to '%s' (%zu bytes, %.2f s)",
-		(long long)st.step, d->cfg.save_on_stop, bytes, now_s() - t0);
+		(long long)st.step, d->cfg.save_on_stop, bytes, eng_now_s() - t0);
 }
 
 static void *engine_thread_main(void *arg)

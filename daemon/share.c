@@ -48,10 +48,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "checked.h"
+#include "clock.h"
 #include "device/device.h"
 #include "engined/v1/engine.pb-c.h"
 #include "log.h"
@@ -396,14 +396,6 @@ static int reply(struct daemon *d, struct job *j, const struct share_job *s,
 	return r;
 }
 
-static double now_s(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 int h_run_share_weights(struct daemon *d, struct job *j, struct eng_error *err)
 {
 	const Engined__V1__ShareWeightsRequest *q = (const void *)j->req;
@@ -412,7 +404,7 @@ int h_run_share_weights(struct daemon *d, struct job *j, struct eng_error *err)
 	struct engine_status st;
 	uint8_t handle[SHARE_HANDLE_BYTES];
 	uint64_t id = 0;
-	double t0 = now_s(), dt;
+	double t0 = eng_now_s(), dt;
 	int r, lent;
 
 	memset(&s, 0, sizeof(s));
@@ -439,7 +431,7 @@ int h_run_share_weights(struct daemon *d, struct job *j, struct eng_error *err)
 	s.fd = -1;
 	if (r < 0)
 		goto out;
-	dt = now_s() - t0;
+	dt = eng_now_s() - t0;
 	log_msg(LOG_LVL_INFO,
 		"share #%llu: %lld tensors, %lld bytes %s (step %lld) %s in %.3f s (%.2f GB/s), "
 		"%d use%s within %.1f s", (unsigned long long)id, (long long)s.set.n,
