@@ -16,6 +16,7 @@
 
 #include "engined/v1/engine.pb-c.h"
 #include "fb_request.h"
+#include "log.h"
 #include "pb_has.h"
 #include "model/config.h"
 #include "paths.h"
@@ -257,6 +258,8 @@ int h_run_initialize(struct daemon *d, struct job *j, struct eng_error *err)
 	engine_destroy(old);
 	d->num_tensors = engine_num_params(e);
 	engine_status(e, &st);
+	log_msg(LOG_LVL_INFO, "engine %s: %lld parameters in %lld tensors; matmul: %s", st.key,
+		(long long)st.num_parameters, (long long)d->num_tensors, st.matmul);
 	resp.engine_key = st.key;
 	resp.num_parameters = st.num_parameters;
 	resp.num_tensors = d->num_tensors;
@@ -757,6 +760,7 @@ int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err)
 	resp.last_request_id = last_id;
 	resp.lr = st.lr;
 	resp.num_parameters = st.num_parameters;
+	resp.matmul = st.matmul;
 	mem.device_bytes = (int64_t)st.device_memory;
 	mem.host_bytes = (int64_t)st.host_memory;
 	mem.rss_bytes = rss_bytes();

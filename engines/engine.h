@@ -252,6 +252,9 @@ struct engine_status {
 	 * (since the last optimizer step or zeroing). */
 	int64_t accumulated_calls, accumulated_tokens;
 	int64_t num_parameters;
+	/* How the device's matrix products run (device.matmul), e.g. bf16
+	 * emulated through fp32 products where the CPU has no bf16 matmul. */
+	char matmul[192];
 	size_t device_memory;       /* bytes in use on the device */
 	size_t host_memory;         /* bytes held in host memory by the engine */
 	/* NULL while healthy; after an unrecoverable device error (a sticky

@@ -264,6 +264,11 @@ struct device {
 	const struct device_ops *ops;
 	const struct kernel_table *k;
 	enum matmul_precision prec;
+	/* How this device's products run, in words (for the log and
+	 * GetStatus): "fp32 (oneDNN avx512_core)", or a bf16 path that the
+	 * CPU lacks done another way. Set by open; the device's storage,
+	 * valid until close. */
+	const char *matmul;
 	/* True when device memory is host memory: copies are memcpy and
 	 * "offload" only changes the reported placement. The CPU device opened
 	 * with ENGINED_CPU_DISCRETE=1 in the environment reports false and keeps

@@ -1022,6 +1022,7 @@ static void native_status(struct engine *e, struct engine_status *ret)
 	ret->accumulated_calls = n->grad_calls;
 	ret->accumulated_tokens = n->grad_tokens;
 	ret->num_parameters = n->table.total;
+	snprintf(ret->matmul, sizeof(ret->matmul), "%s", n->dev->matmul ? n->dev->matmul : "");
 	ret->device_memory = n->dev->ops->mem_in_use(n->dev);
 	ret->failed = n->dev->failed;
 	ret->host_memory = 0;

@@ -33,7 +33,7 @@ import grpc
 import numpy as np
 import pytest
 
-from bf16_ref import torch_bits
+from bf16_ref import expect_native_bf16_matmul, torch_bits
 from daemon_fixture import Daemon, wait_for, make_tmp
 from rpc_expect import expect
 
@@ -484,6 +484,13 @@ def test_bf16_from_the_engines_copy(tmp, bf16_matmul):
         with EngineClient(d.addr, timeout=60) as cl:
             cl.initialize(preset="tiny", seed=4, optimizer={"lr": 1e-2},
                           bf16_matmul=bf16_matmul)
+            how = cl.get_status().matmul
+            if not bf16_matmul:
+                assert how.startswith("fp32 (oneDNN "), how
+            else:
+                assert how.startswith("bf16 operands, fp32 accumulation ("), how
+                assert ("emulated" not in how) == expect_native_bf16_matmul(), how
+            assert "matmul: " + how in d.log_text()
             cl.set_mode("train")
             check(cl, "converted")          # no copy yet
             cl.save_checkpoint("pre")

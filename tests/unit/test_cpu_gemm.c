@@ -2,9 +2,11 @@
  * (fp32 and bf16) against a naive double-precision product. */
 #include <check.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "device/device.h"
 #include "cpu_test_util.h"
@@ -235,6 +237,44 @@ START_TEST(gemm_bf16)
 }
 END_TEST
 
+/* Whether oneDNN 2.6 has a bf16 matmul here, by the CPU's own flags and
+ * ONEDNN_MAX_CPU_ISA (not by asking oneDNN): it needs avx512_core
+ * (AVX-512 F, BW, VL, DQ) and no cap below it. */
+static bool expect_native_bf16(void)
+{
+	const char *cap = getenv("ONEDNN_MAX_CPU_ISA");
+
+	__builtin_cpu_init();
+	if (cap && (!strcasecmp(cap, "AVX2") || !strcasecmp(cap, "AVX") ||
+		    !strcasecmp(cap, "SSE41") || !strcasecmp(cap, "AVX2_VNNI")))
+		return false;
+	return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+/* Each device says how its products run: fp32 names oneDNN's ISA; bf16
+ * runs oneDNN's bf16 matmul where it has one and says "emulated" (fp32
+ * products of rounded operands) where it has none (AVX2; the products
+ * themselves are checked by gemm_bf16 on either path). */
+START_TEST(matmul_path_reported)
+{
+	struct device *d32 = tu_open(2, MATMUL_FP32), *d16 = tu_open(2, MATMUL_BF16);
+	const char *cap = getenv("ONEDNN_MAX_CPU_ISA");
+
+	ck_assert_msg(strncmp(d32->matmul, "fp32 (oneDNN ", 13) == 0, "%s", d32->matmul);
+	ck_assert_msg(strncmp(d16->matmul, "bf16 operands, fp32 accumulation (", 34) == 0,
+		      "%s", d16->matmul);
+	ck_assert_msg((strstr(d16->matmul, "emulated") == NULL) == expect_native_bf16(),
+		      "%s", d16->matmul);
+	if (cap && !strcasecmp(cap, "AVX2")) {
+		ck_assert_str_eq(d32->matmul, "fp32 (oneDNN avx2)");
+		ck_assert_ptr_nonnull(strstr(d16->matmul, "oneDNN avx2 has no bf16 matmul"));
+	}
+	tu_close(d32);
+	tu_close(d16);
+}
+END_TEST
+
 /* A Qwen2.5-0.5B-shaped linear layer (x[64,896] W[4864,896]^T), which
  * takes oneDNN's blocked path: checked on sampled entries. */
 START_TEST(gemm_large_shape)
@@ -313,10 +353,11 @@ START_TEST(gemm_edge_cases)
 END_TEST
 
 /* An accumulating product (beta 1 and 0.5) is the beta-0 product plus
- * beta C, bit for bit, on every path: the primitive's row blocks (M x N
- * over 1M floats: two blocks, the second shorter), bf16 and fp32, both
- * transposes of A; dnnl_sgemm. beta 0.5 scales exactly, so a fused
- * multiply-add and a multiply then add agree. */
+ * beta C, bit for bit, on every path and ISA: the primitive's row blocks
+ * (M x N over 1M floats: two blocks, the second shorter, on AVX-512; one
+ * block below it), bf16 (native or emulated) and fp32, both transposes of
+ * A; dnnl_sgemm. beta 0.5 scales exactly, so a fused multiply-add and a
+ * multiply then add agree. */
 START_TEST(gemm_accumulate_is_product_plus_c)
 {
 	static const struct { bool ta, tb, bf16; } cases[] = {
@@ -429,6 +470,7 @@ int main(void)
 	tcase_add_test(tc, gemm_fp32_all_transposes);
 	tcase_add_test(tc, gemm_accumulate_is_product_plus_c);
 	tcase_add_test(tc, gemm_bf16);
+	tcase_add_test(tc, matmul_path_reported);
 	tcase_add_test(tc, gemm_large_shape);
 	tcase_add_test(tc, gemm_cache_eviction);
 	tcase_add_test(tc, gemm_edge_cases);

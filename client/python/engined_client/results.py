@@ -238,6 +238,7 @@ class Status:
     progress: Optional[JobProgress]
     pending_shares: int
     pending_share_bytes: int
+    matmul: str
 
     @classmethod
     def from_proto(cls, m):

@@ -30,8 +30,8 @@
 /* Scratch buffers owned by the device, one per purpose so that a kernel can
  * hold several at once. Their content does not survive between kernels. */
 enum cpu_scratch_slot {
-	CPU_SCRATCH_GEMM_A = 0,   /* bf16 copy of op(A) */
-	CPU_SCRATCH_GEMM_B,       /* bf16 copy of op(B) */
+	CPU_SCRATCH_GEMM_A = 0,   /* bf16 copy of op(A) (as fp32 where emulated) */
+	CPU_SCRATCH_GEMM_B,       /* bf16 copy of op(B) (as fp32 where emulated) */
 	CPU_SCRATCH_TILES,        /* per-thread attention score panels */
 	CPU_SCRATCH_ROWS,         /* per-row values: attention D_i, sumsq block sums */
 	CPU_SCRATCH_INDEX,        /* attention work-item table */

@@ -26,22 +26,42 @@
  * param_version (cpu_param_bf16.c), activations into device scratch per call,
  * then multiplied with fp32 accumulation into the fp32 C.
  *
+ * Where oneDNN has no bf16 matmul for the CPU (oneDNN 2.6 needs AVX-512:
+ * an AVX2-only CPU, or ONEDNN_MAX_CPU_ISA=AVX2), the same products run as
+ * fp32 products of the rounded operands, widened back to fp32 in scratch
+ * (the parameters from the same bf16 copy): a product of two bf16 values is
+ * exact in fp32 and both paths accumulate in fp32, so the results are those
+ * of a bf16 matmul up to the order of the sums over K. Which path runs is
+ * decided once at open (a probe of the bf16 primitive) and reported
+ * (device.matmul: the daemon's log and GetStatus).
+ *
  * beta: 0 overwrites C (C may hold NaN/garbage); any other value gives
  * C = op(A) op(B) + beta * C. dnnl_sgemm applies beta itself. Through the
  * primitive, the product is formed with beta 0 in row blocks of about
  * GEMM_C_BLOCK floats (device scratch, cache-sized), each added into C
  * right after it: a oneDNN "sum" post-op did the same addition at
  * 0.78-0.93x the speed on the bf16 weight gradients and the LM head's
- * accumulating dx (bench_gemm, Zen 5, 2026-12-03). Each element's sum
- * over K does not depend on the blocks (tested: the same bits as the
- * beta-0 product plus C). C must not alias A or B.
+ * accumulating dx (bench_gemm, Zen 5, 2026-12-03). C must not alias A or B.
+ *
+ * The accumulate contract, on every ISA: C = P + beta * C bit for bit,
+ * where P is what the same call with beta 0 writes (tested). dnnl_sgemm
+ * keeps it by itself. Row blocks keep it only where oneDNN's kernel gives
+ * each row the same sums whatever the number of rows it is handed: its
+ * brgemm kernels (AVX-512 and up) do; on AVX2 (a gemm-based matmul) rows
+ * of a short last block differ from the whole product's in the last bit
+ * (measured: 854 of 176000 elements of a 1200 x 1000 x 40 product). So
+ * below AVX-512 the whole product goes to scratch in one block: C there is
+ * an activation ([tokens, hidden]; weight gradients take dnnl_sgemm on
+ * such CPUs, bf16 included), and the cost is its one extra pass.
  */
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "err.h"
+#include "io/round.h"
 #include "cpu_device.h"
 
 /* Distinct shapes seen in one training step of a Llama-family model are a
@@ -70,6 +90,13 @@ struct cpu_gemm_cache {
 	dnnl_engine_t engine;
 	dnnl_stream_t stream;
 	uint64_t clock;
+	/* oneDNN has a bf16 matmul for this CPU (probed at init); else bf16
+	 * products run as fp32 products of rounded operands */
+	bool bf16_native;
+	/* accumulating products through the primitive may run in row blocks
+	 * (brgemm kernels: see the header) */
+	bool row_blocks;
+	char matmul[192];            /* device.matmul */
 	struct gemm_entry e[GEMM_CACHE_SIZE];
 };
 
@@ -82,6 +109,73 @@ static int dnnl_err(dnnl_status_t s)
 	if (s == dnnl_invalid_arguments)
 		return -EINVAL;
 	return -EIO;
+}
+
+/* oneDNN's name of an ISA it dispatches to. */
+static const char *isa_name(dnnl_cpu_isa_t isa)
+{
+	switch (isa) {
+	case dnnl_cpu_isa_sse41: return "sse41";
+	case dnnl_cpu_isa_avx: return "avx";
+	case dnnl_cpu_isa_avx2: return "avx2";
+	case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+	case dnnl_cpu_isa_avx512_mic: return "avx512_mic";
+	case dnnl_cpu_isa_avx512_mic_4ops: return "avx512_mic_4ops";
+	case dnnl_cpu_isa_avx512_core: return "avx512_core";
+	case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+	case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+	case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+	default: return "unknown ISA";
+	}
+}
+
+/* Whether oneDNN builds a bf16 x bf16 -> fp32 matmul for this CPU, in each
+ * of the operand layouts cpu_gemm hands it (A and B as stored or
+ * transposed). */
+static bool bf16_matmul_available(dnnl_engine_t engine)
+{
+	for (int t = 0; t < 4; t++) {
+		const dnnl_dim_t n = 64;
+		dnnl_dims_t dims = { n, n }, rows = { n, 1 }, cols = { 1, n };
+		dnnl_memory_desc_t a_md, b_md, c_md;
+		dnnl_matmul_desc_t mm;
+		dnnl_primitive_desc_t pd = NULL;
+		dnnl_status_t s;
+
+		s = dnnl_memory_desc_init_by_strides(&a_md, 2, dims, dnnl_bf16, t & 1 ? cols : rows);
+		if (s == dnnl_success)
+			s = dnnl_memory_desc_init_by_strides(&b_md, 2, dims, dnnl_bf16,
+							     t & 2 ? cols : rows);
+		if (s == dnnl_success)
+			s = dnnl_memory_desc_init_by_strides(&c_md, 2, dims, dnnl_f32, rows);
+		if (s == dnnl_success)
+			s = dnnl_matmul_desc_init(&mm, &a_md, &b_md, NULL, &c_md);
+		if (s == dnnl_success)
+			s = dnnl_primitive_desc_create(&pd, &mm, NULL, engine, NULL);
+		if (pd)
+			dnnl_primitive_desc_destroy(pd);
+		if (s != dnnl_success)
+			return false;
+	}
+	return true;
+}
+
+/* What the device reports as its products' path (device.matmul). */
+static void describe_path(struct cpu_gemm_cache *g, enum matmul_precision prec)
+{
+	dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+	const char *name = isa_name(isa);
+
+	g->row_blocks = (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
+	if (prec != MATMUL_BF16)
+		snprintf(g->matmul, sizeof(g->matmul), "fp32 (oneDNN %s)", name);
+	else if (g->bf16_native)
+		snprintf(g->matmul, sizeof(g->matmul),
+			 "bf16 operands, fp32 accumulation (oneDNN %s bf16 matmul)", name);
+	else
+		snprintf(g->matmul, sizeof(g->matmul),
+			 "bf16 operands, fp32 accumulation (emulated: fp32 products of "
+			 "bf16-rounded operands; oneDNN %s has no bf16 matmul)", name);
 }
 
 int cpu_gemm_init(struct cpu_device *cd)
@@ -104,6 +198,9 @@ int cpu_gemm_init(struct cpu_device *cd)
 		free(g);
 		return r;
 	}
+	g->bf16_native = cd->base.prec == MATMUL_BF16 && bf16_matmul_available(g->engine);
+	describe_path(g, cd->base.prec);
+	cd->base.matmul = g->matmul;
 	cd->gemm = g;
 	return 0;
 }
@@ -232,6 +329,35 @@ static void round_matrix(uint16_t *dst, const float *src, int64_t rows,
 		cpu_round_bf16(dst + i * cols, src + i * ld, cols);
 }
 
+/* The same rounding, kept in fp32 (the emulated bf16 path's operands):
+ * dst[i][j] = the bf16 value nearest src[i][j], exactly. */
+static void round_matrix_f32(float *dst, const float *src, int64_t rows,
+			     int64_t cols, int64_t ld)
+{
+	int64_t i;
+
+#pragma omp parallel for schedule(static)
+	for (i = 0; i < rows; i++) {
+		float *d = dst + i * cols;
+		const float *x = src + i * ld;
+		int64_t j;
+
+#pragma omp simd
+		for (j = 0; j < cols; j++)
+			d[j] = fp_bf16_widen(fp_bf16_round(x[j]));
+	}
+}
+
+/* bf16 values (a compact part of the parameters' copy) widened to fp32. */
+static void widen_matrix(float *dst, const uint16_t *src, int64_t n)
+{
+	int64_t i;
+
+#pragma omp parallel for simd schedule(static)
+	for (i = 0; i < n; i++)
+		dst[i] = fp_bf16_widen(src[i]);
+}
+
 /* C = beta * C for the K == 0 product (no oneDNN call). */
 static void scale_c(float *C, int64_t M, int64_t N, int64_t ldc, float beta)
 {
@@ -288,7 +414,7 @@ static int primitive_accumulate(struct device *dev, const struct gemm_key *key,
 	const size_t esize = key->bf16 ? sizeof(uint16_t) : sizeof(float);
 	/* elements between the first elements of two rows of op(A) */
 	const int64_t a_step = key->ta ? 1 : key->lda, M = key->M, N = key->N;
-	int64_t rows = GEMM_C_BLOCK / N, r0;
+	int64_t rows = g->row_blocks ? GEMM_C_BLOCK / N : M, r0;
 	struct gemm_key bk = *key;
 	float *tmp;
 
@@ -327,13 +453,56 @@ static int primitive_accumulate(struct device *dev, const struct gemm_key *key,
 	return 0;
 }
 
+/* C = op(A) op(B) + beta C for operands of key's element type and
+ * strides: fp32 products with B as stored through dnnl_sgemm, the rest
+ * through the primitive (see the header). */
+static int gemm_run(struct device *dev, const struct gemm_key *key,
+		    const void *a_data, const void *b_data, float beta, float *C)
+{
+	if (!key->bf16 && !key->tb)
+		return dnnl_err(dnnl_sgemm(key->ta ? 'T' : 'N', 'N', key->M, key->N, key->K,
+					   1.0f, a_data, key->lda, b_data, key->ldb, beta,
+					   C, key->ldc));
+	if (beta != 0.0f)
+		return primitive_accumulate(dev, key, a_data, b_data, beta, C);
+	return primitive_run(cpu_dev(dev)->gemm, key, a_data, b_data, C);
+}
+
+/* One operand of a MATMUL_BF16 product, stored as X (rows x cols, row
+ * stride ld), rounded to bf16 into a compact copy: the parameters' copy
+ * when X lies in it, else scratch `slot`. With `wide` (no bf16 matmul
+ * here) the copy holds the same values as fp32. NULL when out of memory. */
+static const void *bf16_operand(struct device *dev, enum cpu_scratch_slot slot,
+				const float *X, int64_t rows, int64_t cols, int64_t ld,
+				bool wide)
+{
+	const uint16_t *p16 = cpu_param_bf16_of(dev, X, rows, cols, ld);
+	size_t n = (size_t)(rows * cols);
+	void *copy;
+
+	if (p16 && !wide)
+		return p16;
+	copy = cpu_scratch(dev, slot, n * (wide ? sizeof(float) : sizeof(uint16_t)));
+	if (!copy)
+		return NULL;
+	if (p16)
+		widen_matrix(copy, p16, rows * cols);
+	else if (wide)
+		round_matrix_f32(copy, X, rows, cols, ld);
+	else
+		round_matrix(copy, X, rows, cols, ld);
+	return copy;
+}
+
 int cpu_gemm(struct device *dev, bool trans_a, bool trans_b,
 	     int64_t M, int64_t N, int64_t K,
 	     const float *A, int64_t lda, const float *B, int64_t ldb,
 	     float beta, float *C, int64_t ldc)
 {
-	struct cpu_gemm_cache *g = cpu_dev(dev)->gemm;
-	struct gemm_key key;
+	struct gemm_key key = {
+		.ta = trans_a, .tb = trans_b, .M = M, .N = N, .K = K,
+		.lda = lda, .ldb = ldb, .ldc = ldc,
+	};
 	const void *a_data = A, *b_data = B;
 
 	if (M < 0 || N < 0 || K < 0)
@@ -350,47 +519,20 @@ int cpu_gemm(struct device *dev, bool trans_a, bool trans_b,
 		return 0;
 	}
 	cpu_enter(dev);
-	if (dev->prec == MATMUL_FP32 && !trans_b)
-		return dnnl_err(dnnl_sgemm(trans_a ? 'T' : 'N', 'N', M, N, K, 1.0f, A, lda,
-					   B, ldb, beta, C, ldc));
-
-	key.ta = trans_a;
-	key.tb = trans_b;
-	key.bf16 = dev->prec == MATMUL_BF16;
-	key.M = M;
-	key.N = N;
-	key.K = K;
-	key.lda = lda;
-	key.ldb = ldb;
-	key.ldc = ldc;
-	if (key.bf16) {
+	if (dev->prec == MATMUL_BF16) {
 		/* Stored layouts: A is [M,K] or [K,M], B is [K,N] or [N,K];
-		 * the bf16 copies keep the layout with compact rows. */
-		int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
-		int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-		const uint16_t *ca = cpu_param_bf16_of(dev, A, a_rows, a_cols, lda);
-		const uint16_t *cb = cpu_param_bf16_of(dev, B, b_rows, b_cols, ldb);
-		uint16_t *a16 = NULL, *b16 = NULL;
+		 * the copies keep the layout with compact rows. */
+		const bool wide = !cpu_dev(dev)->gemm->bf16_native;
+		const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+		const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
 
-		if (!ca)
-			a16 = cpu_scratch(dev, CPU_SCRATCH_GEMM_A,
-					  (size_t)(a_rows * a_cols) * sizeof(uint16_t));
-		if (!cb)
-			b16 = cpu_scratch(dev, CPU_SCRATCH_GEMM_B,
-					  (size_t)(b_rows * b_cols) * sizeof(uint16_t));
-		if ((!ca && !a16) || (!cb && !b16))
+		a_data = bf16_operand(dev, CPU_SCRATCH_GEMM_A, A, a_rows, a_cols, lda, wide);
+		b_data = bf16_operand(dev, CPU_SCRATCH_GEMM_B, B, b_rows, b_cols, ldb, wide);
+		if (!a_data || !b_data)
 			return -ENOMEM;
-		if (a16)
-			round_matrix(a16, A, a_rows, a_cols, lda);
-		if (b16)
-			round_matrix(b16, B, b_rows, b_cols, ldb);
+		key.bf16 = !wide;
 		key.lda = a_cols;
 		key.ldb = b_cols;
-		a_data = ca ? (const void *)ca : a16;
-		b_data = cb ? (const void *)cb : b16;
 	}
-
-	if (beta != 0.0f)
-		return primitive_accumulate(dev, &key, a_data, b_data, beta, C);
-	return primitive_run(g, &key, a_data, b_data, C);
+	return gemm_run(dev, &key, a_data, b_data, beta, C);
 }

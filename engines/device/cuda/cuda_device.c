@@ -250,6 +250,9 @@ static int cuda_open(struct device **ret, int threads, enum matmul_precision pre
 	cd->base.ops = &cuda_device_ops;
 	cd->base.k = &cuda_kernel_table;
 	cd->base.prec = prec;
+	cd->base.matmul = prec == MATMUL_BF16 ?
+			  "bf16 operands, fp32 accumulation (cuBLASLt)" :
+			  "fp32 (cuBLASLt, CUBLAS_COMPUTE_32F)";
 	cd->base.host_memory = false;
 	cd->ordinal = ordinal;
 	atomic_init(&cd->in_use, 0);
