@@ -92,7 +92,7 @@ struct engine_init_config {
 	int threads;                /* <= 0: device default */
 	bool bf16_matmul;           /* matmul inputs in bf16, fp32 accumulate */
 	/* Floats of one LM-head logits tile (rows x vocabulary chunk); bounds
-	 * the head's working memory. 0 = 16M (64 MiB). */
+	 * the head's working memory. 0 = 2M (8 MiB). */
 	int64_t lm_tile_floats;
 	/* Floats of LM-head logits (tokens x vocabulary) a training
 	 * micro-batch may keep from its forward for its backward, which then

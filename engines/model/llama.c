@@ -17,8 +17,8 @@
  * are computed and folded into per-row online-softmax statistics; the
  * backward turns each tile into dlogits with the saved lse / E[z].
  * Iterating vocabulary chunks inside row blocks reads the [V, C] weight
- * once per pass and writes each row of its gradient once, whatever the
- * token count. Where the tiles live:
+ * and adds into each row of its gradient once per row block (up to
+ * tile / 2048 rows: 1024 by default). Where the tiles live:
  *  - a training forward whose logits [T, V] fit m->lm_cache floats keeps
  *    every tile (the "logits cache", part of the arena) and the backward
  *    uses them as they are: the recompute costs 2 V C flops a token, ~9%
@@ -86,7 +86,7 @@ static size_t layer_floats(const struct model_config *c, int64_t T)
 	return n;
 }
 
-/* Logits tile: up to `tile` floats (LLAMA_LM_TILE_DEFAULT, 64 MiB), as
+/* Logits tile: up to `tile` floats (LLAMA_LM_TILE_DEFAULT, 8 MiB), as
  * rows x vocabulary columns: up to tile / LM_MIN_COLS rows, then as many
  * columns as fit, so the weight is re-read once per row block only. */
 #define LM_MIN_COLS 2048

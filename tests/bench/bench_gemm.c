@@ -15,7 +15,7 @@
  * parameter region, so in bf16 it is rounded once (param_bf16) and not per
  * call, while activations are rounded per call; weight gradients
  * accumulate (beta 1: dW += dy^T x); the LM head runs in its logits tiles
- * (16M floats: T rows x 65536 vocabulary columns at T = 256), the last
+ * (2M floats: T rows x 8192 vocabulary columns at T = 256), the last
  * tile of the vocabulary narrower.
  */
 #include <oneapi/dnnl/dnnl.h>
@@ -77,10 +77,10 @@ int main(int argc, char **argv)
 	const int threads = argc > 1 ? atoi(argv[1]) : 2;
 	const int64_t T = argc > 2 ? atoll(argv[2]) : 256;
 	const int64_t C = 896, F = 4864, QKV = 896 + 2 * 128, V = 151936;
-	/* The LM head's logits tile (llama.c lm_rows / lm_cols, 16M floats):
-	 * T rows (up to 8192) x Vt columns, V / Vt tiles of it (rounded up to
+	/* The LM head's logits tile (llama.c lm_rows / lm_cols, 2M floats):
+	 * T rows (up to 1024) x Vt columns, V / Vt tiles of it (rounded up to
 	 * whole tiles: an upper bound on the time of the narrower last one). */
-	const int64_t lm_rows = T < 8192 ? T : 8192, lm_fit = (16 << 20) / lm_rows;
+	const int64_t lm_rows = T < 1024 ? T : 1024, lm_fit = (2 << 20) / lm_rows;
 	const int64_t Vt = lm_fit < V ? lm_fit : V;
 	const int nt = (int)((V + Vt - 1) / Vt);
 	/* y = x W^T (forward), dx = dy W, dW += dy^T x (backward) */
@@ -136,11 +136,12 @@ int main(int argc, char **argv)
 
 	omp_set_num_threads(threads);
 	peak = bench_fma_peak(threads);
-	printf("threads %d, tokens %ld; fp32 FMA peak measured now: %.1f GFLOP/s\n",
-	       threads, (long)T, peak);
+	printf("threads %d, tokens %ld; fp32 FMA peak measured now: %.1f GFLOP/s (%s)\n",
+	       threads, (long)T, peak, bench_fma_name());
 	peak16 = bench_bf16_peak(threads);
 	printf("bf16 dot-product peak (vdpbf16ps) measured now: %.1f GFLOP/s = %.2fx the fp32"
 	       " peak%s\n", peak16, peak16 / peak, peak16 > 0 ? "" : " (no AVX512_BF16)");
+	printf("products: fp32 %s; bf16 %s\n", dev32->matmul, dev16->matmul);
 	printf("LM head in %d tiles of %ld vocabulary columns\n", nt, (long)Vt);
 	printf("%-18s %6s %6s %7s   %8s %8s %8s   %6s %6s\n", "shape", "M", "N", "K",
 	       "fp32", "bf16", "sgemm", "fp32/pk", "bf16/pk");

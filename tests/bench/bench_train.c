@@ -3,11 +3,13 @@
  *
  * Usage: bench_train [--steps N] [--tokens T] [--seqs S] [--micro-batch-tokens M]
  *                    [--bf16] [--threads K] [--layers L] [--vocab V]
+ *                    [--lm-tile F]
  *
  * Model: vocab 151936, hidden 896, intermediate 4864, 24 layers, 14 heads /
  * 2 kv heads (head_dim 64), qwen2 (q/k/v bias), tied embeddings, rope_theta
  * 1e6; random init from the engine's seeded initializer. --layers/--vocab
- * shrink it for smoke tests only.
+ * shrink it for smoke tests only. --lm-tile sets the engine's LM-head
+ * logits tile (lm_tile_floats; 0 = its default), to compare tile sizes.
  *
  * Training step: engine_forward_backward on S sequences of T tokens each
  * (default 1), in micro-batches of at most M tokens (default T: one
@@ -59,6 +61,7 @@ struct opts {
 	int threads;
 	int layers;
 	int64_t vocab;
+	int64_t lm_tile;     /* the engine's lm_tile_floats (0: its default) */
 };
 
 /* Mean SFT loss: dL/dlogp = -1/T at every predicted token. */
@@ -83,7 +86,7 @@ static int sft_loss(void *ctx, struct engine_loss_io *io, struct eng_error *err)
 static void usage(const char *argv0)
 {
 	fprintf(stderr, "usage: %s [--steps N] [--tokens T] [--seqs S] [--micro-batch-tokens M] "
-		"[--bf16] [--threads K] [--layers L] [--vocab V]\n", argv0);
+		"[--bf16] [--threads K] [--layers L] [--vocab V] [--lm-tile F]\n", argv0);
 }
 
 static int parse_opts(int argc, char **argv, struct opts *o)
@@ -97,6 +100,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		{ "threads", required_argument, NULL, 'j' },
 		{ "layers", required_argument, NULL, 'l' },
 		{ "vocab", required_argument, NULL, 'v' },
+		{ "lm-tile", required_argument, NULL, 'T' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -114,11 +118,13 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		case 'j': o->threads = atoi(optarg); break;
 		case 'l': o->layers = atoi(optarg); break;
 		case 'v': o->vocab = atoll(optarg); break;
+		case 'T': o->lm_tile = atoll(optarg); break;
 		default: return -1;
 		}
 	}
 	if (optind != argc || o->steps < 1 || o->tokens < 2 || o->tokens > (1 << 24) ||
-	    o->seqs < 1 || o->seqs > 4096 || o->layers < 1 || o->vocab < 2 || o->mb_tokens < 0)
+	    o->seqs < 1 || o->seqs > 4096 || o->layers < 1 || o->vocab < 2 || o->mb_tokens < 0 ||
+	    o->lm_tile < 0)
 		return -1;
 	if (o->mb_tokens == 0)
 		o->mb_tokens = o->tokens;
@@ -172,6 +178,7 @@ int main(int argc, char **argv)
 	cfg.max_tokens_per_micro_batch = o.mb_tokens;
 	cfg.threads = o.threads;
 	cfg.bf16_matmul = o.bf16;
+	cfg.lm_tile_floats = o.lm_tile;
 
 	total = o.tokens * o.seqs;
 	ids = malloc((size_t)total * sizeof(*ids));
