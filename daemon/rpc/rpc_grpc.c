@@ -38,7 +38,6 @@
 #include <time.h>
 
 #include <grpc/byte_buffer.h>
-#include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
@@ -46,6 +45,7 @@
 #include <grpc/support/string_util.h>
 #include <grpc/support/time.h>
 
+#include "grpc_bytes.h"
 #include "log.h"
 
 #define SLOTS_PER_METHOD 4
@@ -369,38 +369,6 @@ static struct rpc_call *call_new(struct rpc_server *srv, grpc_call *gc,
 	return c;
 }
 
-/* Copy a received message into one malloc'ed buffer (caller frees). */
-static int read_payload(grpc_byte_buffer *bb, uint8_t **ret, size_t *ret_len)
-{
-	grpc_byte_buffer_reader rd;
-	grpc_slice s;
-	size_t len = grpc_byte_buffer_length(bb), off = 0;
-	uint8_t *buf = malloc(len ? len : 1);
-
-	if (!buf)
-		return -ENOMEM;
-	if (!grpc_byte_buffer_reader_init(&rd, bb)) {
-		free(buf);
-		return -EIO;
-	}
-	while (grpc_byte_buffer_reader_next(&rd, &s)) {
-		size_t n = GRPC_SLICE_LENGTH(s);
-
-		if (off + n <= len)
-			memcpy(buf + off, GRPC_SLICE_START_PTR(s), n);
-		off += n;
-		grpc_slice_unref(s);
-	}
-	grpc_byte_buffer_reader_destroy(&rd);
-	if (off != len) {
-		free(buf);
-		return -EIO;
-	}
-	*ret = buf;
-	*ret_len = len;
-	return 0;
-}
-
 /* Post RECV_CLOSE_ON_SERVER (plus `extra` ops); holds one reference. */
 static int call_post_close(struct rpc_call *c, grpc_op *extra, size_t n_extra)
 {
@@ -560,7 +528,7 @@ static void on_recv(struct rpc_call *c, bool success)
 		if (charge && !inflight_charge(c->srv, (int64_t)len)) {
 			res = RPC_RECV_OVER_BOUND;
 		} else {
-			if (read_payload(bb, &buf, &len) < 0)
+			if (grpc_bytes_flatten(bb, &buf, &len) < 0)
 				res = RPC_RECV_NO_MEMORY;
 			if (charge) {
 				pthread_mutex_lock(&c->lock);
@@ -782,6 +750,22 @@ static bool addr_is_unix(const char *a)
 
 /* --- server -------------------------------------------------------------- */
 
+/* Free what rpc_server_start allocated and initialized for `s` itself, and
+ * `s`: the one teardown of the struct, after the gRPC server and queue (if
+ * any) are gone. */
+static void server_free(struct rpc_server *s)
+{
+	free(s->slots);
+	free(s->method_handles);
+	free(s->tls_cert);
+	wipe_free(s->tls_key);
+	free(s->tls_ca);
+	pthread_cond_destroy(&s->cond);
+	pthread_mutex_destroy(&s->lock);
+	pthread_mutex_destroy(&s->tls_lock);
+	free(s);
+}
+
 int rpc_server_start(const struct rpc_server_config *cfg,
 		     const struct rpc_method_reg *methods, int n_methods,
 		     rpc_on_call_fn on_call, void *ctx,
@@ -796,8 +780,11 @@ int rpc_server_start(const struct rpc_server_config *cfg,
 	srv = calloc(1, sizeof(*srv));
 	if (!srv)
 		return -ENOMEM;
+	pthread_mutex_init(&srv->tls_lock, NULL);
+	pthread_mutex_init(&srv->lock, NULL);
+	pthread_cond_init(&srv->cond, NULL);
 	if (cfg->n_listen < 1 || cfg->n_listen > MAX_LISTEN) {
-		free(srv);
+		server_free(srv);
 		snprintf(errbuf, errlen, "between 1 and %d listen addresses", MAX_LISTEN);
 		return -EINVAL;
 	}
@@ -806,13 +793,11 @@ int rpc_server_start(const struct rpc_server_config *cfg,
 	srv->n_listen = cfg->n_listen;
 	srv->default_deadline_ms = cfg->default_deadline_ms;
 	srv->max_inflight_bytes = cfg->max_inflight_recv_bytes;
-	pthread_mutex_init(&srv->tls_lock, NULL);
 	if (cfg->tls_cert && cfg->tls_key) {
 		srv->tls_on = true;
 		if (rpc_server_set_tls(srv, cfg->tls_cert, cfg->tls_key,
 				       cfg->tls_client_ca) < 0) {
-			pthread_mutex_destroy(&srv->tls_lock);
-			free(srv);
+			server_free(srv);
 			return -ENOMEM;
 		}
 	}
@@ -824,17 +809,9 @@ int rpc_server_start(const struct rpc_server_config *cfg,
 	srv->slots = calloc((size_t)srv->n_slots, sizeof(*srv->slots));
 	srv->method_handles = calloc((size_t)n_methods, sizeof(void *));
 	if (!srv->slots || !srv->method_handles) {
-		free(srv->slots);
-		free(srv->method_handles);
-		free(srv->tls_cert);
-		wipe_free(srv->tls_key);
-		free(srv->tls_ca);
-		pthread_mutex_destroy(&srv->tls_lock);
-		free(srv);
+		server_free(srv);
 		return -ENOMEM;
 	}
-	pthread_mutex_init(&srv->lock, NULL);
-	pthread_cond_init(&srv->cond, NULL);
 	srv->shutdown_tag = (struct tag){ TAG_SHUTDOWN, srv };
 
 	grpc_init();
@@ -940,13 +917,7 @@ fail:
 	grpc_server_destroy(srv->server);
 	grpc_completion_queue_destroy(srv->cq);
 	grpc_shutdown();
-	free(srv->slots);
-	free(srv->method_handles);
-	free(srv->tls_cert);
-	wipe_free(srv->tls_key);
-	free(srv->tls_ca);
-	pthread_mutex_destroy(&srv->tls_lock);
-	free(srv);
+	server_free(srv);
 	return -EADDRINUSE;
 }
 
@@ -1031,15 +1002,7 @@ void rpc_server_destroy(struct rpc_server *s, int grace_ms)
 	grpc_server_destroy(s->server);
 	grpc_completion_queue_destroy(s->cq);
 	grpc_shutdown();
-	pthread_cond_destroy(&s->cond);
-	pthread_mutex_destroy(&s->lock);
-	free(s->slots);
-	free(s->method_handles);
-	free(s->tls_cert);
-	wipe_free(s->tls_key);
-	free(s->tls_ca);
-	pthread_mutex_destroy(&s->tls_lock);
-	free(s);
+	server_free(s);
 }
 
 /* --- replies ------------------------------------------------------------- */
