@@ -17,6 +17,8 @@
 #include <grpc/slice.h>
 #include <grpc/support/time.h>
 
+#include "grpc_bytes.h"
+
 #define CODE_RESOURCE_EXHAUSTED 8
 #define CODE_INTERNAL 13
 #define CODE_UNAVAILABLE 14
@@ -59,33 +61,6 @@ static void set_msg(char msg[ECT_MSG_MAX], const char *s, size_t len)
 		len = ECT_MSG_MAX - 1;
 	memcpy(msg, s, len);
 	msg[len] = '\0';
-}
-
-static int bb_copy(grpc_byte_buffer *bb, uint8_t **ret, size_t *ret_len)
-{
-	grpc_byte_buffer_reader rd;
-	grpc_slice s;
-	size_t len = grpc_byte_buffer_length(bb), off = 0;
-	uint8_t *buf = malloc(len ? len : 1);
-
-	if (!buf)
-		return -ENOMEM;
-	if (!grpc_byte_buffer_reader_init(&rd, bb)) {
-		free(buf);
-		return -EIO;
-	}
-	while (grpc_byte_buffer_reader_next(&rd, &s)) {
-		size_t n = GRPC_SLICE_LENGTH(s);
-
-		if (off + n <= len)
-			memcpy(buf + off, GRPC_SLICE_START_PTR(s), n);
-		off += n;
-		grpc_slice_unref(s);
-	}
-	grpc_byte_buffer_reader_destroy(&rd);
-	*ret = buf;
-	*ret_len = len;
-	return 0;
 }
 
 /* gRPC reads a stream into 64 KiB slices from malloc and frees them when
@@ -283,7 +258,7 @@ int ect_unary(struct ect_channel *ch, const char *method, const void *req, size_
 		if (!recv_bb) {
 			set_msg(msg, "reply without a message", 23);
 			r = CODE_INTERNAL;
-		} else if (bb_copy(recv_bb, ret_resp, ret_len) < 0) {
+		} else if (grpc_bytes_flatten(recv_bb, ret_resp, ret_len) < 0) {
 			set_msg(msg, "out of memory", 13);
 			r = CODE_RESOURCE_EXHAUSTED;
 		}
@@ -458,7 +433,7 @@ int ect_stream_next(struct ect_stream *st, uint8_t **ret_msg, size_t *ret_len,
 
 	if (r != 1)
 		return r;
-	r = bb_copy(bb, ret_msg, ret_len);
+	r = grpc_bytes_flatten(bb, ret_msg, ret_len);
 	grpc_byte_buffer_destroy(bb);
 	if (r == -ENOMEM)
 		return stream_abort(st, CODE_RESOURCE_EXHAUSTED, "out of memory", msg);
