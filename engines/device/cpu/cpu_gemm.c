@@ -61,6 +61,7 @@
 #include <string.h>
 
 #include "err.h"
+#include "device/lru.h"
 #include "io/round.h"
 #include "cpu_device.h"
 
@@ -79,9 +80,8 @@ struct gemm_key {
 };
 
 struct gemm_entry {
-	bool used;
+	struct lru_slot lru;         /* first (device/lru.h) */
 	struct gemm_key key;
-	uint64_t last_use;           /* LRU clock value */
 	dnnl_primitive_t prim;
 	dnnl_memory_t a, b, c;       /* descriptors only; handles set per call */
 };
@@ -282,8 +282,13 @@ static int entry_build(struct cpu_gemm_cache *g, struct gemm_entry *e,
 		return r;
 	}
 	e->key = *key;
-	e->used = true;
+	e->lru.used = true;
 	return 0;
+}
+
+static bool entry_matches(const void *entry, const void *key)
+{
+	return key_eq(&((const struct gemm_entry *)entry)->key, key);
 }
 
 /* The cached entry for `key`, building it (evicting the least recently
@@ -291,29 +296,19 @@ static int entry_build(struct cpu_gemm_cache *g, struct gemm_entry *e,
 static int entry_get(struct cpu_gemm_cache *g, const struct gemm_key *key,
 		     struct gemm_entry **ret)
 {
-	struct gemm_entry *victim = &g->e[0];
-	int i, r;
+	struct gemm_entry *e;
+	bool hit;
+	int r;
 
-	g->clock++;
-	for (i = 0; i < GEMM_CACHE_SIZE; i++) {
-		struct gemm_entry *e = &g->e[i];
-
-		if (e->used && key_eq(&e->key, key)) {
-			e->last_use = g->clock;
-			*ret = e;
-			return 0;
-		}
-		if (!e->used)
-			victim = e;
-		else if (victim->used && e->last_use < victim->last_use)
-			victim = e;
+	e = lru_find(g->e, sizeof(g->e[0]), GEMM_CACHE_SIZE, &g->clock, entry_matches, key, &hit);
+	if (!hit) {
+		entry_clear(e);
+		r = entry_build(g, e, key);
+		if (r < 0)
+			return r;
+		e->lru.last_use = g->clock;
 	}
-	entry_clear(victim);
-	r = entry_build(g, victim, key);
-	if (r < 0)
-		return r;
-	victim->last_use = g->clock;
-	*ret = victim;
+	*ret = e;
 	return 0;
 }
 

@@ -43,6 +43,7 @@
 #include <cublasLt.h>
 
 #include "err.h"
+#include "device/lru.h"
 #include "cuda_internal.h"
 
 #define GEMM_PLANS 64
@@ -117,10 +118,9 @@ struct plan_key {
 };
 
 struct plan {
-	bool used;
+	struct lru_slot lru;          /* first (device/lru.h) */
 	bool ok;                      /* false: no algorithm, use the simple kernel */
 	struct plan_key key;
-	uint64_t last_use;
 	cublasLtMatmulDesc_t desc;
 	cublasLtMatrixLayout_t la, lb, lc;   /* cuBLASLt's A (our B), B (our A), C = D */
 	cublasLtMatmulAlgo_t algo;
@@ -298,36 +298,31 @@ static int plan_build(struct cuda_gemm_state *g, struct plan *p,
 	}
 	lt.pref_destroy(pref);
 	p->key = *key;
-	p->used = true;
+	p->lru.used = true;
 	return 0;
+}
+
+static bool plan_matches(const void *plan, const void *key)
+{
+	return key_eq(&((const struct plan *)plan)->key, key);
 }
 
 static int plan_get(struct cuda_gemm_state *g, const struct plan_key *key,
 		    struct plan **ret)
 {
-	struct plan *victim = &g->plans[0];
+	struct plan *p;
+	bool hit;
 	int r;
 
-	g->clock++;
-	for (int i = 0; i < GEMM_PLANS; i++) {
-		struct plan *p = &g->plans[i];
-
-		if (p->used && key_eq(&p->key, key)) {
-			p->last_use = g->clock;
-			*ret = p;
-			return 0;
-		}
-		if (!p->used)
-			victim = p;
-		else if (victim->used && p->last_use < victim->last_use)
-			victim = p;
+	p = lru_find(g->plans, sizeof(g->plans[0]), GEMM_PLANS, &g->clock, plan_matches, key, &hit);
+	if (!hit) {
+		plan_clear(p);
+		r = plan_build(g, p, key);
+		if (r < 0)
+			return r;
+		p->lru.last_use = g->clock;
 	}
-	plan_clear(victim);
-	r = plan_build(g, victim, key);
-	if (r < 0)
-		return r;
-	victim->last_use = g->clock;
-	*ret = victim;
+	*ret = p;
 	return 0;
 }
 
