@@ -45,6 +45,8 @@ the others (each daemon answers a repeated id with its first outcome).
 """
 import asyncio
 import concurrent.futures
+import functools
+import inspect
 import math
 
 import numpy as np
@@ -331,7 +333,11 @@ def _first(group, method, results, request_id):
 
 
 class _GroupBase:
-    """What both groups share: the ranks' clients and the calls' plans."""
+    """Both groups' methods, written once over the executor primitives each
+    group defines: _run (every rank at once), _then (a continuation: a
+    value in EngineGroup, a coroutine in AsyncEngineGroup) and _rank0 (one
+    call on rank 0). So each method returns its result in EngineGroup and
+    a coroutine in AsyncEngineGroup (which wraps them in `async def`)."""
 
     _client_class = None
 
@@ -369,6 +375,127 @@ class _GroupBase:
         raise GroupError(method, errors, self.addresses,
                          {r: x for r, (ok, x) in enumerate(outcomes) if ok}, request_id)
 
+
+    # The public calls, in GROUP_METHODS' order.
+
+    def initialize(self, *, dist_timeout_s=None, dist_bucket_bytes=None, request_id=None,
+                   **init_kwargs):
+        """Initialize every rank (init_kwargs: EngineClient.initialize's,
+        the same on every rank; dist is the group's). world_size > 1:
+        CreateGroup on rank 0, then all ranks' Initialize at once with
+        dist {rank, world_size, group_id, timeout_s = dist_timeout_s,
+        bucket_bytes = dist_bucket_bytes (the gradient bucket of a
+        forward_backward with reduce_gradients; None: 25 MiB)}.
+        Returns rank 0's InitializeResult (the ranks must agree)."""
+        self._check_init(init_kwargs)
+        rid = request_id or new_request_id()
+        if self.world_size == 1:
+            return self._run("Initialize", lambda c, r: c.initialize(
+                request_id=rid, **init_kwargs), _INIT_AGREE, rid)
+
+        def formed(g):
+            self.group_id, self.backend = g.group_id, g.backend
+            return self._run("Initialize", lambda c, r: c.initialize(
+                dist=self._dist(r, dist_timeout_s, dist_bucket_bytes), request_id=rid,
+                **init_kwargs), _INIT_AGREE, rid)
+        return self._then(self._rank0("CreateGroup", lambda c: c.create_group(
+            self.world_size, device=init_kwargs.get("device", ""),
+            timeout=init_kwargs.get("timeout"))), formed)
+
+    def forward_backward(self, input_ids, seq_lens, *, loss=None, loss_options=None,
+                         request_id=None, **kwargs):
+        """EngineClient.forward_backward's arguments for the whole batch.
+        world_size 1: that call. Else the batch is split over the ranks
+        (ForwardBackwardPlan: whole sequences, balanced by tokens, every
+        per-token array alike, the whole batch's loss normalizers), the ranks
+        run at once and their results are merged: a GroupForwardBackwardResult
+        whose outputs are in the caller's order. ValueError for a batch of
+        fewer sequences than ranks. reduce_gradients=True (the last call
+        before optimizer_step) reduces the gradients across the ranks
+        during the call's backward pass instead of in the step."""
+        rid = request_id or new_request_id()
+        if self.world_size == 1:
+            return self._run("ForwardBackward", lambda c, r: c.forward_backward(
+                input_ids, seq_lens, loss=loss, loss_options=loss_options, request_id=rid,
+                **kwargs), _first, rid)
+        per_token = {k: kwargs.pop(k) for k in list(kwargs)
+                     if k in _PER_TOKEN or k == "target_ids"}
+        plan = ForwardBackwardPlan(self.world_size, input_ids, seq_lens, loss=loss,
+                                   loss_options=loss_options, **per_token)
+        return self._then(self._run("ForwardBackward", lambda c, r: c.forward_backward(
+            request_id=rid, **plan.requests[r], **kwargs), _as_list, rid), plan.merge)
+
+    def optimizer_step(self, request_id=None, **params):
+        """OptimizerStep on every rank (params as EngineClient's). Returns
+        rank 0's StepResult; step, skipped, grad_norm and lr must agree."""
+        rid = request_id or new_request_id()
+        return self._run("OptimizerStep", lambda c, r: c.optimizer_step(
+            request_id=rid, **params), _STEP_AGREE, rid)
+
+    def zero_grad(self, timeout=None, request_id=None):
+        rid = request_id or new_request_id()
+        return self._then(self._run("ZeroGrad", lambda c, r: c.zero_grad(
+            timeout=timeout, request_id=rid), _as_list, rid), _none)
+
+    def lr_scheduler_step(self, timeout=None, request_id=None):
+        """Returns the new lr (an LrResult); the ranks must agree."""
+        rid = request_id or new_request_id()
+        return self._run("LrSchedulerStep", lambda c, r: c.lr_scheduler_step(
+            timeout=timeout, request_id=rid), _LR_AGREE, rid)
+
+    def set_mode(self, mode, disable_auto_offload=False, timeout=None, request_id=None):
+        """Returns rank 0's SetModeResult; mode and placement must agree."""
+        rid = request_id or new_request_id()
+        return self._run("SetMode", lambda c, r: c.set_mode(
+            mode, disable_auto_offload, timeout=timeout, request_id=rid), _MODE_AGREE, rid)
+
+    def to_device(self, device, model=True, optimizer=True, grad=True, timeout=None,
+                  request_id=None):
+        """Returns the Placement (the ranks must agree)."""
+        rid = request_id or new_request_id()
+        return self._run("ToDevice", lambda c, r: c.to_device(
+            device, model, optimizer, grad, timeout=timeout, request_id=rid),
+            _PLACEMENT_AGREE, rid)
+
+    def save_checkpoint(self, path, global_step=0, max_to_keep=0, contents=None,
+                        timeout=None, request_id=None):
+        """Every rank saves, each daemon under its own checkpoint root:
+        where the ranks share one root, each writes its optimizer shard
+        there; elsewhere rank 0 writes them (docs/DISTRIBUTED.md).
+        Returns the SaveResults, one per rank (bytes each rank wrote)."""
+        rid = request_id or new_request_id()
+        return self._run("SaveCheckpoint", lambda c, r: c.save_checkpoint(
+            path, global_step, max_to_keep, contents, timeout=timeout, request_id=rid),
+            _as_list, rid)
+
+    def load_checkpoint(self, path, contents=None, timeout=None, request_id=None):
+        """Every rank loads; returns the global step (the ranks must agree)."""
+        rid = request_id or new_request_id()
+        return self._run("LoadCheckpoint", lambda c, r: c.load_checkpoint(
+            path, contents, timeout=timeout, request_id=rid), _LOAD_AGREE, rid)
+
+    def get_status(self, timeout=None):
+        """A list of Status, one per rank (rank order)."""
+        return self._run("GetStatus", lambda c, r: c.get_status(timeout=timeout))
+
+    def health(self, service="", timeout=None):
+        """A list of health answers ("SERVING", ...), one per rank."""
+        return self._run("Health", lambda c, r: c.health(service, timeout=timeout))
+
+    def share_weights(self, dtype="float32", names=None, as_torch=False, timeout=None):
+        """EngineClient.share_weights of rank 0 (whose daemon must run on
+        this host); a failure raises GroupError naming rank 0."""
+        return self._rank0("ShareWeights", lambda c: c.share_weights(
+            dtype=dtype, names=names, as_torch=as_torch, timeout=timeout))
+
+
+GROUP_METHODS = ("initialize", "forward_backward", "optimizer_step", "zero_grad",
+                 "lr_scheduler_step", "set_mode", "to_device", "save_checkpoint",
+                 "load_checkpoint", "get_status", "health", "share_weights")
+
+
+def _none(_results):
+    return None
 
 _INIT_AGREE = _agree(("num_parameters", "num_tensors"))
 _STEP_AGREE = _agree(("step", "skipped", "grad_norm", "lr"), floats=("grad_norm", "lr"))
@@ -423,114 +550,15 @@ class EngineGroup(_GroupBase):
         return finish(self, method, self._raise_failed(method, outcomes, request_id),
                       request_id)
 
-    def initialize(self, *, dist_timeout_s=None, dist_bucket_bytes=None, request_id=None,
-                   **init_kwargs):
-        """Initialize every rank (init_kwargs: EngineClient.initialize's,
-        the same on every rank; dist is the group's). world_size > 1:
-        CreateGroup on rank 0, then all ranks' Initialize at once with
-        dist {rank, world_size, group_id, timeout_s = dist_timeout_s,
-        bucket_bytes = dist_bucket_bytes (the gradient bucket of a
-        forward_backward with reduce_gradients; None: 25 MiB)}.
-        Returns rank 0's InitializeResult (the ranks must agree)."""
-        self._check_init(init_kwargs)
-        rid = request_id or new_request_id()
-        if self.world_size > 1:
-            try:
-                g = self.clients[0].create_group(self.world_size,
-                                                 device=init_kwargs.get("device", ""),
-                                                 timeout=init_kwargs.get("timeout"))
-            except EngineError as e:
-                raise GroupError("CreateGroup", {0: e}, self.addresses) from None
-            self.group_id, self.backend = g.group_id, g.backend
+    @staticmethod
+    def _then(value, fn):
+        return fn(value)
 
-            def call(c, r):
-                return c.initialize(dist=self._dist(r, dist_timeout_s, dist_bucket_bytes),
-                                    request_id=rid, **init_kwargs)
-        else:
-            def call(c, r):
-                return c.initialize(request_id=rid, **init_kwargs)
-        return self._run("Initialize", call, _INIT_AGREE, rid)
-
-    def forward_backward(self, input_ids, seq_lens, *, loss=None, loss_options=None,
-                         request_id=None, **kwargs):
-        """EngineClient.forward_backward's arguments for the whole batch.
-        world_size 1: that call. Else the batch is split over the ranks
-        (ForwardBackwardPlan: whole sequences, balanced by tokens, every
-        per-token array alike, the whole batch's loss normalizers), the ranks
-        run at once and their results are merged: a GroupForwardBackwardResult
-        whose outputs are in the caller's order. ValueError for a batch of
-        fewer sequences than ranks. reduce_gradients=True (the last call
-        before optimizer_step) reduces the gradients across the ranks
-        during the call's backward pass instead of in the step."""
-        rid = request_id or new_request_id()
-        if self.world_size == 1:
-            return self._run("ForwardBackward", lambda c, r: c.forward_backward(
-                input_ids, seq_lens, loss=loss, loss_options=loss_options, request_id=rid,
-                **kwargs), _first, rid)
-        per_token = {k: kwargs.pop(k) for k in list(kwargs)
-                     if k in _PER_TOKEN or k == "target_ids"}
-        plan = ForwardBackwardPlan(self.world_size, input_ids, seq_lens, loss=loss,
-                                   loss_options=loss_options, **per_token)
-        results = self._run("ForwardBackward", lambda c, r: c.forward_backward(
-            request_id=rid, **plan.requests[r], **kwargs), _as_list, rid)
-        return plan.merge(results)
-
-    def optimizer_step(self, request_id=None, **params):
-        """OptimizerStep on every rank (params as EngineClient's). Returns
-        rank 0's StepResult; step, skipped, grad_norm and lr must agree."""
-        rid = request_id or new_request_id()
-        return self._run("OptimizerStep", lambda c, r: c.optimizer_step(
-            request_id=rid, **params), _STEP_AGREE, rid)
-
-    def zero_grad(self, timeout=None, request_id=None):
-        rid = request_id or new_request_id()
-        self._run("ZeroGrad", lambda c, r: c.zero_grad(timeout=timeout, request_id=rid),
-                  _as_list, rid)
-
-    def lr_scheduler_step(self, timeout=None, request_id=None):
-        """Returns the new lr (an LrResult); the ranks must agree."""
-        rid = request_id or new_request_id()
-        return self._run("LrSchedulerStep", lambda c, r: c.lr_scheduler_step(
-            timeout=timeout, request_id=rid), _LR_AGREE, rid)
-
-    def set_mode(self, mode, disable_auto_offload=False, timeout=None, request_id=None):
-        """Returns rank 0's SetModeResult; mode and placement must agree."""
-        rid = request_id or new_request_id()
-        return self._run("SetMode", lambda c, r: c.set_mode(
-            mode, disable_auto_offload, timeout=timeout, request_id=rid), _MODE_AGREE, rid)
-
-    def to_device(self, device, model=True, optimizer=True, grad=True, timeout=None,
-                  request_id=None):
-        """Returns the Placement (the ranks must agree)."""
-        rid = request_id or new_request_id()
-        return self._run("ToDevice", lambda c, r: c.to_device(
-            device, model, optimizer, grad, timeout=timeout, request_id=rid),
-            _PLACEMENT_AGREE, rid)
-
-    def save_checkpoint(self, path, global_step=0, max_to_keep=0, contents=None,
-                        timeout=None, request_id=None):
-        """Every rank saves, each daemon under its own checkpoint root:
-        where the ranks share one root, each writes its optimizer shard
-        there; elsewhere rank 0 writes them (docs/DISTRIBUTED.md).
-        Returns the SaveResults, one per rank (bytes each rank wrote)."""
-        rid = request_id or new_request_id()
-        return self._run("SaveCheckpoint", lambda c, r: c.save_checkpoint(
-            path, global_step, max_to_keep, contents, timeout=timeout, request_id=rid),
-            _as_list, rid)
-
-    def load_checkpoint(self, path, contents=None, timeout=None, request_id=None):
-        """Every rank loads; returns the global step (the ranks must agree)."""
-        rid = request_id or new_request_id()
-        return self._run("LoadCheckpoint", lambda c, r: c.load_checkpoint(
-            path, contents, timeout=timeout, request_id=rid), _LOAD_AGREE, rid)
-
-    def get_status(self, timeout=None):
-        """A list of Status, one per rank (rank order)."""
-        return self._run("GetStatus", lambda c, r: c.get_status(timeout=timeout))
-
-    def health(self, service="", timeout=None):
-        """A list of health answers ("SERVING", ...), one per rank."""
-        return self._run("Health", lambda c, r: c.health(service, timeout=timeout))
+    def _rank0(self, method, call):
+        try:
+            return call(self.clients[0])
+        except EngineError as e:
+            raise GroupError(method, {0: e}, self.addresses) from None
 
     def stream_weights(self, dtype="float32", names=None, bucket_bytes=0, timeout=None,
                        as_torch=False):
@@ -542,15 +570,6 @@ class EngineGroup(_GroupBase):
                 as_torch=as_torch)
         except EngineError as e:
             raise GroupError("GetPerTensorParam", {0: e}, self.addresses) from None
-
-    def share_weights(self, dtype="float32", names=None, as_torch=False, timeout=None):
-        """EngineClient.share_weights of rank 0 (whose daemon must run on
-        this host); a failure raises GroupError naming rank 0."""
-        try:
-            return self.clients[0].share_weights(dtype=dtype, names=names,
-                                                 as_torch=as_torch, timeout=timeout)
-        except EngineError as e:
-            raise GroupError("ShareWeights", {0: e}, self.addresses) from None
 
 
 class AsyncEngineGroup(_GroupBase):
@@ -581,87 +600,16 @@ class AsyncEngineGroup(_GroupBase):
         return finish(self, method, self._raise_failed(method, outcomes, request_id),
                       request_id)
 
-    async def initialize(self, *, dist_timeout_s=None, dist_bucket_bytes=None,
-                         request_id=None, **init_kwargs):
-        self._check_init(init_kwargs)
-        rid = request_id or new_request_id()
-        if self.world_size > 1:
-            try:
-                g = await self.clients[0].create_group(
-                    self.world_size, device=init_kwargs.get("device", ""),
-                    timeout=init_kwargs.get("timeout"))
-            except EngineError as e:
-                raise GroupError("CreateGroup", {0: e}, self.addresses) from None
-            self.group_id, self.backend = g.group_id, g.backend
+    @staticmethod
+    async def _then(awaitable, fn):
+        out = fn(await awaitable)
+        return await out if inspect.isawaitable(out) else out
 
-            def call(c, r):
-                return c.initialize(dist=self._dist(r, dist_timeout_s, dist_bucket_bytes),
-                                    request_id=rid, **init_kwargs)
-        else:
-            def call(c, r):
-                return c.initialize(request_id=rid, **init_kwargs)
-        return await self._run("Initialize", call, _INIT_AGREE, rid)
-
-    async def forward_backward(self, input_ids, seq_lens, *, loss=None, loss_options=None,
-                               request_id=None, **kwargs):
-        rid = request_id or new_request_id()
-        if self.world_size == 1:
-            return await self._run("ForwardBackward", lambda c, r: c.forward_backward(
-                input_ids, seq_lens, loss=loss, loss_options=loss_options, request_id=rid,
-                **kwargs), _first, rid)
-        per_token = {k: kwargs.pop(k) for k in list(kwargs)
-                     if k in _PER_TOKEN or k == "target_ids"}
-        plan = ForwardBackwardPlan(self.world_size, input_ids, seq_lens, loss=loss,
-                                   loss_options=loss_options, **per_token)
-        results = await self._run("ForwardBackward", lambda c, r: c.forward_backward(
-            request_id=rid, **plan.requests[r], **kwargs), _as_list, rid)
-        return plan.merge(results)
-
-    async def optimizer_step(self, request_id=None, **params):
-        rid = request_id or new_request_id()
-        return await self._run("OptimizerStep", lambda c, r: c.optimizer_step(
-            request_id=rid, **params), _STEP_AGREE, rid)
-
-    async def zero_grad(self, timeout=None, request_id=None):
-        rid = request_id or new_request_id()
-        await self._run("ZeroGrad", lambda c, r: c.zero_grad(timeout=timeout,
-                                                             request_id=rid), _as_list, rid)
-
-    async def lr_scheduler_step(self, timeout=None, request_id=None):
-        rid = request_id or new_request_id()
-        return await self._run("LrSchedulerStep", lambda c, r: c.lr_scheduler_step(
-            timeout=timeout, request_id=rid), _LR_AGREE, rid)
-
-    async def set_mode(self, mode, disable_auto_offload=False, timeout=None,
-                       request_id=None):
-        rid = request_id or new_request_id()
-        return await self._run("SetMode", lambda c, r: c.set_mode(
-            mode, disable_auto_offload, timeout=timeout, request_id=rid), _MODE_AGREE, rid)
-
-    async def to_device(self, device, model=True, optimizer=True, grad=True, timeout=None,
-                        request_id=None):
-        rid = request_id or new_request_id()
-        return await self._run("ToDevice", lambda c, r: c.to_device(
-            device, model, optimizer, grad, timeout=timeout, request_id=rid),
-            _PLACEMENT_AGREE, rid)
-
-    async def save_checkpoint(self, path, global_step=0, max_to_keep=0, contents=None,
-                              timeout=None, request_id=None):
-        rid = request_id or new_request_id()
-        return await self._run("SaveCheckpoint", lambda c, r: c.save_checkpoint(
-            path, global_step, max_to_keep, contents, timeout=timeout, request_id=rid),
-            _as_list, rid)
-
-    async def load_checkpoint(self, path, contents=None, timeout=None, request_id=None):
-        rid = request_id or new_request_id()
-        return await self._run("LoadCheckpoint", lambda c, r: c.load_checkpoint(
-            path, contents, timeout=timeout, request_id=rid), _LOAD_AGREE, rid)
-
-    async def get_status(self, timeout=None):
-        return await self._run("GetStatus", lambda c, r: c.get_status(timeout=timeout))
-
-    async def health(self, service="", timeout=None):
-        return await self._run("Health", lambda c, r: c.health(service, timeout=timeout))
+    async def _rank0(self, method, call):
+        try:
+            return await call(self.clients[0])
+        except EngineError as e:
+            raise GroupError(method, {0: e}, self.addresses) from None
 
     async def stream_weights(self, dtype="float32", names=None, bucket_bytes=0,
                              timeout=None, as_torch=False):
@@ -673,9 +621,16 @@ class AsyncEngineGroup(_GroupBase):
         except EngineError as e:
             raise GroupError("GetPerTensorParam", {0: e}, self.addresses) from None
 
-    async def share_weights(self, dtype="float32", names=None, as_torch=False, timeout=None):
-        try:
-            return await self.clients[0].share_weights(dtype=dtype, names=names,
-                                                       as_torch=as_torch, timeout=timeout)
-        except EngineError as e:
-            raise GroupError("ShareWeights", {0: e}, self.addresses) from None
+
+def _coroutine(name):
+    impl = getattr(_GroupBase, name)
+
+    @functools.wraps(impl)
+    async def method(self, *args, **kwargs):
+        return await impl(self, *args, **kwargs)
+    return method
+
+
+for _name in GROUP_METHODS:
+    setattr(AsyncEngineGroup, _name, _coroutine(_name))
+del _name
