@@ -2,7 +2,8 @@
  * (docs/DISTRIBUTED.md), with a ZeRO-1 optimizer: every rank holds the
  * full parameters and gradients, and the AdamW moments of its slice
  * [shard_off, shard_off + shard_len) of the flat parameter table, where
- * shard_len = ceil(total / W). An OptimizerStep
+ * shard_len = ceil(total / W). An OptimizerStep (native_engine.c's one
+ * step, which calls the group's hooks defined here)
  *   1. reduce-scatters the gradients (sum): rank r gets the sum of slice r;
  *   2. all-reduces the sum of squares of the slices: the global norm of the
  *      MEAN gradient (the sum / W) is reported and clipped against;
@@ -135,14 +136,10 @@ int native_dist_sync_params(struct native *n, struct eng_error *err)
 	return rc;
 }
 
-int native_dist_step(struct native *n, const struct engine_optim_config *o, double lr,
-		     struct engine_step_result *ret, struct eng_error *err)
+int native_dist_reduce_grads(struct native *n, struct eng_error *err)
 {
-	const struct kernel_table *k = n->dev->k;
-	struct dist *d = n->dist;
-	float *g = n->fam[FAM_GRADS].dev, *p = n->fam[FAM_PARAMS].dev;
-	double sumsq = 0, norm, unreduced = n->grads_reduced ? 0 : 1;
-	float coef = 1.0f;
+	float *g = n->fam[FAM_GRADS].dev;
+	double unreduced = n->grads_reduced ? 0 : 1;
 	int rc;
 
 	rc = n->dev->ops->sync(n->dev);
@@ -152,34 +149,31 @@ int native_dist_step(struct native *n, const struct engine_optim_config *o, doub
 	if (rc == 0)
 		rc = sum_scalar(n, &unreduced, err);
 	if (rc == 0 && unreduced > 0)
-		rc = d->ops->reduce_scatter(d, g + n->shard_off, g, n->shard_len, DIST_F32, err);
+		rc = n->dist->ops->reduce_scatter(n->dist, g + n->shard_off, g, n->shard_len,
+						  DIST_F32, err);
 	n->grads_reduced = false;
-	if (rc == 0 && (rc = k->sumsq(n->dev, &sumsq, g + n->shard_off, n->shard_len)) != 0)
-		rc = eng_fail(err, rc, "optimizer: gradient norm failed");
-	if (rc == 0)
-		rc = sum_scalar(n, &sumsq, err);
-	if (rc) {
-		(void)native_zero_grads(n, NULL);
-		return rc;
-	}
-	/* The norm of the mean gradient: sqrt(sum of squares of the sum) / W. */
-	norm = sqrt(sumsq) / d->world_size;
-	rc = native_step_norm(n, norm, lr, o->clip_grad, ret, &coef, err);
 	if (rc)
-		return rc < 0 ? rc : 0;
-	n->optim_step++;
-	rc = k->adamw(n->dev, p + n->shard_off, g + n->shard_off, n->fam[FAM_EXP_AVG].dev,
-		      n->fam[FAM_EXP_AVG_SQ].dev, n->shard_len, lr, o->beta1, o->beta2, o->eps,
-		      o->weight_decay, n->optim_step, coef / (float)d->world_size);
-	if (rc) {
-		n->optim_step--;
 		(void)native_zero_grads(n, NULL);
-		return eng_fail(err, rc, "optimizer: AdamW kernel failed");
-	}
+	return rc;
+}
+
+int native_dist_sum_norm(struct native *n, double *sumsq, struct eng_error *err)
+{
+	int rc = sum_scalar(n, sumsq, err);
+
+	if (rc)
+		(void)native_zero_grads(n, NULL);
+	return rc;
+}
+
+int native_dist_gather_params(struct native *n, struct eng_error *err)
+{
+	float *g = n->fam[FAM_GRADS].dev, *p = n->fam[FAM_PARAMS].dev;
+	int rc;
+
 	if ((rc = n->dev->ops->sync(n->dev)) == 0)
-		rc = d->ops->all_gather(d, p, p + n->shard_off, n->shard_len, DIST_F32, err);
-	n->dev->param_version++;
-	ret->step = n->optim_step;
+		rc = n->dist->ops->all_gather(n->dist, p, p + n->shard_off, n->shard_len,
+					      DIST_F32, err);
 	/* AdamW zeroed this rank's slice of the gradients; the rest (the other
 	 * ranks' slices, reduced there) is dropped here. */
 	if (n->shard_off > 0)
@@ -188,7 +182,6 @@ int native_dist_step(struct native *n, const struct engine_optim_config *o, doub
 		(void)n->dev->ops->memset0(n->dev, g + n->shard_off + n->shard_len,
 					   (size_t)(n->padded_total - n->shard_off - n->shard_len) *
 					   sizeof(float));
-	n->grad_calls = n->grad_tokens = 0;
 	return rc;
 }
 

@@ -134,10 +134,15 @@ int native_dist_join(struct native *n, const struct engine_init_config *cfg,
 		     struct eng_error *err);
 /* Rank 0's parameters to every rank (after init or load). */
 int native_dist_sync_params(struct native *n, struct eng_error *err);
-/* OptimizerStep in a group: reduce-scatter the gradients, global norm,
- * AdamW on this rank's shard, all-gather the parameters. */
-int native_dist_step(struct native *n, const struct engine_optim_config *o, double lr,
-		     struct engine_step_result *ret, struct eng_error *err);
+/* The group's parts of the one optimizer step (native_engine.c), each
+ * leaving the gradients zeroed when it fails: the sums of this rank's
+ * slice of the gradients (a reduce-scatter, unless a reducing
+ * ForwardBackward left them in place on every rank); the sum of the
+ * slices' squares over the ranks (*sumsq, in place); the updated slices
+ * to every rank (all-gather), the other ranks' gradient slices dropped. */
+int native_dist_reduce_grads(struct native *n, struct eng_error *err);
+int native_dist_sum_norm(struct native *n, double *sumsq, struct eng_error *err);
+int native_dist_gather_params(struct native *n, struct eng_error *err);
 void native_dist_leave(struct native *n);
 /* Every rank's code rc of `what` (an all-gather): 0 when all are 0; this
  * rank's own rc (err already says why); else the first failing peer's
@@ -285,12 +290,6 @@ json_t *native_state_json(struct native *n, int64_t global_step, unsigned conten
  * size or model size. */
 int native_state_check(struct native *n, json_t *state, const char *shown,
 		       struct native_saved_state *ret, struct eng_error *err);
-
-/* The start of a step, alone or in a group, once the gradient norm is
- * known: ret gets the norm and lr; a non-finite norm skips the update and
- * drops the gradients (1); else *coef is the clip coefficient (0). */
-int native_step_norm(struct native *n, double norm, double lr, double clip,
-		     struct engine_step_result *ret, float *coef, struct eng_error *err);
 
 /* Current lr = peak lr * schedule factor at sched_step. */
 double native_current_lr(const struct native *n);
