@@ -224,6 +224,11 @@ struct engine_step_params {
 /* The optimizer rules of engine_init_config_check applied to the fields
  * that are set (NULL: nothing set, 0). */
 int engine_step_params_check(const struct engine_step_params *p, struct eng_error *err);
+/* The one overlay of a step's parameters: each field p sets replaces o's
+ * (p NULL: o unchanged). The lr is not in o: a step's has_lr replaces the
+ * schedule's lr, which the engine computes. */
+void engine_step_params_apply(const struct engine_step_params *p,
+			      struct engine_optim_config *o);
 
 struct engine_step_result {
 	double grad_norm;           /* before clipping */

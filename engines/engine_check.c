@@ -36,27 +36,29 @@ int engine_optim_config_check(const struct engine_optim_config *o, struct eng_er
 	return 0;
 }
 
+void engine_step_params_apply(const struct engine_step_params *p,
+			      struct engine_optim_config *o)
+{
+	if (!p)
+		return;
+	o->beta1 = p->has_beta1 ? p->beta1 : o->beta1;
+	o->beta2 = p->has_beta2 ? p->beta2 : o->beta2;
+	o->eps = p->has_eps ? p->eps : o->eps;
+	o->weight_decay = p->has_weight_decay ? p->weight_decay : o->weight_decay;
+	o->clip_grad = p->has_clip_grad ? p->clip_grad : o->clip_grad;
+}
+
 int engine_step_params_check(const struct engine_step_params *p, struct eng_error *err)
 {
 	struct engine_init_config d;
-	struct engine_optim_config *o = &d.optim;
 
 	if (!p)
 		return 0;
 	engine_init_config_defaults(&d);
+	engine_step_params_apply(p, &d.optim);
 	if (p->has_lr)
-		o->lr = p->lr;
-	if (p->has_beta1)
-		o->beta1 = p->beta1;
-	if (p->has_beta2)
-		o->beta2 = p->beta2;
-	if (p->has_eps)
-		o->eps = p->eps;
-	if (p->has_weight_decay)
-		o->weight_decay = p->weight_decay;
-	if (p->has_clip_grad)
-		o->clip_grad = p->clip_grad;
-	return engine_optim_config_check(o, err);
+		d.optim.lr = p->lr;
+	return engine_optim_config_check(&d.optim, err);
 }
 
 int engine_init_config_check(const struct engine_init_config *cfg, struct eng_error *err)

@@ -810,14 +810,7 @@ static int native_optimizer_step(struct engine *e, const struct engine_step_para
 	float coef = 1.0f;
 	int rc;
 
-	if (p) {
-		o.beta1 = p->has_beta1 ? p->beta1 : o.beta1;
-		o.beta2 = p->has_beta2 ? p->beta2 : o.beta2;
-		o.eps = p->has_eps ? p->eps : o.eps;
-		o.weight_decay = p->has_weight_decay ? p->weight_decay : o.weight_decay;
-		o.clip_grad = p->has_clip_grad ? p->clip_grad : o.clip_grad;
-	}
-
+	engine_step_params_apply(p, &o);
 	rc = native_require_placed(n, true, true, err);
 	if (rc == 0 && n->dist)
 		rc = native_dist_reduce_grads(n, err);
