@@ -20,14 +20,9 @@ int h_validate_create_group(struct daemon *d, struct job *j, struct eng_error *e
 {
 	const Engined__V1__CreateGroupRequest *q = (const void *)j->req;
 	const char *dev = group_device(d, q);
+	int rc = dist_world_size_check("world_size", q->world_size, 2, err);
 
-	if (q->world_size < 2 || q->world_size > DIST_MAX_WORLD)
-		return eng_fail(err, -EINVAL, "world_size: %d, must be in [2, %d]", q->world_size,
-				DIST_MAX_WORLD);
-	if (!dist_for_device(dev))
-		return eng_fail(err, -ENODEV, "device: no collective backend for %s in this build "
-				"(built: %s)", dev, dist_names()[0] ? dist_names() : "none");
-	return 0;
+	return rc ? rc : dist_backend_check("device", dev, NULL, err);
 }
 
 int h_run_create_group(struct daemon *d, struct job *j, struct eng_error *err)

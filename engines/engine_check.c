@@ -96,12 +96,10 @@ int engine_init_config_check(const struct engine_init_config *cfg, struct eng_er
 				(long long)ENGINE_MAX_LM_CACHE_FLOATS);
 	if (cfg->dist.world_size > 1) {
 		rc = dist_config_check(&cfg->dist, err);
+		if (rc == 0)
+			rc = dist_backend_check("dist", cfg->device, NULL, err);
 		if (rc)
 			return rc;
-		if (!dist_for_device(cfg->device))
-			return eng_fail(err, -ENODEV, "dist: no collective backend for device %s in "
-					"this build (built: %s)", cfg->device ? cfg->device : "?",
-					dist_names()[0] ? dist_names() : "none");
 	} else if (cfg->dist.rank != 0) {
 		return eng_fail(err, -EINVAL, "dist.rank: %d, must be 0 for a single process",
 				cfg->dist.rank);

@@ -124,6 +124,15 @@ extern const struct dist_ops nccl_dist_ops;   /* nccl/ or nccl_stub.c */
 const struct dist_ops *dist_for_device(const char *device);
 /* Comma-separated names of the backends built ("gloo,nccl"). */
 const char *dist_names(void);
+/* The one rule that a group needs a backend for its device: the backend
+ * (-ENODEV when none was built; the message names `field`, the device and
+ * what was built). */
+int dist_backend_check(const char *field, const char *device, const struct dist_ops **ret,
+		       struct eng_error *err);
+/* The one rule on a group's size: world_size in [min_world, DIST_MAX_WORLD]
+ * (-EINVAL naming `field`). */
+int dist_world_size_check(const char *field, int world_size, int min_world,
+			  struct eng_error *err);
 /* Check a config against the rules above (ranks, timeout, id length). */
 int dist_config_check(const struct dist_config *cfg, struct eng_error *err);
 /* The same rules with world_size >= min_world: the backends' open takes a

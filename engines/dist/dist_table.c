@@ -57,6 +57,29 @@ const char *dist_names(void)
 	return names;
 }
 
+int dist_backend_check(const char *field, const char *device, const struct dist_ops **ret,
+		       struct eng_error *err)
+{
+	const struct dist_ops *ops = dist_for_device(device);
+
+	if (!ops)
+		return eng_fail(err, -ENODEV, "%s: no collective backend for device %s in this "
+				"build (built: %s)", field, device ? device : "?",
+				dist_names()[0] ? dist_names() : "none");
+	if (ret)
+		*ret = ops;
+	return 0;
+}
+
+int dist_world_size_check(const char *field, int world_size, int min_world,
+			  struct eng_error *err)
+{
+	if (world_size < min_world || world_size > DIST_MAX_WORLD)
+		return eng_fail(err, -EINVAL, "%s: %d, must be in [%d, %d]", field, world_size,
+				min_world, DIST_MAX_WORLD);
+	return 0;
+}
+
 int dist_config_check(const struct dist_config *cfg, struct eng_error *err)
 {
 	return dist_config_check_min(cfg, 2, err);
@@ -64,11 +87,13 @@ int dist_config_check(const struct dist_config *cfg, struct eng_error *err)
 
 int dist_config_check_min(const struct dist_config *cfg, int min_world, struct eng_error *err)
 {
+	int rc;
+
 	if (!cfg)
 		return eng_fail(err, -EINVAL, "dist: no config");
-	if (cfg->world_size < min_world || cfg->world_size > DIST_MAX_WORLD)
-		return eng_fail(err, -EINVAL, "dist.world_size: %d, must be in [%d, %d]",
-				cfg->world_size, min_world, DIST_MAX_WORLD);
+	rc = dist_world_size_check("dist.world_size", cfg->world_size, min_world, err);
+	if (rc)
+		return rc;
 	if (cfg->rank < 0 || cfg->rank >= cfg->world_size)
 		return eng_fail(err, -EINVAL, "dist.rank: %d, must be in [0, %d)", cfg->rank,
 				cfg->world_size);

@@ -108,11 +108,9 @@ int native_dist_join(struct native *n, const struct engine_init_config *cfg,
 
 	if (dc.world_size <= 1)
 		return 0;
-	ops = dist_for_device(cfg->device);
-	if (!ops)
-		return eng_fail(err, -ENODEV, "dist: no collective backend for device %s",
-				cfg->device);
-	rc = ops->open(&dc, &n->dist, err);
+	rc = dist_backend_check("dist", cfg->device, &ops, err);
+	if (rc == 0)
+		rc = ops->open(&dc, &n->dist, err);
 	if (rc) {
 		n->dist = NULL;
 		return rc;
