@@ -10,6 +10,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "loss/loss.h"
 #include "model/config.h"
 #include "optim/schedule.h"
 
@@ -120,7 +121,7 @@ int engine_init_config_check(const struct engine_init_config *cfg, struct eng_er
 
 int engine_batch_check(const struct engine_batch *b, struct eng_error *err)
 {
-	int64_t sum = 0;
+	int rc;
 
 	if (b->n < 1 || !b->input_ids)
 		return eng_fail(err, -EINVAL, "input_ids: required (INT32 [N], N >= 1)");
@@ -129,20 +130,9 @@ int engine_batch_check(const struct engine_batch *b, struct eng_error *err)
 				(long long)b->n, (long long)ENGINE_MAX_TOKENS);
 	if (b->num_seqs < 1 || !b->seq_lens)
 		return eng_fail(err, -EINVAL, "seq_lens: required (sum = %lld)", (long long)b->n);
-	/* At most n sequences of at most INT32_MAX tokens each: the sum
-	 * (< 2^61) cannot overflow, but stop as soon as it passes n. */
-	for (int32_t i = 0; i < b->num_seqs && sum <= b->n; i++) {
-		if (b->seq_lens[i] < 1)
-			return eng_fail(err, -EINVAL, "seq_lens[%d]: %d, must be >= 1", i,
-					b->seq_lens[i]);
-		sum += b->seq_lens[i];
-	}
-	if (sum > b->n)
-		return eng_fail(err, -EINVAL, "seq_lens: the lengths add up to more than input_ids' %lld tokens",
-				(long long)b->n);
-	if (sum != b->n)
-		return eng_fail(err, -EINVAL, "seq_lens: sum %lld != input_ids length %lld",
-				(long long)sum, (long long)b->n);
+	rc = loss_seq_lens_check(b->seq_lens, b->num_seqs, b->n, err);
+	if (rc)
+		return rc;
 	if (!isfinite(b->temperature) || b->temperature < 0.0f)
 		return eng_fail(err, -EINVAL, "temperature: must be finite and > 0 (0 = 1)");
 	if (b->max_tokens_per_micro_batch < 0 || b->max_tokens_per_micro_batch > ENGINE_MAX_TOKENS)

@@ -182,6 +182,38 @@ static void lctx_free(struct lctx *c)
 	free(c->sel);
 }
 
+int loss_seq_lens_check(const int32_t *seq_lens, int32_t num_seqs, int64_t n,
+			struct eng_error *err)
+{
+	int64_t sum = 0;
+
+	if (n < 0 || num_seqs < 0 || (num_seqs > 0 && !seq_lens))
+		return eng_fail(err, -EINVAL, "seq_lens: missing, or negative counts (%d sequences, "
+				"%lld tokens)", (int)num_seqs, (long long)n);
+	for (int32_t i = 0; i < num_seqs && sum <= n; i++) {
+		if (seq_lens[i] < 1)
+			return eng_fail(err, -EINVAL, "seq_lens[%d]: %d, must be >= 1", (int)i,
+					(int)seq_lens[i]);
+		sum += seq_lens[i];
+	}
+	if (sum > n)
+		return eng_fail(err, -EINVAL, "seq_lens: the lengths add up to more than the %lld "
+				"tokens", (long long)n);
+	if (sum != n)
+		return eng_fail(err, -EINVAL, "seq_lens: sum %lld != %lld tokens", (long long)sum,
+				(long long)n);
+	return 0;
+}
+
+int loss_mask_check(const float *mask, int64_t n, struct eng_error *err)
+{
+	for (int64_t t = 0; mask && t < n; t++)
+		if (mask[t] != 0.0f && mask[t] != 1.0f)
+			return eng_fail(err, -EINVAL, "loss_mask[%lld]: %g must be 0 or 1",
+					(long long)t, (double)mask[t]);
+	return 0;
+}
+
 static int check_array(const float *a, const char *name, const char *why,
 		       struct eng_error *err)
 {
@@ -196,23 +228,11 @@ static int check_batch(const struct loss_spec *s, const struct loss_batch *b,
 		       struct eng_error *err)
 {
 	const char *why = loss_name_str(s->name);
-	int64_t sum = 0;
-	int r = 0;
+	int r;
 
-	if (b->n < 0 || b->num_seqs < 0)
-		return eng_fail(err, -EINVAL, "n: %lld tokens in %d sequences",
-				(long long)b->n, (int)b->num_seqs);
-	if (b->num_seqs > 0 && !b->seq_lens)
-		return eng_fail(err, -EINVAL, "seq_lens: missing");
-	for (int32_t i = 0; i < b->num_seqs; i++) {
-		if (b->seq_lens[i] < 1)
-			return eng_fail(err, -EINVAL, "seq_lens[%d]: %d must be >= 1",
-					(int)i, (int)b->seq_lens[i]);
-		sum += b->seq_lens[i];
-	}
-	if (sum != b->n)
-		return eng_fail(err, -EINVAL, "seq_lens: sum %lld != %lld tokens",
-				(long long)sum, (long long)b->n);
+	r = loss_seq_lens_check(b->seq_lens, b->num_seqs, b->n, err);
+	if (r)
+		return r;
 	if (b->n == 0)
 		return 0;
 
@@ -251,18 +271,7 @@ static int check_batch(const struct loss_spec *s, const struct loss_batch *b,
 			r = check_array(b->values, "values", "grad_values", err);
 		break;
 	}
-	if (r)
-		return r;
-	if (b->in[LOSS_IN_LOSS_MASK]) {
-		for (int64_t t = 0; t < b->n; t++) {
-			float v = b->in[LOSS_IN_LOSS_MASK][t];
-
-			if (v != 0.0f && v != 1.0f)
-				return eng_fail(err, -EINVAL, "loss_mask[%lld]: %g must be 0 or 1",
-						(long long)t, (double)v);
-		}
-	}
-	return 0;
+	return r ? r : loss_mask_check(b->in[LOSS_IN_LOSS_MASK], b->n, err);
 }
 
 static int lctx_init(struct lctx *c, const struct loss_spec *s,
@@ -287,10 +296,7 @@ static int lctx_init(struct lctx *c, const struct loss_spec *s,
 
 		c->seq_off[i] = t;
 		for (int32_t j = 0; j < b->seq_lens[i]; j++, t++) {
-			if (b->in[LOSS_IN_LOSS_MASK])
-				c->m[t] = b->in[LOSS_IN_LOSS_MASK][t] != 0.0f;
-			else
-				c->m[t] = j > 0;  /* entry 0 has no prediction */
+			c->m[t] = loss_token_counts(b->in[LOSS_IN_LOSS_MASK], t, j);
 			cnt += c->m[t];
 		}
 		c->seq_cnt[i] = cnt;

@@ -258,6 +258,24 @@ const char *loss_input_str(enum loss_input i);     /* "advantages", ... */
 const char *loss_metric_str(enum loss_metric_id m); /* "pg_clipfrac", ... */
 bool loss_metric_is_mean(enum loss_metric_id m);
 
+/* --- the batch's rules, one place each (the engine's batch check and the
+ * loss adapter use them too) ------------------------------------------- */
+
+/* A packed batch's sequences: num_seqs >= 0 lengths (given when
+ * num_seqs > 0), each >= 1, adding up to n >= 0 tokens. -EINVAL naming
+ * seq_lens (the sum stops as soon as it passes n: no overflow). */
+int loss_seq_lens_check(const int32_t *seq_lens, int32_t num_seqs, int64_t n,
+			struct eng_error *err);
+/* A loss mask's values: 0 or 1 (-EINVAL naming the first other one). */
+int loss_mask_check(const float *mask, int64_t n, struct eng_error *err);
+/* Whether token t, the j-th of its sequence, is a loss token: mask[t] != 0
+ * where a mask is given, else every token but each sequence's first (it
+ * has no prediction). */
+static inline bool loss_token_counts(const float *mask, int64_t t, int32_t j)
+{
+	return mask ? mask[t] != 0.0f : j > 0;
+}
+
 /* --- compute ------------------------------------------------------------- */
 
 /* Compute loss, metrics and gradients of batch b under spec s (validated).

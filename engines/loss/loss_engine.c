@@ -18,39 +18,24 @@ void loss_engine_ctx_destroy(struct loss_engine_ctx *ctx)
 int loss_engine_ctx_init(struct loss_engine_ctx *ctx, const struct loss_spec *spec,
 			 const struct loss_request *req, struct eng_error *err)
 {
-	int64_t t = 0, sum = 0, tokens = 0, seqs = 0, horizon = 0;
+	const float *mask = req->in[LOSS_IN_LOSS_MASK];
+	int64_t t = 0, tokens = 0, seqs = 0, horizon = 0;
 	size_t bytes;
+	int rc;
 
 	memset(ctx, 0, sizeof(*ctx));
-	if (req->n < 0 || req->num_seqs < 0 || (req->num_seqs > 0 && !req->seq_lens))
-		return eng_fail(err, -EINVAL, "seq_lens: missing or negative counts");
-	for (int32_t i = 0; i < req->num_seqs; i++) {
-		if (req->seq_lens[i] < 1)
-			return eng_fail(err, -EINVAL, "seq_lens[%d]: %d must be >= 1",
-					(int)i, (int)req->seq_lens[i]);
-		sum += req->seq_lens[i];
-	}
-	if (sum != req->n)
-		return eng_fail(err, -EINVAL, "seq_lens: sum %lld != %lld tokens",
-				(long long)sum, (long long)req->n);
-	/* The same mask rule as loss_compute, so call counts and micro-batch
-	 * counts agree. */
+	rc = loss_seq_lens_check(req->seq_lens, req->num_seqs, req->n, err);
+	if (rc == 0)
+		rc = loss_mask_check(mask, req->n, err);
+	if (rc)
+		return rc;
+	/* loss_compute's rules and token counts, so that the call's counts and
+	 * its micro-batches' agree. */
 	for (int32_t i = 0; i < req->num_seqs; i++) {
 		int64_t cnt = 0;
 
-		for (int32_t j = 0; j < req->seq_lens[i]; j++, t++) {
-			if (req->in[LOSS_IN_LOSS_MASK]) {
-				float v = req->in[LOSS_IN_LOSS_MASK][t];
-
-				if (v != 0.0f && v != 1.0f)
-					return eng_fail(err, -EINVAL,
-							"loss_mask[%lld]: %g must be 0 or 1",
-							(long long)t, (double)v);
-				cnt += v != 0.0f;
-			} else {
-				cnt += j > 0;
-			}
-		}
+		for (int32_t j = 0; j < req->seq_lens[i]; j++, t++)
+			cnt += loss_token_counts(mask, t, j);
 		tokens += cnt;
 		seqs += cnt > 0;
 		if (req->seq_lens[i] > horizon)
