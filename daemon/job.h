@@ -37,14 +37,6 @@ enum {
 	M_REPLAY = 1 << 2,     /* changes state: a request id makes it exactly-once */
 };
 
-/* Bits of the modes a method may run in (the dispatcher's state gate). */
-enum {
-	MODES_IDLE = 1 << ENGINE_MODE_IDLE,
-	MODES_TRAIN = 1 << ENGINE_MODE_TRAIN,
-	MODES_EVAL = 1 << ENGINE_MODE_EVAL,
-	MODES_ANY = MODES_IDLE | MODES_TRAIN | MODES_EVAL,
-};
-
 /* One row of the method table (methods.c). The service and method names
  * select protobuf-c's generated method descriptor, from which methods_init
  * fills `path` and `req_desc`. validate runs on a poller thread before
@@ -61,8 +53,7 @@ struct method {
 	bool client_streaming;
 	unsigned flags;
 	enum method_where where;
-	bool needs_init;
-	unsigned modes;
+	bool needs_init;              /* the mode rules are the engine's (engine.c) */
 	int (*validate)(struct daemon *d, struct job *j, struct eng_error *err);
 	int (*run)(struct daemon *d, struct job *j, struct eng_error *err);
 	/* Filled by methods_init. */

@@ -30,50 +30,50 @@ static int run_reflection(struct daemon *d, struct job *j, struct eng_error *err
 #define HEALTH_SVC &grpc__health__v1__health__descriptor
 #define REFLECTION_SVC &grpc__reflection__v1__server_reflection__descriptor
 
-#define ENG(n, init, md, v, r) \
+#define ENG(n, init, v, r) \
 	{ .service = ENGINE_SVC, .name = n, .flags = M_REPLAY, .where = RUN_ENGINE, \
-	  .needs_init = init, .modes = md, .validate = v, .run = r }
+	  .needs_init = init, .validate = v, .run = r }
 
 struct method daemon_methods[] = {
-	ENG("Initialize", false, MODES_ANY, h_validate_initialize, h_run_initialize),
-	ENG("SetMode", true, MODES_ANY, h_validate_set_mode, h_run_set_mode),
-	ENG("ForwardBackward", true, MODES_ANY, h_validate_forward_backward,
+	ENG("Initialize", false, h_validate_initialize, h_run_initialize),
+	ENG("SetMode", true, h_validate_set_mode, h_run_set_mode),
+	ENG("ForwardBackward", true, h_validate_forward_backward,
 	    h_run_forward_backward),
-	ENG("OptimizerStep", true, MODES_IDLE | MODES_TRAIN, h_validate_optimizer_step,
+	ENG("OptimizerStep", true, h_validate_optimizer_step,
 	    h_run_optimizer_step),
-	ENG("ZeroGrad", true, MODES_IDLE | MODES_TRAIN, NULL, h_run_zero_grad),
-	ENG("LrSchedulerStep", true, MODES_ANY, NULL, h_run_lr_scheduler_step),
-	ENG("ToDevice", true, MODES_ANY, h_validate_to_device, h_run_to_device),
+	ENG("ZeroGrad", true, NULL, h_run_zero_grad),
+	ENG("LrSchedulerStep", true, NULL, h_run_lr_scheduler_step),
+	ENG("ToDevice", true, h_validate_to_device, h_run_to_device),
 	{ .service = ENGINE_SVC, .name = "GetPerTensorParam", .server_streaming = true,
-	  .flags = M_READ_ONLY, .where = RUN_ENGINE, .needs_init = true, .modes = MODES_ANY,
+	  .flags = M_READ_ONLY, .where = RUN_ENGINE, .needs_init = true,
 	  .validate = h_validate_get_params, .run = h_run_get_params },
-	ENG("SaveCheckpoint", true, MODES_ANY, h_validate_save_checkpoint,
+	ENG("SaveCheckpoint", true, h_validate_save_checkpoint,
 	    h_run_save_checkpoint),
-	ENG("LoadCheckpoint", true, MODES_ANY, h_validate_load_checkpoint,
+	ENG("LoadCheckpoint", true, h_validate_load_checkpoint,
 	    h_run_load_checkpoint),
 	{ .service = ENGINE_SVC, .name = "GetStatus", .flags = M_READ_ONLY,
-	  .where = RUN_INLINE, .modes = MODES_ANY, .run = h_run_get_status },
+	  .where = RUN_INLINE, .run = h_run_get_status },
 	{ .service = ENGINE_SVC, .name = "CreateGroup", .where = RUN_INLINE,
-	  .modes = MODES_ANY, .validate = h_validate_create_group, .run = h_run_create_group },
+	  .validate = h_validate_create_group, .run = h_run_create_group },
 	{ .service = HEALTH_SVC, .name = "Check", .label = "Health.Check",
-	  .flags = M_READ_ONLY | M_HEALTH, .where = RUN_INLINE, .modes = MODES_ANY,
+	  .flags = M_READ_ONLY | M_HEALTH, .where = RUN_INLINE,
 	  .run = run_health_check },
 	{ .service = HEALTH_SVC, .name = "Watch", .label = "Health.Watch",
 	  .server_streaming = true, .flags = M_READ_ONLY | M_HEALTH, .where = RUN_OWN,
-	  .modes = MODES_ANY, .run = run_health_watch },
+	  .run = run_health_watch },
 	/* v1alpha and v1 share their messages: v1's descriptor under both
 	 * packages. */
 	{ .service = REFLECTION_SVC, .package = "grpc.reflection.v1alpha",
 	  .name = "ServerReflectionInfo", .label = "Reflection.v1alpha",
 	  .server_streaming = true, .client_streaming = true, .flags = M_READ_ONLY,
-	  .where = RUN_OWN, .modes = MODES_ANY, .run = run_reflection },
+	  .where = RUN_OWN, .run = run_reflection },
 	{ .service = REFLECTION_SVC, .name = "ServerReflectionInfo", .label = "Reflection.v1",
 	  .server_streaming = true, .client_streaming = true, .flags = M_READ_ONLY,
-	  .where = RUN_OWN, .modes = MODES_ANY, .run = run_reflection },
+	  .where = RUN_OWN, .run = run_reflection },
 	/* Rows are only ever added at the end: a row's index is its metrics
 	 * row and the fuzz seeds' byte 0 (tests/fuzz/make_corpus.py ROWS). */
 	{ .service = ENGINE_SVC, .name = "ShareWeights", .flags = M_READ_ONLY,
-	  .where = RUN_ENGINE, .needs_init = true, .modes = MODES_ANY,
+	  .where = RUN_ENGINE, .needs_init = true,
 	  .validate = h_validate_share_weights, .run = h_run_share_weights },
 };
 #define N_METHODS (int)(sizeof(daemon_methods) / sizeof(daemon_methods[0]))
