@@ -94,7 +94,7 @@ struct daemon {
 	int64_t zc_outstanding;       /* zc_lock */
 };
 
-/* dispatch.c */
+/* dispatch.c: the dispatcher and the daemon's lifecycle */
 int daemon_init(struct daemon *d, const struct daemon_config *cfg,
 		char *errbuf, size_t errlen);
 /* Start serving: the engine thread, then the gRPC server. */
@@ -108,6 +108,11 @@ int daemon_stop(struct daemon *d);
 /* SIGHUP: re-read the token file and the TLS files. The old ones stay in
  * force when the new ones are bad. Returns 0 or the first error. */
 int daemon_reload(struct daemon *d, struct eng_error *err);
+/* False once the daemon is stopping or its device failed (health). */
+bool daemon_serving(struct daemon *d);
+void daemon_fini(struct daemon *d);
+
+/* jobs.c: the running job as the rest of the daemon sees it */
 /* Seconds the running job has been running, 0 when idle. */
 double daemon_job_seconds(struct daemon *d);
 /* The running job, its time and its progress (any thread). */
@@ -116,20 +121,10 @@ void daemon_job_view(struct daemon *d, struct daemon_job_view *ret);
  * stored for GetStatus and the slow-job log line (engine thread). */
 void daemon_progress(void *ctx, const char *phase, int64_t done, int64_t total,
 		     const char *unit);
-/* False once the daemon is stopping or its device failed (health). */
-bool daemon_serving(struct daemon *d);
-void daemon_fini(struct daemon *d);
-
+/* d->lock held: a job starts (its name static): busy, its sequence
+ * number, its start time, no progress yet. */
+void daemon_job_started_locked(struct daemon *d, const char *name);
 /* Refresh the status snapshot from the engine (engine thread). */
 void daemon_update_snapshot(struct daemon *d);
-
-/* handlers.c: save a checkpoint to `rel` under the checkpoint root,
- * confined (engine thread): SaveCheckpoint and shutdown.save_on_stop. */
-int daemon_save_checkpoint(struct daemon *d, const char *rel, int64_t global_step,
-			   int max_to_keep, unsigned contents, size_t *ret_bytes,
-			   struct eng_error *err);
-/* stream.c: wait until gRPC has released every zero-copy buffer (engine
- * thread, before anything may change or free parameter memory). */
-void stream_wait_released(struct daemon *d);
 
 #endif

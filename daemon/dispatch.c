@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "handlers.h"
 #include "log.h"
 #include "methods.h"
 #include "reflection.h"
@@ -112,77 +113,6 @@ static void run_job(struct daemon *d, struct job *j)
 	pthread_mutex_unlock(&d->lock);
 }
 
-void daemon_update_snapshot(struct daemon *d)
-{
-	struct engine_status st;
-
-	memset(&st, 0, sizeof(st));
-	if (d->engine)
-		engine_status(d->engine, &st);
-	pthread_mutex_lock(&d->lock);
-	d->snap = st;
-	pthread_mutex_unlock(&d->lock);
-}
-
-static double since(const struct timespec *t0)
-{
-	struct timespec now;
-
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	return (double)(now.tv_sec - t0->tv_sec) + (double)(now.tv_nsec - t0->tv_nsec) * 1e-9;
-}
-
-/* d->lock held: a job starts (its name static). */
-static void job_started_locked(struct daemon *d, const char *name)
-{
-	d->busy = true;
-	d->current_job = name;
-	d->job_seq++;
-	memset(&d->progress, 0, sizeof(d->progress));
-	clock_gettime(CLOCK_MONOTONIC, &d->job_started);
-}
-
-void daemon_progress(void *ctx, const char *phase, int64_t done, int64_t total,
-		     const char *unit)
-{
-	struct daemon *d = ctx;
-
-	pthread_mutex_lock(&d->lock);
-	snprintf(d->progress.phase, sizeof(d->progress.phase), "%s", phase ? phase : "");
-	snprintf(d->progress.unit, sizeof(d->progress.unit), "%s", unit ? unit : "");
-	d->progress.done = done;
-	d->progress.total = total;
-	pthread_mutex_unlock(&d->lock);
-}
-
-void daemon_job_view(struct daemon *d, struct daemon_job_view *ret)
-{
-	memset(ret, 0, sizeof(*ret));
-	pthread_mutex_lock(&d->lock);
-	ret->busy = d->busy;
-	ret->seq = d->job_seq;
-	if (d->busy) {
-		snprintf(ret->job, sizeof(ret->job), "%s", d->current_job ? d->current_job : "");
-		ret->seconds = since(&d->job_started);
-		ret->progress = d->progress;
-	}
-	pthread_mutex_unlock(&d->lock);
-}
-
-double daemon_job_seconds(struct daemon *d)
-{
-	struct timespec now;
-	double s = 0;
-
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	pthread_mutex_lock(&d->lock);
-	if (d->busy)
-		s = (double)(now.tv_sec - d->job_started.tv_sec) +
-		    (double)(now.tv_nsec - d->job_started.tv_nsec) * 1e-9;
-	pthread_mutex_unlock(&d->lock);
-	return s;
-}
-
 /* Engine thread, stopping: the checkpoint of shutdown.save_on_stop. */
 static void save_on_stop(struct daemon *d)
 {
@@ -206,7 +136,7 @@ static void save_on_stop(struct daemon *d)
 	eng_error_clear(&err);
 	engine_status(d->engine, &st);
 	pthread_mutex_lock(&d->lock);
-	job_started_locked(d, "save_on_stop");
+	daemon_job_started_locked(d, "save_on_stop");
 	pthread_mutex_unlock(&d->lock);
 	r = daemon_save_checkpoint(d, d->cfg.save_on_stop, st.step, 0, CKPT_ALL, &bytes, &err);
 	pthread_mutex_lock(&d->lock);
@@ -242,7 +172,7 @@ static void *engine_thread_main(void *arg)
 		if (!d->head)
 			d->tail = NULL;
 		d->queued--;
-		job_started_locked(d, method_label(j->m));
+		daemon_job_started_locked(d, method_label(j->m));
 		pthread_mutex_unlock(&d->lock);
 
 		streaming = j->m->server_streaming;

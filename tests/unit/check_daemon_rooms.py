@@ -1,12 +1,21 @@
 #!/usr/bin/env python3
-"""check_daemon_rooms.py SRC_ROOT — the daemon's include rules (docs/HACKING.md).
+"""check_daemon_rooms.py SRC_ROOT [BUILD_DAEMON_DIR] — the daemon's layer
+rules (docs/HACKING.md).
 
 Every file under daemon/ sits in a layer; a file includes daemon headers of
 lower layers only (its own header aside), so no file includes its caller and
 no include circle can form. Only daemon/rpc/ includes gRPC's headers. A file
-that is in no layer fails the check: place a new file in LAYERS."""
+that is in no layer fails the check: place a new file in LAYERS.
+
+With the build's daemon directory, the same rule on what the code does, not
+only on what it includes: nm lists the global symbols each object file
+defines and uses, and no file may use a symbol that a file of a higher
+layer defines (a header of a low layer that declares a function defined
+above would pass the include rule; this catches it)."""
+import glob
 import os
 import re
+import subprocess
 import sys
 
 # Header (or .c without a header) -> layer. A .c file takes its header's layer.
@@ -22,8 +31,8 @@ LAYERS = {
     "job.h": 1,
     # 2: the ops services, handed what they need
     "ops/health.h": 2, "ops/reflection.h": 2, "replay.h": 2,
-    # 3: the daemon's shared state
-    "daemon.h": 3,
+    # 3: the daemon's shared state; the running job's view of it
+    "daemon.h": 3, "jobs.c": 3,
     # 4: the TrainingEngine handlers
     "handlers.h": 4, "stream.c": 4, "group.c": 4, "share.c": 4,
     # 5: the method table (names the handlers)
@@ -34,7 +43,7 @@ LAYERS = {
 # A .c file whose header has another name.
 OWN = {"rpc/rpc_grpc.c": "rpc/rpc.h", "stream.c": "handlers.h", "group.c": "handlers.h",
        "share.c": "handlers.h",
-       "dispatch.c": "daemon.h"}
+       "dispatch.c": "daemon.h", "jobs.c": "daemon.h"}
 GRPC_ROOM = "rpc/"
 INCLUDE = re.compile(r'^\s*#\s*include\s+([<"])([^>"]+)[>"]', re.M)
 
@@ -74,6 +83,47 @@ def check(texts):
     return errors
 
 
+def check_symbols(defs, uses):
+    """defs: {symbol: file that defines it}; uses: {file: symbols it uses}.
+    Returns the calls that go up a layer."""
+    errors = []
+    for f in sorted(uses):
+        lf = layer_of(f)
+        for sym in sorted(uses[f]):
+            target = defs.get(sym)
+            if target is None or target == f:
+                continue
+            lt = layer_of(target)
+            if lf is not None and lt is not None and lt > lf:
+                errors.append("%s (layer %d) uses %s, defined in %s (layer %d): only lower "
+                              "layers or its own" % (f, lf, sym, target, lt))
+    return errors
+
+
+def object_symbols(build_dir, sources):
+    """nm over the daemon's object files: ({symbol: file}, {file: symbols
+    used}), files named as under daemon/ (meson names an object after its
+    source path with '/' as '_')."""
+    by_object = {s.replace("/", "_") + ".o": s for s in sources if s.endswith(".c")}
+    defs, uses = {}, {}
+    for obj in glob.glob(os.path.join(build_dir, "*.p", "*.o")):
+        src = by_object.get(os.path.basename(obj))
+        if src is None:
+            continue  # generated code
+        out = subprocess.run(["nm", "-P", obj], check=True, capture_output=True,
+                             text=True).stdout
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) < 2:
+                continue
+            sym, kind = parts[0], parts[1]
+            if kind == "U":
+                uses.setdefault(src, set()).add(sym)
+            elif kind in "TDBRCGS":
+                defs[sym] = src
+    return defs, uses
+
+
 def main():
     root = os.path.join(sys.argv[1] if len(sys.argv) > 1 else ".", "daemon")
     texts = {}
@@ -90,11 +140,27 @@ def main():
     planted["stray.c"] = ""
     missed = len(check(planted)) - len(check(texts)) != 3
     errors = check(texts)
+    objects = 0
+    if len(sys.argv) > 2:
+        defs, uses = object_symbols(sys.argv[2], texts)
+        objects = len(uses)
+        errors += check_symbols(defs, uses)
+        # A use of a higher layer's symbol must be found: handlers.c
+        # calling the dispatcher's on_call-level code, for instance.
+        planted_uses = {f: set(s) for f, s in uses.items()}
+        planted_uses.setdefault("job.c", set()).add("__planted_symbol")
+        planted_defs = dict(defs, __planted_symbol="dispatch.c")
+        if len(check_symbols(planted_defs, planted_uses)) != len(check_symbols(defs, uses)) + 1:
+            missed = True
+        if objects < 20:
+            print("FAIL only %d object files found under %s" % (objects, sys.argv[2]))
+            missed = True
     for e in errors:
         print("FAIL " + e)
     if missed:
-        print("FAIL the check did not find the three planted violations")
-    print("%d files checked, %d violations" % (len(texts), len(errors)))
+        print("FAIL the check did not find the planted violations")
+    print("%d files checked, %d object files, %d violations"
+          % (len(texts), objects, len(errors)))
     return 1 if errors or missed or not texts else 0
 
 
