@@ -2,7 +2,7 @@
  * (docs/DISTRIBUTED.md), with a ZeRO-1 optimizer: every rank holds the
  * full parameters and gradients, and the AdamW moments of its slice
  * [shard_off, shard_off + shard_len) of the flat parameter table, where
- * shard_len = ceil(total / W). An OptimizerStep (native_engine.c's one
+ * shard_len = ceil(total / W). An OptimizerStep (native_step.c's one
  * step, which calls the group's hooks defined here)
  *   1. reduce-scatters the gradients (sum): rank r gets the sum of slice r;
  *   2. all-reduces the sum of squares of the slices: the global norm of the

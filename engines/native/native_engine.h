@@ -97,8 +97,47 @@ struct native {
 	struct native_sync_stats sync_last;  /* of the last reducing call */
 };
 
-/* native_engine.c */
+static inline struct native *native_of(struct engine *e)
+{
+	return engine_impl(e);
+}
+
+/* Device memory of at least one byte (NULL when out of memory). */
+static inline void *native_dalloc(struct native *n, size_t bytes)
+{
+	return n->dev->ops->alloc(n->dev, bytes ? bytes : 1);
+}
+
+static inline void native_dfree(struct native *n, void *p)
+{
+	n->dev->ops->free(n->dev, p);
+}
+
+/* native_engine.c: the ops table, the micro-batch buffers, status. */
 void native_io_release(struct native *n);
+/* Make the micro-batch buffers hold T tokens and B sequences. */
+int native_io_reserve(struct native *n, int64_t T, int64_t B, struct eng_error *err);
+
+/* The engine calls, one file each (engine_ops in engine.h). */
+int native_initialize(struct engine *e, const struct engine_init_config *cfg,
+		      struct eng_error *err);                             /* native_init.c */
+int native_forward_backward(struct engine *e, const struct engine_batch *b,
+			    struct engine_fb_result *res, struct eng_error *err); /* native_fb.c */
+int native_optimizer_step(struct engine *e, const struct engine_step_params *p,
+			  struct engine_step_result *ret, struct eng_error *err); /* native_step.c */
+int native_lr_scheduler_step(struct engine *e, double *ret_lr, struct eng_error *err);
+/* native_params.c */
+int64_t native_num_params(struct engine *e);
+int native_param_info(struct engine *e, int64_t i, struct engine_param_view *ret);
+int native_param(struct engine *e, int64_t i, struct engine_param_view *ret,
+		 struct eng_error *err);
+int native_grad(struct engine *e, int64_t i, struct engine_param_view *ret,
+		struct eng_error *err);
+int native_keep_params_bf16(struct engine *e, struct eng_error *err);
+int native_lend_params_bf16(struct engine *e, struct engine_lent_file *ret,
+			    struct eng_error *err);
+int native_param_copy(struct engine *e, int64_t i, enum engine_dtype dtype,
+		      int64_t start, int64_t count, void *dst, struct eng_error *err);
 
 /* native_place.c: placement of the state families. */
 int native_families_alloc(struct native *n, struct eng_error *err);
@@ -134,7 +173,7 @@ int native_dist_join(struct native *n, const struct engine_init_config *cfg,
 		     struct eng_error *err);
 /* Rank 0's parameters to every rank (after init or load). */
 int native_dist_sync_params(struct native *n, struct eng_error *err);
-/* The group's parts of the one optimizer step (native_engine.c), each
+/* The group's parts of the one optimizer step (native_step.c), each
  * leaving the gradients zeroed when it fails: the sums of this rank's
  * slice of the gradients (a reduce-scatter, unless a reducing
  * ForwardBackward left them in place on every rank); the sum of the

@@ -1,0 +1,379 @@
+/* native_fb.c — ForwardBackward of the native engine: the batch planned
+ * into micro-batches (engines/batch/planner.c), each gathered, uploaded,
+ * run forward and, unless forward-only, backward with the loss's
+ * gradients; a failed call takes back the gradients it added; a reducing
+ * call's last backward reduces them over the group (native_grad_sync.c).
+ */
+#include "native_engine.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../batch/planner.h"
+#include "../checked.h"
+
+/* engine_forward_backward applied engine_batch_check; what needs the
+ * model is checked here. */
+static int validate_batch(struct native *n, const struct engine_batch *b,
+			  struct eng_error *err)
+{
+	for (int k = 0; k < 2; k++) {
+		const int32_t *ids = k ? b->target_ids : b->input_ids;
+
+		for (int64_t t = 0; ids && t < b->n; t++)
+			if (ids[t] < 0 || ids[t] >= n->cfg.vocab_size)
+				return eng_fail(err, -EINVAL,
+						"%s[%lld]: token %d outside the vocabulary [0, %lld)",
+						k ? "target_ids" : "input_ids", (long long)t, ids[t],
+						(long long)n->cfg.vocab_size);
+	}
+	return 0;
+}
+
+/* Host-side description of one micro-batch. */
+struct mb_host {
+	int64_t T;
+	int32_t B;
+	int32_t *ids, *pos, *targets, *cu, *seq_lens, *seq_index; /* [T] / [B+1] / [B] */
+	int64_t *token_index;                                   /* [T] */
+	float *out;                                             /* [3, T] target-aligned outputs */
+	float *dout;                                            /* [3, T] loss gradients */
+	float *rows;                                            /* [3, T] row-aligned */
+};
+
+static void mb_host_free(struct mb_host *h)
+{
+	free(h->ids);
+	free(h->pos);
+	free(h->targets);
+	free(h->cu);
+	free(h->seq_lens);
+	free(h->seq_index);
+	free(h->token_index);
+	free(h->out);
+	free(h->dout);
+	free(h->rows);
+}
+
+static int mb_host_alloc(struct mb_host *h, int64_t T, int64_t B)
+{
+	memset(h, 0, sizeof(*h));
+	h->ids = malloc(T * sizeof(int32_t));
+	h->pos = malloc(T * sizeof(int32_t));
+	h->targets = malloc(T * sizeof(int32_t));
+	h->cu = malloc((B + 1) * sizeof(int32_t));
+	h->seq_lens = malloc(B * sizeof(int32_t));
+	h->seq_index = malloc(B * sizeof(int32_t));
+	h->token_index = malloc(T * sizeof(int64_t));
+	h->out = malloc(3 * T * sizeof(float));
+	h->dout = malloc(3 * T * sizeof(float));
+	h->rows = malloc(3 * T * sizeof(float));
+	if (!h->ids || !h->pos || !h->targets || !h->cu || !h->seq_lens || !h->seq_index ||
+	    !h->token_index || !h->out || !h->dout || !h->rows) {
+		mb_host_free(h);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+/* Gather micro-batch `k` of the plan from the request. */
+static void mb_gather(const struct engine_batch *b, const struct mb_plan *p, int32_t k,
+		      struct mb_host *h)
+{
+	int64_t t = 0;
+
+	h->B = p->mb_start[k + 1] - p->mb_start[k];
+	h->cu[0] = 0;
+	for (int32_t j = 0; j < h->B; j++) {
+		int32_t s = p->seq_order[p->mb_start[k] + j];
+		int64_t off = p->seq_offset[s];
+		int32_t len = b->seq_lens[s];
+
+		h->seq_index[j] = s;
+		h->seq_lens[j] = len;
+		for (int32_t i = 0; i < len; i++, t++) {
+			h->ids[t] = b->input_ids[off + i];
+			h->pos[t] = i;
+			h->token_index[t] = off + i;
+			h->targets[t] = i + 1 >= len ? -1 :
+					b->target_ids ? b->target_ids[off + i + 1] :
+					b->input_ids[off + i + 1];
+		}
+		h->cu[j + 1] = (int32_t)t;
+	}
+	h->T = t;
+}
+
+/* rows (row-aligned: row r predicts token r+1) -> target-aligned out:
+ * out[t] = rows[t-1] inside a sequence, 0 at each sequence start. */
+static void rows_to_targets(const struct mb_host *h, const float *rows, float *out)
+{
+	for (int32_t j = 0; j < h->B; j++) {
+		int64_t s = h->cu[j], e = h->cu[j + 1];
+
+		out[s] = 0.0f;
+		for (int64_t t = s + 1; t < e; t++)
+			out[t] = rows[t - 1];
+	}
+}
+
+/* The transpose: rows[r] = d[r+1] inside a sequence, 0 on its last row. */
+static void targets_to_rows(const struct mb_host *h, const float *d, float *rows)
+{
+	for (int32_t j = 0; j < h->B; j++) {
+		int64_t s = h->cu[j], e = h->cu[j + 1];
+
+		for (int64_t t = s; t + 1 < e; t++)
+			rows[t] = d[t + 1];
+		rows[e - 1] = 0.0f;
+	}
+}
+
+static int upload_mb(struct native *n, const struct mb_host *h)
+{
+	const struct device_ops *o = n->dev->ops;
+	int rc;
+
+	if ((rc = o->copy_h2d(n->dev, n->io.ids, h->ids, h->T * sizeof(int32_t))) ||
+	    (rc = o->copy_h2d(n->dev, n->io.pos, h->pos, h->T * sizeof(int32_t))) ||
+	    (rc = o->copy_h2d(n->dev, n->io.targets, h->targets, h->T * sizeof(int32_t))))
+		return rc;
+	return o->copy_h2d(n->dev, n->io.cu_seqlens, h->cu, (h->B + 1) * sizeof(int32_t));
+}
+
+/* One micro-batch up to its backward pass: inputs up, forward, outputs
+ * into res, the loss and its gradients down to the device (mb_backward
+ * then runs the pass). */
+static int mb_forward(struct native *n, const struct engine_batch *b,
+		      struct engine_fb_result *res, struct mb_host *h,
+		      float inv_temp, struct eng_error *err)
+{
+	const struct device_ops *o = n->dev->ops;
+	int64_t T = h->T, cap = n->io.cap_tokens;
+	struct llama_batch lb = {
+		.T = T, .B = h->B, .ids = n->io.ids, .pos = n->io.pos,
+		.cu_seqlens = n->io.cu_seqlens, .targets = n->io.targets,
+	};
+	float *rows = n->io.rows, *drows = n->io.drows;
+	float *out_logp = h->out, *out_ent = h->out + T, *out_val = h->out + 2 * T;
+	struct engine_loss_io io;
+	int rc;
+
+	rc = upload_mb(n, h);
+	if (rc)
+		return eng_fail(err, rc, "device: copy of micro-batch inputs failed");
+	rc = llama_forward(&n->model, &lb, inv_temp, !b->forward_only, rows, rows + cap,
+			   rows + 2 * cap);
+	if (rc)
+		return eng_fail(err, rc, "forward: device kernel failed (%s)", eng_strerror(rc));
+	if (n->value_model) {
+		rc = o->copy_d2h(n->dev, h->rows + 2 * T, rows + 2 * cap, T * sizeof(float));
+		memset(out_logp, 0, 2 * T * sizeof(float));
+		rows_to_targets(h, h->rows + 2 * T, out_val);
+	} else {
+		if (!(rc = o->copy_d2h(n->dev, h->rows, rows, T * sizeof(float))))
+			rc = o->copy_d2h(n->dev, h->rows + T, rows + cap, T * sizeof(float));
+		rows_to_targets(h, h->rows, out_logp);
+		rows_to_targets(h, h->rows + T, out_ent);
+		memset(out_val, 0, T * sizeof(float));
+	}
+	if (rc)
+		return eng_fail(err, rc, "device: copy of outputs failed");
+
+	for (int64_t t = 0; t < T; t++) {
+		int64_t dst = h->token_index[t];
+
+		if (res->log_probs)
+			res->log_probs[dst] = out_logp[t];
+		if (res->entropy)
+			res->entropy[dst] = out_ent[t];
+		if (res->values && n->value_model)
+			res->values[dst] = out_val[t];
+	}
+	if (!b->loss_fn)
+		return 0;
+
+	memset(h->dout, 0, 3 * T * sizeof(float));
+	io = (struct engine_loss_io){
+		.n = T, .num_seqs = h->B, .seq_lens = h->seq_lens, .seq_index = h->seq_index,
+		.token_index = h->token_index, .log_probs = out_logp, .entropy = out_ent,
+		.values = n->value_model ? out_val : NULL, .d_log_probs = h->dout,
+		.d_entropy = h->dout + T, .d_values = n->value_model ? h->dout + 2 * T : NULL,
+		.forward_only = b->forward_only,
+	};
+	rc = b->loss_fn(b->loss_ctx, &io, err);
+	if (rc)
+		return rc;
+	if (b->forward_only)
+		return 0;
+
+	for (int k = 0; k < 3; k++)
+		targets_to_rows(h, h->dout + k * T, h->rows + k * T);
+	for (int k = 0; k < 3 && !rc; k++)
+		rc = o->copy_h2d(n->dev, drows + k * cap, h->rows + k * T, T * sizeof(float));
+	if (rc)
+		return eng_fail(err, rc, "device: copy of loss gradients failed");
+	return 0;
+}
+
+/* The backward pass of the micro-batch mb_forward ran last. */
+static int mb_backward(struct native *n, const struct mb_host *h, float inv_temp,
+		       struct eng_error *err)
+{
+	int64_t cap = n->io.cap_tokens;
+	struct llama_batch lb = {
+		.T = h->T, .B = h->B, .ids = n->io.ids, .pos = n->io.pos,
+		.cu_seqlens = n->io.cu_seqlens, .targets = n->io.targets,
+	};
+	float *drows = n->io.drows;
+	int rc = llama_backward(&n->model, &lb, inv_temp, drows, drows + cap, drows + 2 * cap);
+
+	return rc ? eng_fail(err, rc, "backward: device kernel failed (%s)", eng_strerror(rc)) : 0;
+}
+
+/* A training call that failed or was cancelled after some micro-batches:
+ * the gradients back to what they were (zero, or the copy in undo). A
+ * failure here is the device's: the error says the gradients are lost. */
+static void undo_gradients(struct native *n, const float *undo, struct eng_error *err)
+{
+	size_t gbytes = (size_t)n->table.total * sizeof(float);
+	int rc;
+
+	if (undo)
+		rc = n->dev->ops->copy_d2d(n->dev, n->fam[FAM_GRADS].dev, undo, gbytes);
+	else if (n->grad_calls == 0)
+		rc = n->dev->ops->memset0(n->dev, n->fam[FAM_GRADS].dev, gbytes);
+	else
+		return;  /* not cancellable, and not a cancellation: as before */
+	if (rc) {
+		eng_error_clear(err);
+		eng_fail(err, rc, "ForwardBackward: failed and its gradients could not be undone");
+	}
+}
+
+/* The last micro-batch's backward pass of a reducing call, with its
+ * gradients reduced across the group in buckets as the pass completes
+ * them (native_grad_sync.c). Any failure here breaks the group: the
+ * peers agreed to reduce. */
+static int reduce_pass(struct native *n, const struct mb_host *h, float inv_temp,
+		       struct eng_error *err)
+{
+	int rc;
+
+	native_sync_begin(n);
+	rc = mb_backward(n, h, inv_temp, err);
+	if (rc) {
+		native_sync_abandon(n);
+		return rc;
+	}
+	return native_sync_finish(n, err);
+}
+
+int native_forward_backward(struct engine *e, const struct engine_batch *b,
+			    struct engine_fb_result *res, struct eng_error *err)
+{
+	struct native *n = native_of(e);
+	int64_t budget = b->max_tokens_per_micro_batch > 0 ? b->max_tokens_per_micro_batch
+							   : n->default_budget;
+	float temp = b->temperature > 0 ? b->temperature : 1.0f;
+	/* A reducing call is a collective: it is not cancelled once it runs,
+	 * and every exit before its reduction tells the peers (agree). */
+	bool reducing = n->dist && b->reduce_gradients && !b->forward_only;
+	bool (*cancelled)(void *) = reducing ? NULL : b->cancelled;
+	bool agreed = false, reduced = false;
+	struct mb_plan plan = {0};
+	struct mb_host h = {0};
+	int64_t max_T = 0, max_B = 0;
+	float *undo = NULL;
+	int32_t k = 0;
+	int rc;
+
+	rc = validate_batch(n, b, err);
+	if (rc == 0)
+		rc = native_require_placed(n, !b->forward_only, false, err);
+	if (rc == 0)
+		rc = mb_plan_make(b->seq_lens, b->num_seqs, budget, &plan, err);
+	for (int32_t i = 0; rc == 0 && i < plan.num_micro_batches; i++) {
+		if (plan.mb_tokens[i] > max_T)
+			max_T = plan.mb_tokens[i];
+		if (plan.mb_start[i + 1] - plan.mb_start[i] > max_B)
+			max_B = plan.mb_start[i + 1] - plan.mb_start[i];
+	}
+	/* Everything the call needs is reserved before any state changes, so
+	 * that a failure here leaves gradients untouched. */
+	if (rc == 0)
+		rc = llama_reserve(&n->model, max_T, !b->forward_only, err);
+	if (rc == 0)
+		rc = native_io_reserve(n, max_T, max_B, err);
+	if (rc == 0 && mb_host_alloc(&h, max_T, max_B))
+		rc = eng_fail(err, -ENOMEM, "micro-batch: out of host memory");
+	if (rc == 0 && reducing)
+		rc = native_sync_prepare(n, err);
+	/* A training call that may stop part-way keeps what undoes it: nothing
+	 * when the gradients are zero now (undo = zero them), else a copy. */
+	if (rc == 0 && !b->forward_only && (cancelled || reducing) && n->grad_calls > 0 &&
+	    plan.num_micro_batches > 1) {
+		size_t gbytes = (size_t)n->table.total * sizeof(float);
+
+		undo = native_dalloc(n, gbytes);
+		rc = undo ? n->dev->ops->copy_d2d(n->dev, undo, n->fam[FAM_GRADS].dev, gbytes) :
+		     eng_fail(err, -ENOMEM, "cancellable call: no memory for a copy of the "
+			      "gradients (%zu bytes)", gbytes);
+	}
+	/* grad_calls == 0: the gradients are zero (every path that leaves
+	 * them otherwise counts a call or zeroes them), so the first backward
+	 * pass writes its weight products instead of adding them. */
+	n->model.grads_zero = n->grad_calls == 0;
+	for (k = 0; k < plan.num_micro_batches && !rc; k++) {
+		bool last = k == plan.num_micro_batches - 1;
+
+		if (b->progress)
+			b->progress(b->progress_ctx, "forward_backward", k, plan.num_micro_batches,
+				    "micro-batches");
+		if (k > 0 && cancelled && cancelled(b->cancel_ctx)) {
+			rc = eng_fail(err, -ECANCELED,
+				      "ForwardBackward: cancelled after %d of %d micro-batches (the "
+				      "client went away or its deadline passed); gradients as before",
+				      k, plan.num_micro_batches);
+			break;
+		}
+		mb_gather(b, &plan, k, &h);
+		rc = mb_forward(n, b, res, &h, 1.0f / temp, err);
+		if (rc || b->forward_only)
+			continue;
+		if (!(reducing && last)) {
+			rc = mb_backward(n, &h, 1.0f / temp, err);
+			continue;
+		}
+		agreed = true;
+		rc = native_dist_agree(n, 0, "ForwardBackward", err);
+		if (rc == 0) {
+			reduced = true;
+			rc = reduce_pass(n, &h, 1.0f / temp, err);
+		}
+	}
+	if (reducing && !agreed)
+		rc = native_dist_agree(n, rc, "ForwardBackward", err);
+	if (rc == 0 && b->progress)
+		b->progress(b->progress_ctx, "forward_backward", k, plan.num_micro_batches,
+			    "micro-batches");
+	if (rc && reduced) {
+		/* Reduced in part (the group is broken): dropped, as a failed step
+		 * drops them. */
+		(void)native_zero_grads(n, NULL);
+	} else if (rc && !b->forward_only && k > 0) {
+		undo_gradients(n, undo, err);
+	}
+	native_dfree(n, undo);
+	res->num_micro_batches = plan.num_micro_batches;
+	if (rc == 0 && !b->forward_only) {
+		n->grad_calls++;
+		n->grad_tokens += b->n;
+		n->grads_reduced = reducing;
+	}
+	mb_host_free(&h);
+	mb_plan_free(&plan);
+	return rc;
+}

@@ -1,0 +1,107 @@
+/* native_step.c — OptimizerStep and LrSchedulerStep of the native engine:
+ * the one AdamW step with global-norm clipping, alone or in a group
+ * (native_dist.c's hooks), and the schedule's step.
+ */
+#include "native_engine.h"
+
+#include <math.h>
+#include <string.h>
+
+/* The step once the gradient norm is known: ret gets the norm and lr; a
+ * non-finite norm skips the update and drops the gradients (1); else
+ * *coef is the clip coefficient (0). */
+static int step_norm(struct native *n, double norm, double lr, double clip,
+		     struct engine_step_result *ret, float *coef, struct eng_error *err)
+{
+	int rc;
+
+	memset(ret, 0, sizeof(*ret));
+	ret->grad_norm = norm;
+	ret->lr = lr;
+	if (!isfinite(norm)) {
+		/* verl: a non-finite norm skips the update and drops the grads. */
+		ret->skipped = true;
+		ret->step = n->optim_step;
+		rc = native_zero_grads(n, err);
+		return rc ? rc : 1;
+	}
+	/* torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6),
+	 * clamped to 1, computed in fp32. */
+	*coef = 1.0f;
+	if (clip > 0) {
+		float c = (float)clip / ((float)norm + 1e-6f);
+
+		*coef = c < 1.0f ? c : 1.0f;
+	}
+	return 0;
+}
+
+/* The one AdamW step, alone or in a group of W ranks (native_dist.c's
+ * hooks; ZeRO-1): the gradients this rank updates are its slice
+ * [shard_off, shard_off + shard_len) of the table (alone: all of it),
+ * summed over the ranks first; the norm is that of the mean gradient,
+ * sqrt(sum of the slices' squares) / W, and the mean is folded into the
+ * kernel's grad_scale (coef / W: no extra pass); the updated slices are
+ * then gathered on every rank. In a group a failure before the update
+ * zeroes the gradients (they were partly reduced). */
+int native_optimizer_step(struct engine *e, const struct engine_step_params *p,
+			  struct engine_step_result *ret, struct eng_error *err)
+{
+	struct native *n = native_of(e);
+	const struct kernel_table *k = n->dev->k;
+	struct engine_optim_config o = n->optim;  /* this step's */
+	double sumsq = 0, lr = p && p->has_lr ? p->lr : native_current_lr(n);
+	const int W = n->dist ? n->dist->world_size : 1;
+	float *grads = n->fam[FAM_GRADS].dev, *params = n->fam[FAM_PARAMS].dev;
+	float coef = 1.0f;
+	int rc;
+
+	engine_step_params_apply(p, &o);
+	rc = native_require_placed(n, true, true, err);
+	if (rc == 0 && n->dist)
+		rc = native_dist_reduce_grads(n, err);
+	if (rc)
+		return rc;
+	rc = k->sumsq(n->dev, &sumsq, grads + n->shard_off, n->shard_len);
+	if (rc) {
+		if (n->dist)
+			(void)native_zero_grads(n, NULL);
+		return eng_fail(err, rc, "optimizer: gradient norm failed");
+	}
+	if (n->dist && (rc = native_dist_sum_norm(n, &sumsq, err)))
+		return rc;
+	rc = step_norm(n, sqrt(sumsq) / W, lr, o.clip_grad, ret, &coef, err);
+	if (rc)
+		return rc < 0 ? rc : 0;
+	n->optim_step++;
+	/* Announced before the kernel runs, so that a device may refresh its
+	 * derived copies in the update's own pass when it covers the whole
+	 * table (device.h, adamw); a group's slice does not, and the copy is
+	 * made again from the gathered parameters. */
+	n->dev->param_version++;
+	rc = k->adamw(n->dev, params + n->shard_off, grads + n->shard_off,
+		      n->fam[FAM_EXP_AVG].dev, n->fam[FAM_EXP_AVG_SQ].dev, n->shard_len,
+		      lr, o.beta1, o.beta2, o.eps, o.weight_decay, n->optim_step,
+		      coef / (float)W);
+	if (rc) {
+		n->optim_step--;
+		if (n->dist)
+			(void)native_zero_grads(n, NULL);
+		return eng_fail(err, rc, "optimizer: AdamW kernel failed");
+	}
+	if (n->dist)
+		rc = native_dist_gather_params(n, err);
+	ret->step = n->optim_step;
+	/* The kernel zeroed the gradients as it read them. */
+	n->grad_calls = n->grad_tokens = 0;
+	return rc;
+}
+
+int native_lr_scheduler_step(struct engine *e, double *ret_lr, struct eng_error *err)
+{
+	struct native *n = native_of(e);
+
+	n->sched_step++;
+	*ret_lr = native_current_lr(n);
+	return 0;
+}
