@@ -18,7 +18,6 @@
 #include "fb_request.h"
 #include "log.h"
 #include "pb_has.h"
-#include "model/config.h"
 #include "paths.h"
 #include "presets.h"
 #include "replay.h"

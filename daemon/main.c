@@ -9,7 +9,7 @@
  *
  * Start, before any thread exists: the OpenMP wait policy (omp_policy.h:
  * one re-exec when the environment sets none), then `[engine] threads = 0`
- * resolved to the process's CPU budget (device/cpu_budget.h); both logged
+ * resolved to the process's CPU budget (engine_cpu_budget); both logged
  * in one "engine threads:" line.
  *
  * Signals: SIGINT/SIGTERM/SIGHUP are blocked before any thread exists
@@ -38,8 +38,6 @@
 
 #include "checked.h"
 #include "daemon.h"
-#include "device/cpu_budget.h"
-#include "device/device.h"
 #include "log.h"
 #include "omp_policy.h"
 #include "paths.h"
@@ -436,24 +434,22 @@ static void describe_listen(const struct daemon_config *cfg, struct daemon *d,
  * log agree; and the OpenMP wait policy those threads run with. */
 static void resolve_threads(struct daemon_config *cfg)
 {
-	struct cpu_budget b;
 	char desc[640], policy[256];
+	int threads = engine_cpu_budget(desc, sizeof(desc));
 
-	cpu_budget_self(&b);
-	cpu_budget_describe(&b, desc, sizeof(desc));
 	omp_policy_describe(policy, sizeof(policy));
 	if (cfg->threads == 0) {
-		cfg->threads = b.threads;
+		cfg->threads = threads;
 		log_msg(LOG_LVL_INFO, "engine threads: %s; OpenMP: %s", desc, policy);
 		return;
 	}
 	log_msg(LOG_LVL_INFO,
 		"engine threads: %d, from [engine] threads (the CPU budget: %s); OpenMP: %s",
 		cfg->threads, desc, policy);
-	if (cfg->threads > b.threads)
+	if (cfg->threads > threads)
 		log_msg(LOG_LVL_WARN,
 			"[engine] threads = %d is more than this process may use at once (%d): "
-			"its threads will wait for each other", cfg->threads, b.threads);
+			"its threads will wait for each other", cfg->threads, threads);
 }
 
 static int check_config(const struct daemon_config *cfg, const char *file)
@@ -595,9 +591,9 @@ int main(int argc, char **argv)
 		ENGINED_VERSION, m.listen_desc, have_pem ? (cfg.tls_client_ca ?
 		" (mutual TLS)" : " (TLS)") : "", cfg.token_file ? " with bearer tokens" : "",
 		ckpt_real, model_real, engine_registry_keys());
-	if (!device_find("cuda"))
+	if (!engine_device_built("cuda"))
 		log_msg(LOG_LVL_INFO, "the CUDA device was not built into this binary (devices: %s)",
-			device_names());
+			engine_device_names());
 	if (d.metrics.http_port > 0)
 		log_msg(LOG_LVL_INFO,
 			"metrics on http://%s/metrics (port %d; %d connections, %d per address, "

@@ -52,7 +52,6 @@
 
 #include "checked.h"
 #include "clock.h"
-#include "device/device.h"
 #include "engined/v1/engine.pb-c.h"
 #include "log.h"
 #include "params.h"
@@ -327,8 +326,7 @@ static int lend(struct share_job *s, struct eng_error *err)
 /* The host must hold the share besides everything else. */
 static int check_host_memory(int64_t total, struct eng_error *err)
 {
-	const struct device_ops *cpu = device_find("cpu");
-	size_t avail = cpu && cpu->mem_free ? cpu->mem_free(NULL) : SIZE_MAX;
+	size_t avail = engine_host_mem_free();
 
 	if (avail != SIZE_MAX && (uint64_t)total > (uint64_t)avail)
 		return eng_fail(err, -ENOMEM,

@@ -364,6 +364,20 @@ int engine_registry_lookup(const char *model_type, const char *backend,
 /* Registered keys as "a/b/c, d/e/f" (static storage). */
 const char *engine_registry_keys(void);
 
+/* --- the host, as the engine library sees it (engine_host.c) ------------ */
+
+/* Whether device `name` ("cpu", "cuda") is built into this binary, and the
+ * comma-separated names of those that are (static storage). */
+bool engine_device_built(const char *name);
+const char *engine_device_names(void);
+/* Host memory available now (MemAvailable within the cgroup's limit), or
+ * SIZE_MAX when unknown. */
+size_t engine_host_mem_free(void);
+/* The process's CPU budget (affinity and cgroup quota): the threads an
+ * engine with threads = 0 runs, and a description of how they were
+ * counted into desc (for the log). */
+int engine_cpu_budget(char *desc, size_t len);
+
 /* --- engine object and wrappers ---------------------------------------- */
 
 /* Create and initialize an engine for cfg (registry lookup included).
