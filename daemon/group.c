@@ -5,7 +5,6 @@
  * ([dist] store_root). Each rank's Initialize then joins with it. */
 #include "handlers.h"
 
-#include "dist/dist.h"
 #include "engined/v1/engine.pb-c.h"
 #include "job.h"
 
@@ -19,30 +18,27 @@ static const char *group_device(struct daemon *d, const Engined__V1__CreateGroup
 int h_validate_create_group(struct daemon *d, struct job *j, struct eng_error *err)
 {
 	const Engined__V1__CreateGroupRequest *q = (const void *)j->req;
-	const char *dev = group_device(d, q);
-	int rc = dist_world_size_check("world_size", q->world_size, 2, err);
-
-	return rc ? rc : dist_backend_check("device", dev, NULL, err);
+	return engine_group_check(group_device(d, q), q->world_size, err);
 }
 
 int h_run_create_group(struct daemon *d, struct job *j, struct eng_error *err)
 {
 	const Engined__V1__CreateGroupRequest *q = (const void *)j->req;
 	Engined__V1__CreateGroupResponse resp = ENGINED__V1__CREATE_GROUP_RESPONSE__INIT;
-	const struct dist_ops *ops = dist_for_device(group_device(d, q));
 	struct dist_config cfg = {
 		.rank = 0, .world_size = q->world_size,
 		.timeout_s = (double)d->cfg.dist_timeout_ms / 1000.0,
 		.store_root = d->cfg.dist_store_root, .host = d->cfg.dist_host,
 	};
 	struct dist_group_id id = { .len = 0 };
+	const char *backend = "";
 	int r;
 
-	r = ops->create_id(&cfg, &id, err);
+	r = engine_group_create(group_device(d, q), &cfg, &id, &backend, err);
 	if (r < 0)
 		return r;
 	resp.group_id.data = id.bytes;
 	resp.group_id.len = id.len;
-	resp.backend = (char *)ops->name;
+	resp.backend = (char *)backend;
 	return job_set_reply(j, &resp.base);
 }

@@ -364,6 +364,18 @@ int engine_registry_lookup(const char *model_type, const char *backend,
 /* Registered keys as "a/b/c, d/e/f" (static storage). */
 const char *engine_registry_keys(void);
 
+/* --- data-parallel groups (engine_host.c) -------------------------------- */
+
+/* A group of cfg->world_size ranks on `device` may be formed: the size in
+ * [2, DIST_MAX_WORLD] and a collective backend built for the device
+ * (-EINVAL / -ENODEV naming `world_size` / `device`). */
+int engine_group_check(const char *device, int world_size, struct eng_error *err);
+/* A new group id from the device's backend (rank 0 of cfg; its store root,
+ * host and timeout), and the backend's name (static storage). */
+int engine_group_create(const char *device, const struct dist_config *cfg,
+			struct dist_group_id *ret_id, const char **ret_backend,
+			struct eng_error *err);
+
 /* --- the host, as the engine library sees it (engine_host.c) ------------ */
 
 /* Whether device `name` ("cpu", "cuda") is built into this binary, and the
