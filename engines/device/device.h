@@ -47,144 +47,166 @@ enum matmul_precision {
 	MATMUL_BF16 = 1,
 };
 
+/* The kernels, one list: each entry's name and parameters (every kernel
+ * returns 0 or a negative errno). struct kernel_table has a pointer per
+ * entry, and each device declares and tables its implementations from the
+ * same list (cpu_<name> in cpu_device.h and cpu_kernels.c, cuda_<name> in
+ * cuda_device.h and cuda_kernels.c). The contract of each is its comment. */
+#define DEVICE_KERNELS(X)                                                                   \
+	/* C[M,N] = op(A) @ op(B) + beta * C, beta is 0 or 1.                               \
+	 * op(A) is A[M,K] (lda >= K) or, with trans_a, A stored as [K,M] (lda >= M).       \
+	 * op(B) is B[K,N] (ldb >= N) or, with trans_b, B stored as [N,K] (ldb >= K).       \
+	 * ldc >= N. Linear layers y = x W^T use (trans_b=1, B = W[out,in]). */             \
+	X(gemm, (struct device *dev, bool trans_a, bool trans_b,                            \
+	         int64_t M, int64_t N, int64_t K, const float *A,                           \
+	         int64_t lda, const float *B, int64_t ldb, float beta,                      \
+	         float *C, int64_t ldc))                                                    \
+                                                                                            \
+	/* out[T,C] = wte[ids[t], :] ; ids in [0, V) (checked by the caller). */            \
+	X(embedding_fwd, (struct device *dev, float *out,                                   \
+	                  const float *wte, const int32_t *ids, int64_t T,                  \
+	                  int64_t C))                                                       \
+	/* dwte[V,C] += scatter of dout[T,C] by ids[T] (deterministic order). */            \
+	X(embedding_bwd, (struct device *dev, float *dwte,                                  \
+	                  const float *dout, const int32_t *ids,                            \
+	                  int64_t T, int64_t C, int64_t V))                                 \
+                                                                                            \
+	/* Per row r of R rows of width C:                                                  \
+	 * rstd[r] = 1/sqrt(mean(x[r]^2) + eps); out[r] = x[r] * rstd[r] * w.               \
+	 * out may alias x. rstd[R] is saved for the backward. */                           \
+	X(rmsnorm_fwd, (struct device *dev, float *out, float *rstd,                        \
+	                const float *x, const float *w, int64_t R,                          \
+	                int64_t C, float eps))                                              \
+	/* dx[R,C] = d/dx (beta_dx = 0: overwrite, 1: accumulate);                          \
+	 * dw[C] += sum over rows. dx must not alias dout. */                               \
+	X(rmsnorm_bwd, (struct device *dev, float *dx, float *dw,                           \
+	                const float *dout, const float *x, const float *w,                  \
+	                const float *rstd, int64_t R, int64_t C,                            \
+	                float beta_dx))                                                     \
+                                                                                            \
+	/* Rotary embedding in place on x[T, NH, D] (NH heads), HF "rotate_half"            \
+	 * layout: pairs (i, i + D/2), angle = pos[t] * inv_freq[i], i < D/2.               \
+	 * inverse=true applies the transpose rotation (the backward). */                   \
+	X(rope, (struct device *dev, float *x, const int32_t *pos,                          \
+	         const float *inv_freq, int64_t T, int64_t NH, int64_t D,                   \
+	         bool inverse))                                                             \
+                                                                                            \
+	/* Causal attention over packed sequences, never across them.                       \
+	 * q[T,H,D], k[T,KV,D], v[T,KV,D]; H % KV == 0 (head h reads kv head                \
+	 * h / (H/KV)); cu_seqlens[B+1] with cu_seqlens[0]=0, cu_seqlens[B]=T.              \
+	 * out[T,H,D] = softmax(scale * q k^T + causal mask) v;                             \
+	 * lse[H,T] = log-sum-exp of the scaled scores (saved for backward).                \
+	 * Memory must be O(T): tiles, never a T x T matrix. */                             \
+	X(attention_fwd, (struct device *dev, float *out, float *lse,                       \
+	                  const float *q, const float *k, const float *v,                   \
+	                  const int32_t *cu_seqlens, int64_t B, int64_t T,                  \
+	                  int64_t H, int64_t KV, int64_t D, float scale))                   \
+	/* dq[T,H,D] =, dk[T,KV,D] =, dv[T,KV,D] = (overwritten), from                      \
+	 * dout[T,H,D] and the forward's q, k, v, out, lse. */                              \
+	X(attention_bwd, (struct device *dev, float *dq, float *dk,                         \
+	                  float *dv, const float *dout, const float *q,                     \
+	                  const float *k, const float *v,                                   \
+	                  const float *out, const float *lse,                               \
+	                  const int32_t *cu_seqlens, int64_t B, int64_t T,                  \
+	                  int64_t H, int64_t KV, int64_t D, float scale))                   \
+                                                                                            \
+	/* out[T,F] = silu(gate) * up. */                                                   \
+	X(swiglu_fwd, (struct device *dev, float *out, const float *gate,                   \
+	               const float *up, int64_t n))                                         \
+	/* dgate =, dup = from dout and the forward inputs (n = T*F). */                    \
+	X(swiglu_bwd, (struct device *dev, float *dgate, float *dup,                        \
+	               const float *dout, const float *gate,                                \
+	               const float *up, int64_t n))                                         \
+                                                                                            \
+	/* x[R,N] += bias[N] on every row. */                                               \
+	X(bias_add, (struct device *dev, float *x, const float *bias,                       \
+	             int64_t R, int64_t N))                                                 \
+	/* dbias[N] += column sums of dout[R,N]. */                                         \
+	X(bias_bwd, (struct device *dev, float *dbias, const float *dout,                   \
+	             int64_t R, int64_t N))                                                 \
+                                                                                            \
+	/* y[n] = a * x[n] + b * y[n]  (b = 0 means overwrite, y may hold NaN). */          \
+	X(axpby, (struct device *dev, float *y, float a, const float *x,                    \
+	          float b, int64_t n))                                                      \
+                                                                                            \
+	/* Rows of logits[R,V] at temperature: z = logits * inv_temp;                       \
+	 * logp[r] = z[target[r]] - logsumexp(z); ent[r] = -sum softmax(z) log softmax(z).  \
+	 * target[r] < 0 means "no target": logp[r] = 0 (ent still computed). */            \
+	X(logprob_fwd, (struct device *dev, float *logp, float *ent,                        \
+	                const float *logits, const int32_t *target,                         \
+	                int64_t R, int64_t V, float inv_temp))                              \
+	/* In place: logits[R,V] (the same values as in the forward) become                 \
+	 * dlogits = inv_temp * (dlogp * (onehot(target) - p) - dent * p * (z - sum p z)).  \
+	 * Rows with target < 0 get only the entropy term. */                               \
+	X(logprob_bwd, (struct device *dev, float *logits,                                  \
+	                const int32_t *target, const float *dlogp,                          \
+	                const float *dent, int64_t R, int64_t V,                            \
+	                float inv_temp))                                                    \
+                                                                                            \
+	/* The same over vocabulary chunks, so that the LM head reads its                   \
+	 * weight once per pass however many tokens there are (online softmax).             \
+	 * logits[R, Vc] holds columns [v0, v0 + Vc) of R rows (row stride Vc).             \
+	 * stats[R] carries per row, in double: max z, S = sum exp(z - max),                \
+	 * Z = sum exp(z - max) (z - max), and z[target] (when the target falls             \
+	 * in a chunk). first = true starts the rows; later chunks merge. */                \
+	X(logprob_chunk_fwd, (struct device *dev,                                           \
+	                      struct logprob_stats *stats,                                  \
+	                      const float *logits, const int32_t *target,                   \
+	                      int64_t R, int64_t v0, int64_t Vc,                            \
+	                      float inv_temp, bool first))                                  \
+	/* After the last chunk: lse = max + log S; logp = z[target] - lse (0               \
+	 * without a target); ent = log S - Z / S; ez = max + Z / S (= sum p z).            \
+	 * lse[R] and ez[R] are kept for logprob_chunk_bwd. ent may be NULL. */             \
+	X(logprob_chunk_finish, (struct device *dev, float *logp,                           \
+	                         float *ent, float *lse, float *ez,                         \
+	                         const struct logprob_stats *stats,                         \
+	                         const int32_t *target, int64_t R))                         \
+	/* In place on a chunk of the same logits: p = exp(z - lse),                        \
+	 * dlogits = inv_temp * (dlogp * (onehot(target) - p) - dent * p * (z - ez)). */    \
+	X(logprob_chunk_bwd, (struct device *dev, float *logits,                            \
+	                      const int32_t *target, const float *lse,                      \
+	                      const float *ez, const float *dlogp,                          \
+	                      const float *dent, int64_t R, int64_t v0,                     \
+	                      int64_t Vc, float inv_temp))                                  \
+                                                                                            \
+	/* Sum of squares of x[n] in double, fixed reduction order. */                      \
+	X(sumsq, (struct device *dev, double *ret, const float *x,                          \
+	          int64_t n))                                                               \
+	/* Returns true in *ret when every x[n] is finite. */                               \
+	X(all_finite, (struct device *dev, bool *ret, const float *x,                       \
+	               int64_t n))                                                          \
+                                                                                            \
+	/* One torch.optim.AdamW step over flat arrays, n elements:                         \
+	 *   g = grad * grad_scale                                                          \
+	 *   p *= 1 - lr * weight_decay                                                     \
+	 *   m = beta1 * m + (1 - beta1) * g                                                \
+	 *   v = beta2 * v + (1 - beta2) * g * g                                            \
+	 *   p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)        \
+	 *   grad = 0   (the step consumes the gradients: zeroing them in the same          \
+	 *              pass saves a second sweep over 4 bytes a parameter)                 \
+	 * step >= 1 is the step count after this update; weight decay applies to           \
+	 * every element. The hyper-parameters are doubles, as torch's Python               \
+	 * floats are: scalars such as 1 - beta2 are formed in double and rounded           \
+	 * to fp32 once, so passing the config's doubles reproduces torch.                  \
+	 * The engine bumps param_version before the call: a device that                    \
+	 * caches derived copies of the parameters may refresh them in the                  \
+	 * same pass when p is the whole declared region. */                                \
+	X(adamw, (struct device *dev, float *p, float *grad, float *m,                      \
+	          float *v, int64_t n, double lr, double beta1,                             \
+	          double beta2, double eps, double weight_decay,                            \
+	          int64_t step, float grad_scale))                                          \
+                                                                                            \
+	/* Round x[n] to bf16 (round to nearest even; NaN stays NaN) into                   \
+	 * out[n] (uint16 bits) / to IEEE half (out[n] uint16 bits). */                     \
+	X(to_bf16, (struct device *dev, uint16_t *out, const float *x,                      \
+	            int64_t n))                                                             \
+	X(to_f16, (struct device *dev, uint16_t *out, const float *x,                       \
+	           int64_t n))
+
 struct kernel_table {
-	/* C[M,N] = op(A) @ op(B) + beta * C, beta is 0 or 1.
-	 * op(A) is A[M,K] (lda >= K) or, with trans_a, A stored as [K,M] (lda >= M).
-	 * op(B) is B[K,N] (ldb >= N) or, with trans_b, B stored as [N,K] (ldb >= K).
-	 * ldc >= N. Linear layers y = x W^T use (trans_b=1, B = W[out,in]). */
-	int (*gemm)(struct device *dev, bool trans_a, bool trans_b,
-		    int64_t M, int64_t N, int64_t K,
-		    const float *A, int64_t lda, const float *B, int64_t ldb,
-		    float beta, float *C, int64_t ldc);
-
-	/* out[T,C] = wte[ids[t], :] ; ids in [0, V) (checked by the caller). */
-	int (*embedding_fwd)(struct device *dev, float *out, const float *wte,
-			     const int32_t *ids, int64_t T, int64_t C);
-	/* dwte[V,C] += scatter of dout[T,C] by ids[T] (deterministic order). */
-	int (*embedding_bwd)(struct device *dev, float *dwte, const float *dout,
-			     const int32_t *ids, int64_t T, int64_t C, int64_t V);
-
-	/* Per row r of R rows of width C:
-	 * rstd[r] = 1/sqrt(mean(x[r]^2) + eps); out[r] = x[r] * rstd[r] * w.
-	 * out may alias x. rstd[R] is saved for the backward. */
-	int (*rmsnorm_fwd)(struct device *dev, float *out, float *rstd,
-			   const float *x, const float *w, int64_t R, int64_t C,
-			   float eps);
-	/* dx[R,C] = d/dx (beta_dx = 0: overwrite, 1: accumulate);
-	 * dw[C] += sum over rows. dx must not alias dout. */
-	int (*rmsnorm_bwd)(struct device *dev, float *dx, float *dw,
-			   const float *dout, const float *x, const float *w,
-			   const float *rstd, int64_t R, int64_t C, float beta_dx);
-
-	/* Rotary embedding in place on x[T, NH, D] (NH heads), HF "rotate_half"
-	 * layout: pairs (i, i + D/2), angle = pos[t] * inv_freq[i], i < D/2.
-	 * inverse=true applies the transpose rotation (the backward). */
-	int (*rope)(struct device *dev, float *x, const int32_t *pos,
-		    const float *inv_freq, int64_t T, int64_t NH, int64_t D,
-		    bool inverse);
-
-	/* Causal attention over packed sequences, never across them.
-	 * q[T,H,D], k[T,KV,D], v[T,KV,D]; H % KV == 0 (head h reads kv head
-	 * h / (H/KV)); cu_seqlens[B+1] with cu_seqlens[0]=0, cu_seqlens[B]=T.
-	 * out[T,H,D] = softmax(scale * q k^T + causal mask) v;
-	 * lse[H,T] = log-sum-exp of the scaled scores (saved for backward).
-	 * Memory must be O(T): tiles, never a T x T matrix. */
-	int (*attention_fwd)(struct device *dev, float *out, float *lse,
-			     const float *q, const float *k, const float *v,
-			     const int32_t *cu_seqlens, int64_t B, int64_t T,
-			     int64_t H, int64_t KV, int64_t D, float scale);
-	/* dq[T,H,D] =, dk[T,KV,D] =, dv[T,KV,D] = (overwritten), from
-	 * dout[T,H,D] and the forward's q, k, v, out, lse. */
-	int (*attention_bwd)(struct device *dev, float *dq, float *dk, float *dv,
-			     const float *dout, const float *q, const float *k,
-			     const float *v, const float *out, const float *lse,
-			     const int32_t *cu_seqlens, int64_t B, int64_t T,
-			     int64_t H, int64_t KV, int64_t D, float scale);
-
-	/* out[T,F] = silu(gate) * up. */
-	int (*swiglu_fwd)(struct device *dev, float *out, const float *gate,
-			  const float *up, int64_t n);
-	/* dgate =, dup = from dout and the forward inputs (n = T*F). */
-	int (*swiglu_bwd)(struct device *dev, float *dgate, float *dup,
-			  const float *dout, const float *gate, const float *up,
-			  int64_t n);
-
-	/* x[R,N] += bias[N] on every row. */
-	int (*bias_add)(struct device *dev, float *x, const float *bias,
-			int64_t R, int64_t N);
-	/* dbias[N] += column sums of dout[R,N]. */
-	int (*bias_bwd)(struct device *dev, float *dbias, const float *dout,
-			int64_t R, int64_t N);
-
-	/* y[n] = a * x[n] + b * y[n]  (b = 0 means overwrite, y may hold NaN). */
-	int (*axpby)(struct device *dev, float *y, float a, const float *x,
-		     float b, int64_t n);
-
-	/* Rows of logits[R,V] at temperature: z = logits * inv_temp;
-	 * logp[r] = z[target[r]] - logsumexp(z); ent[r] = -sum softmax(z) log softmax(z).
-	 * target[r] < 0 means "no target": logp[r] = 0 (ent still computed). */
-	int (*logprob_fwd)(struct device *dev, float *logp, float *ent,
-			   const float *logits, const int32_t *target,
-			   int64_t R, int64_t V, float inv_temp);
-	/* In place: logits[R,V] (the same values as in the forward) become
-	 * dlogits = inv_temp * (dlogp * (onehot(target) - p) - dent * p * (z - sum p z)).
-	 * Rows with target < 0 get only the entropy term. */
-	int (*logprob_bwd)(struct device *dev, float *logits, const int32_t *target,
-			   const float *dlogp, const float *dent,
-			   int64_t R, int64_t V, float inv_temp);
-
-	/* The same over vocabulary chunks, so that the LM head reads its
-	 * weight once per pass however many tokens there are (online softmax).
-	 * logits[R, Vc] holds columns [v0, v0 + Vc) of R rows (row stride Vc).
-	 * stats[R] carries per row, in double: max z, S = sum exp(z - max),
-	 * Z = sum exp(z - max) (z - max), and z[target] (when the target falls
-	 * in a chunk). first = true starts the rows; later chunks merge. */
-	int (*logprob_chunk_fwd)(struct device *dev, struct logprob_stats *stats,
-				 const float *logits, const int32_t *target,
-				 int64_t R, int64_t v0, int64_t Vc, float inv_temp,
-				 bool first);
-	/* After the last chunk: lse = max + log S; logp = z[target] - lse (0
-	 * without a target); ent = log S - Z / S; ez = max + Z / S (= sum p z).
-	 * lse[R] and ez[R] are kept for logprob_chunk_bwd. ent may be NULL. */
-	int (*logprob_chunk_finish)(struct device *dev, float *logp, float *ent,
-				    float *lse, float *ez,
-				    const struct logprob_stats *stats,
-				    const int32_t *target, int64_t R);
-	/* In place on a chunk of the same logits: p = exp(z - lse),
-	 * dlogits = inv_temp * (dlogp * (onehot(target) - p) - dent * p * (z - ez)). */
-	int (*logprob_chunk_bwd)(struct device *dev, float *logits,
-				 const int32_t *target, const float *lse,
-				 const float *ez, const float *dlogp, const float *dent,
-				 int64_t R, int64_t v0, int64_t Vc, float inv_temp);
-
-	/* Sum of squares of x[n] in double, fixed reduction order. */
-	int (*sumsq)(struct device *dev, double *ret, const float *x, int64_t n);
-	/* Returns true in *ret when every x[n] is finite. */
-	int (*all_finite)(struct device *dev, bool *ret, const float *x, int64_t n);
-
-	/* One torch.optim.AdamW step over flat arrays, n elements:
-	 *   g = grad * grad_scale
-	 *   p *= 1 - lr * weight_decay
-	 *   m = beta1 * m + (1 - beta1) * g
-	 *   v = beta2 * v + (1 - beta2) * g * g
-	 *   p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
-	 *   grad = 0   (the step consumes the gradients: zeroing them in the same
-	 *              pass saves a second sweep over 4 bytes a parameter)
-	 * step >= 1 is the step count after this update; weight decay applies to
-	 * every element. The hyper-parameters are doubles, as torch's Python
-	 * floats are: scalars such as 1 - beta2 are formed in double and rounded
-	 * to fp32 once, so passing the config's doubles reproduces torch.
-	 * The engine bumps param_version before the call: a device that
-	 * caches derived copies of the parameters may refresh them in the
-	 * same pass when p is the whole declared region. */
-	int (*adamw)(struct device *dev, float *p, float *grad, float *m,
-		     float *v, int64_t n, double lr, double beta1, double beta2,
-		     double eps, double weight_decay, int64_t step, float grad_scale);
-
-	/* Round x[n] to bf16 (round to nearest even; NaN stays NaN) into
-	 * out[n] (uint16 bits) / to IEEE half (out[n] uint16 bits). */
-	int (*to_bf16)(struct device *dev, uint16_t *out, const float *x, int64_t n);
-	int (*to_f16)(struct device *dev, uint16_t *out, const float *x, int64_t n);
+#define KERNEL_POINTER(name, params) int (*name) params;
+	DEVICE_KERNELS(KERNEL_POINTER)
+#undef KERNEL_POINTER
 };
 
 /* A file holding a copy of device state, lent to its caller

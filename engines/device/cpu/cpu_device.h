@@ -131,74 +131,12 @@ int cpu_params_bf16_lend(struct device *dev, struct device_lent_file *ret);
 /* Unmap and close the copy and the spare, joining its thread (close()). */
 void cpu_param_bf16_free(struct cpu_device *cd);
 
-/* The kernels, one group per file; semantics are those of struct
- * kernel_table in device/device.h, refinements are in each file. */
-int cpu_gemm(struct device *dev, bool trans_a, bool trans_b,
-	     int64_t M, int64_t N, int64_t K,
-	     const float *A, int64_t lda, const float *B, int64_t ldb,
-	     float beta, float *C, int64_t ldc);
-
-int cpu_embedding_fwd(struct device *dev, float *out, const float *wte,
-		      const int32_t *ids, int64_t T, int64_t C);
-int cpu_embedding_bwd(struct device *dev, float *dwte, const float *dout,
-		      const int32_t *ids, int64_t T, int64_t C, int64_t V);
-int cpu_rope(struct device *dev, float *x, const int32_t *pos,
-	     const float *inv_freq, int64_t T, int64_t NH, int64_t D,
-	     bool inverse);
-int cpu_swiglu_fwd(struct device *dev, float *out, const float *gate,
-		   const float *up, int64_t n);
-int cpu_swiglu_bwd(struct device *dev, float *dgate, float *dup,
-		   const float *dout, const float *gate, const float *up,
-		   int64_t n);
-int cpu_bias_add(struct device *dev, float *x, const float *bias,
-		 int64_t R, int64_t N);
-int cpu_bias_bwd(struct device *dev, float *dbias, const float *dout,
-		 int64_t R, int64_t N);
-int cpu_axpby(struct device *dev, float *y, float a, const float *x,
-	      float b, int64_t n);
-
-int cpu_rmsnorm_fwd(struct device *dev, float *out, float *rstd,
-		    const float *x, const float *w, int64_t R, int64_t C,
-		    float eps);
-int cpu_rmsnorm_bwd(struct device *dev, float *dx, float *dw,
-		    const float *dout, const float *x, const float *w,
-		    const float *rstd, int64_t R, int64_t C, float beta_dx);
-
-int cpu_attention_fwd(struct device *dev, float *out, float *lse,
-		      const float *q, const float *k, const float *v,
-		      const int32_t *cu_seqlens, int64_t B, int64_t T,
-		      int64_t H, int64_t KV, int64_t D, float scale);
-int cpu_attention_bwd(struct device *dev, float *dq, float *dk, float *dv,
-		      const float *dout, const float *q, const float *k,
-		      const float *v, const float *out, const float *lse,
-		      const int32_t *cu_seqlens, int64_t B, int64_t T,
-		      int64_t H, int64_t KV, int64_t D, float scale);
-
-int cpu_logprob_fwd(struct device *dev, float *logp, float *ent,
-		    const float *logits, const int32_t *target,
-		    int64_t R, int64_t V, float inv_temp);
-int cpu_logprob_chunk_fwd(struct device *dev, struct logprob_stats *stats,
-			  const float *logits, const int32_t *target,
-			  int64_t R, int64_t v0, int64_t Vc, float inv_temp, bool first);
-int cpu_logprob_chunk_finish(struct device *dev, float *logp, float *ent, float *lse,
-			     float *ez, const struct logprob_stats *stats,
-			     const int32_t *target, int64_t R);
-int cpu_logprob_chunk_bwd(struct device *dev, float *logits, const int32_t *target,
-			  const float *lse, const float *ez, const float *dlogp,
-			  const float *dent, int64_t R, int64_t v0, int64_t Vc,
-			  float inv_temp);
-int cpu_logprob_bwd(struct device *dev, float *logits, const int32_t *target,
-		    const float *dlogp, const float *dent,
-		    int64_t R, int64_t V, float inv_temp);
-
-int cpu_sumsq(struct device *dev, double *ret, const float *x, int64_t n);
-int cpu_all_finite(struct device *dev, bool *ret, const float *x, int64_t n);
-int cpu_adamw(struct device *dev, float *p, float *grad, float *m,
-	      float *v, int64_t n, double lr, double beta1, double beta2,
-	      double eps, double weight_decay, int64_t step, float grad_scale);
-
-int cpu_to_bf16(struct device *dev, uint16_t *out, const float *x, int64_t n);
-int cpu_to_f16(struct device *dev, uint16_t *out, const float *x, int64_t n);
+/* The kernels, one group per file (cpu_gemm.c, cpu_attention.c, ...):
+ * int cpu_<name>(...) for each entry of device.h's DEVICE_KERNELS, whose
+ * comments state their semantics; refinements are in each file. */
+#define CPU_KERNEL_DECL(name, params) int cpu_##name params;
+DEVICE_KERNELS(CPU_KERNEL_DECL)
+#undef CPU_KERNEL_DECL
 
 extern const struct kernel_table cpu_kernel_table;
 

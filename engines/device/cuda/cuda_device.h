@@ -81,75 +81,11 @@ int cuda_gemm_simple(struct device *dev, bool bf16, bool trans_a, bool trans_b,
 int cuda_scale_rows(struct device *dev, float *C, int64_t M, int64_t N,
 		    int64_t ldc, float beta);
 
-/* ---- the kernel table entries (semantics: device/device.h) ---- */
-
-int cuda_gemm(struct device *dev, bool trans_a, bool trans_b,
-	      int64_t M, int64_t N, int64_t K,
-	      const float *A, int64_t lda, const float *B, int64_t ldb,
-	      float beta, float *C, int64_t ldc);
-
-int cuda_embedding_fwd(struct device *dev, float *out, const float *wte,
-		       const int32_t *ids, int64_t T, int64_t C);
-int cuda_embedding_bwd(struct device *dev, float *dwte, const float *dout,
-		       const int32_t *ids, int64_t T, int64_t C, int64_t V);
-int cuda_rope(struct device *dev, float *x, const int32_t *pos,
-	      const float *inv_freq, int64_t T, int64_t NH, int64_t D,
-	      bool inverse);
-int cuda_swiglu_fwd(struct device *dev, float *out, const float *gate,
-		    const float *up, int64_t n);
-int cuda_swiglu_bwd(struct device *dev, float *dgate, float *dup,
-		    const float *dout, const float *gate, const float *up,
-		    int64_t n);
-int cuda_bias_add(struct device *dev, float *x, const float *bias,
-		  int64_t R, int64_t N);
-int cuda_bias_bwd(struct device *dev, float *dbias, const float *dout,
-		  int64_t R, int64_t N);
-int cuda_axpby(struct device *dev, float *y, float a, const float *x,
-	       float b, int64_t n);
-
-int cuda_rmsnorm_fwd(struct device *dev, float *out, float *rstd,
-		     const float *x, const float *w, int64_t R, int64_t C,
-		     float eps);
-int cuda_rmsnorm_bwd(struct device *dev, float *dx, float *dw,
-		     const float *dout, const float *x, const float *w,
-		     const float *rstd, int64_t R, int64_t C, float beta_dx);
-
-int cuda_attention_fwd(struct device *dev, float *out, float *lse,
-		       const float *q, const float *k, const float *v,
-		       const int32_t *cu_seqlens, int64_t B, int64_t T,
-		       int64_t H, int64_t KV, int64_t D, float scale);
-int cuda_attention_bwd(struct device *dev, float *dq, float *dk, float *dv,
-		       const float *dout, const float *q, const float *k,
-		       const float *v, const float *out, const float *lse,
-		       const int32_t *cu_seqlens, int64_t B, int64_t T,
-		       int64_t H, int64_t KV, int64_t D, float scale);
-
-int cuda_logprob_fwd(struct device *dev, float *logp, float *ent,
-		     const float *logits, const int32_t *target,
-		     int64_t R, int64_t V, float inv_temp);
-int cuda_logprob_bwd(struct device *dev, float *logits, const int32_t *target,
-		     const float *dlogp, const float *dent,
-		     int64_t R, int64_t V, float inv_temp);
-
-int cuda_logprob_chunk_fwd(struct device *dev, struct logprob_stats *stats,
-			   const float *logits, const int32_t *target,
-			   int64_t R, int64_t v0, int64_t Vc, float inv_temp, bool first);
-int cuda_logprob_chunk_finish(struct device *dev, float *logp, float *ent,
-			      float *lse, float *ez, const struct logprob_stats *stats,
-			      const int32_t *target, int64_t R);
-int cuda_logprob_chunk_bwd(struct device *dev, float *logits, const int32_t *target,
-			   const float *lse, const float *ez, const float *dlogp,
-			   const float *dent, int64_t R, int64_t v0, int64_t Vc,
-			   float inv_temp);
-
-int cuda_sumsq(struct device *dev, double *ret, const float *x, int64_t n);
-int cuda_all_finite(struct device *dev, bool *ret, const float *x, int64_t n);
-int cuda_adamw(struct device *dev, float *p, float *grad, float *m,
-	       float *v, int64_t n, double lr, double beta1, double beta2,
-	       double eps, double weight_decay, int64_t step, float grad_scale);
-
-int cuda_to_bf16(struct device *dev, uint16_t *out, const float *x, int64_t n);
-int cuda_to_f16(struct device *dev, uint16_t *out, const float *x, int64_t n);
+/* ---- the kernel table entries: int cuda_<name>(...) for each entry of
+ * device.h's DEVICE_KERNELS (semantics there) ---- */
+#define CUDA_KERNEL_DECL(name, params) int cuda_##name params;
+DEVICE_KERNELS(CUDA_KERNEL_DECL)
+#undef CUDA_KERNEL_DECL
 
 extern const struct kernel_table cuda_kernel_table;
 
