@@ -166,15 +166,18 @@ async def _stop(task):
         pass
 
 
-def _coroutine(name):
-    impl = getattr(Api, name)
+def as_coroutines(cls, base, names):
+    """Give cls an `async def` for each method of base in names, awaiting
+    what base's method returns (a coroutine when self is cls's): the
+    methods written once for a sync and an async class (_api.Api for the
+    clients, group._GroupBase for the groups) become coroutine functions."""
+    def coroutine(impl):
+        @functools.wraps(impl)
+        async def method(self, *args, **kwargs):
+            return await impl(self, *args, **kwargs)
+        return method
+    for name in names:
+        setattr(cls, name, coroutine(getattr(base, name)))
 
-    @functools.wraps(impl)
-    async def method(self, *args, **kwargs):
-        return await impl(self, *args, **kwargs)
-    return method
 
-
-for _name in Api.RPC_METHODS:
-    setattr(AsyncEngineClient, _name, _coroutine(_name))
-del _name
+as_coroutines(AsyncEngineClient, Api, Api.RPC_METHODS)

@@ -45,7 +45,6 @@ the others (each daemon answers a repeated id with its first outcome).
 """
 import asyncio
 import concurrent.futures
-import functools
 import inspect
 import math
 
@@ -53,7 +52,7 @@ import numpy as np
 
 from ._api import _PER_TOKEN
 from ._rpc import EngineError, new_request_id
-from .aio import AsyncEngineClient
+from .aio import AsyncEngineClient, as_coroutines
 from .client import EngineClient
 from .results import ForwardBackwardResult
 
@@ -622,15 +621,4 @@ class AsyncEngineGroup(_GroupBase):
             raise GroupError("GetPerTensorParam", {0: e}, self.addresses) from None
 
 
-def _coroutine(name):
-    impl = getattr(_GroupBase, name)
-
-    @functools.wraps(impl)
-    async def method(self, *args, **kwargs):
-        return await impl(self, *args, **kwargs)
-    return method
-
-
-for _name in GROUP_METHODS:
-    setattr(AsyncEngineGroup, _name, _coroutine(_name))
-del _name
+as_coroutines(AsyncEngineGroup, _GroupBase, GROUP_METHODS)
