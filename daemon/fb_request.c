@@ -9,8 +9,19 @@
 
 #include "pb_has.h"
 
+void fb_prep_clear(struct fb_prep *p)
+{
+	if (!p)
+		return;
+	engine_fb_call_free(p->call);
+	free(p->option_keys);
+	free(p->option_values);
+	memset(p, 0, sizeof(*p));
+}
+
 void fb_prep_free(void *p)
 {
+	fb_prep_clear(p);
 	free(p);
 }
 
@@ -93,64 +104,55 @@ static int decode_per_token(const Engined__V1__Tensor *t, const char *field, int
 	return 0;
 }
 
-static int decode_loss(struct fb_prep *p, const Engined__V1__LossSpec *ls, bool value_model,
+/* The LossSpec as the engine takes it: its name and option strings
+ * (borrowed from the request). */
+static int decode_loss(struct fb_prep *p, const Engined__V1__LossSpec *ls,
 		       struct eng_error *err)
 {
-	struct loss_inputs_present present;
-	struct eng_error e2;
-	int r;
+	size_t n = ls->n_options;
 
-	eng_error_clear(&e2);
-	r = loss_spec_init(&p->spec, ls->name, &e2);
-	if (r < 0)
-		return eng_fail(err, r, "loss.name: %s", e2.msg);
-	for (size_t i = 0; i < ls->n_options; i++) {
-		const char *key = ls->options[i]->key, *val = ls->options[i]->value;
-
-		eng_error_clear(&e2);
-		r = loss_spec_set(&p->spec, key, val, &e2);
-		if (r < 0)
-			return eng_fail(err, r, "loss.options[%s]: %s", key, e2.msg);
+	p->req.loss = ls->name;
+	if (!n)
+		return 0;
+	p->option_keys = calloc(n, sizeof(*p->option_keys));
+	p->option_values = calloc(n, sizeof(*p->option_values));
+	if (!p->option_keys || !p->option_values)
+		return eng_fail(err, -ENOMEM, "loss.options: out of memory");
+	for (size_t i = 0; i < n; i++) {
+		p->option_keys[i] = ls->options[i]->key;
+		p->option_values[i] = ls->options[i]->value;
 	}
-	loss_inputs_present_init(&present, p->batch.n);
-	for (int k = 0; k < LOSS_IN_REQUEST_COUNT; k++)
-		present.len[k] = p->in[k] ? p->batch.n : -1;
-	present.len[LOSS_IN_ENTROPY] = value_model ? -1 : p->batch.n;
-	present.len[LOSS_IN_VALUES] = value_model ? p->batch.n : -1;
-	eng_error_clear(&e2);
-	r = loss_spec_validate(&p->spec, &present, &e2);
-	if (r < 0)
-		return eng_fail(err, r, "loss: %s", e2.msg);
-	p->has_loss = true;
+	p->req.num_options = n;
+	p->req.option_keys = p->option_keys;
+	p->req.option_values = p->option_values;
 	return 0;
 }
 
 int fb_request_decode(struct fb_prep *p, const Engined__V1__ForwardBackwardRequest *q,
 		      bool value_model, struct eng_error *err)
 {
-	bool named_loss = q->loss && q->loss->name[0];
+	struct engine_batch *b = &p->req.batch;
 	int64_t tn;
 	int r;
 
-	r = decode_ids(q->input_ids, "input_ids", -1, &p->batch.input_ids, &p->batch.n, err);
+	r = decode_ids(q->input_ids, "input_ids", -1, &b->input_ids, &b->n, err);
 	if (r == 0)
-		r = decode_ids(q->target_ids, "target_ids", p->batch.n, &p->batch.target_ids, &tn,
-			       err);
+		r = decode_ids(q->target_ids, "target_ids", b->n, &b->target_ids, &tn, err);
 	if (r < 0)
 		return r;
 	if (q->n_seq_lens > INT32_MAX)
 		return eng_fail(err, -EINVAL, "seq_lens: too many sequences");
-	p->batch.num_seqs = (int32_t)q->n_seq_lens;
-	p->batch.seq_lens = q->seq_lens;
-	for (int k = 0; k < LOSS_IN_REQUEST_COUNT; k++) {
-		const char *name = loss_inputs[k].name;
+	b->num_seqs = (int32_t)q->n_seq_lens;
+	b->seq_lens = q->seq_lens;
+	for (int k = 0; k < ENGINE_FB_INPUTS; k++) {
+		const char *name = engine_fb_input_name(k);
 		bool found;
 		const Engined__V1__Tensor *t = fb_request_tensor(q, name, &found);
 
-		if (!found)  /* the table and the proto disagree: a build mistake */
+		if (!found)  /* the engine and the proto disagree: a build mistake */
 			return eng_fail(err, -EIO, "ForwardBackwardRequest has no tensor field %s",
 					name);
-		r = decode_per_token(t, name, p->batch.n, &p->in[k], err);
+		r = decode_per_token(t, name, b->n, &p->req.inputs[k], err);
 		if (r < 0)
 			return r;
 	}
@@ -158,41 +160,11 @@ int fb_request_decode(struct fb_prep *p, const Engined__V1__ForwardBackwardReque
 	 * "0 means 1" is for library callers; on the wire 0 is refused). */
 	if (PB_HAS(q, temperature) && q->temperature == 0.0f)
 		return eng_fail(err, -EINVAL, "temperature: must be > 0 (unset: 1)");
-	p->batch.temperature = PB_HAS(q, temperature) ? q->temperature : 1.0f;
-	p->batch.forward_only = q->forward_only;
-	p->batch.reduce_gradients = q->reduce_gradients;
-	p->batch.max_tokens_per_micro_batch = q->max_tokens_per_micro_batch;
-	/* The adapter is known now; its context is made when the job runs. */
-	p->batch.loss_fn = named_loss ? loss_engine_fn : NULL;
-	r = engine_batch_check(&p->batch, err);
-	if (r < 0)
+	b->temperature = PB_HAS(q, temperature) ? q->temperature : 1.0f;
+	b->forward_only = q->forward_only;
+	b->reduce_gradients = q->reduce_gradients;
+	b->max_tokens_per_micro_batch = q->max_tokens_per_micro_batch;
+	if (q->loss && q->loss->name[0] && (r = decode_loss(p, q->loss, err)) < 0)
 		return r;
-	return named_loss ? decode_loss(p, q->loss, value_model, err) : 0;
-}
-
-void fb_loss_request(const struct fb_prep *p, struct loss_request *ret)
-{
-	memset(ret, 0, sizeof(*ret));
-	ret->n = p->batch.n;
-	ret->num_seqs = p->batch.num_seqs;
-	ret->seq_lens = p->batch.seq_lens;
-	memcpy(ret->in, p->in, sizeof(ret->in));
-}
-
-int fb_loss_metrics(const struct loss_engine_ctx *lc, double *ret_loss,
-		    Engined__V1__ForwardBackwardResponse__MetricsEntry *entries, int max)
-{
-	struct loss_metric m[LOSS_M_COUNT];
-	int k = 0;
-
-	loss_engine_ctx_result(lc, ret_loss, m);
-	for (int i = 0; i < LOSS_M_COUNT && k < max; i++) {
-		if (!m[i].present)
-			continue;
-		engined__v1__forward_backward_response__metrics_entry__init(&entries[k]);
-		entries[k].key = (char *)loss_metric_str((enum loss_metric_id)i);
-		entries[k].value = m[i].value;
-		k++;
-	}
-	return k;
+	return engine_fb_call_prepare(&p->req, value_model, &p->call, err);
 }

@@ -325,6 +325,12 @@ int h_validate_forward_backward(struct daemon *d, struct job *j, struct eng_erro
 	pthread_mutex_lock(&d->lock);
 	value_model = strncmp(d->snap.key, "value_model/", 12) == 0;
 	pthread_mutex_unlock(&d->lock);
+	/* A long call stops when its client goes away or its deadline passes,
+	 * and reports its micro-batches. */
+	p->req.batch.cancelled = fb_call_gone;
+	p->req.batch.cancel_ctx = j->call;
+	p->req.batch.progress = daemon_progress;
+	p->req.batch.progress_ctx = d;
 	return fb_request_decode(p, q, value_model, err);
 }
 
@@ -338,39 +344,24 @@ int h_run_forward_backward(struct daemon *d, struct job *j, struct eng_error *er
 	Engined__V1__Tensor t_val = ENGINED__V1__TENSOR__INIT;
 	Engined__V1__ForwardBackwardResponse__MetricsEntry ment[FB_MAX_METRICS];
 	Engined__V1__ForwardBackwardResponse__MetricsEntry *mptr[FB_MAX_METRICS];
-	struct engine_batch b;
+	const int64_t n = p->req.batch.n;
 	struct engine_fb_result res;
-	struct loss_engine_ctx lc;
-	struct loss_request lreq;
-	double loss = 0;
-	int64_t shape_n = p->batch.n;
+	struct engine_fb_loss fl;
+	int64_t shape_n = n;
 	float *lp = NULL, *ent = NULL, *val = NULL;
-	int r, nm;
+	int r;
 
 	memset(&res, 0, sizeof(res));
-	b = p->batch;
-	b.cancelled = fb_call_gone;
-	b.cancel_ctx = j->call;
-	b.progress = daemon_progress;
-	b.progress_ctx = d;
-	memset(&lc, 0, sizeof(lc));
-	if (p->has_loss) {
-		fb_loss_request(p, &lreq);
-		r = loss_engine_ctx_init(&lc, &p->spec, &lreq, err);
-		if (r < 0)
-			return r;
-		b.loss_ctx = &lc;
-	}
-	if (q->return_log_probs && !(lp = malloc((size_t)p->batch.n * sizeof(float))))
+	if (q->return_log_probs && !(lp = malloc((size_t)n * sizeof(float))))
 		goto nomem;
-	if (q->return_entropy && !(ent = malloc((size_t)p->batch.n * sizeof(float))))
+	if (q->return_entropy && !(ent = malloc((size_t)n * sizeof(float))))
 		goto nomem;
-	if (q->return_values && !(val = calloc((size_t)p->batch.n, sizeof(float))))
+	if (q->return_values && !(val = calloc((size_t)n, sizeof(float))))
 		goto nomem;
 	res.log_probs = lp;
 	res.entropy = ent;
 	res.values = val;
-	r = engine_forward_backward(d->engine, &b, &res, err);
+	r = engine_fb_call_run(d->engine, p->call, &res, &fl, err);
 	if (r < 0)
 		goto out;
 
@@ -380,7 +371,7 @@ int h_run_forward_backward(struct daemon *d, struct job *j, struct eng_error *er
 		t_lp.n_shape = 1;
 		t_lp.shape = &shape_n;
 		t_lp.data.data = (uint8_t *)lp;
-		t_lp.data.len = (size_t)p->batch.n * 4;
+		t_lp.data.len = (size_t)n * 4;
 		resp.log_probs = &t_lp;
 	}
 	if (ent) {
@@ -389,7 +380,7 @@ int h_run_forward_backward(struct daemon *d, struct job *j, struct eng_error *er
 		t_ent.dtype = ENGINED__V1__DTYPE__FLOAT32;
 		t_ent.n_shape = 1;
 		t_ent.shape = &shape_n;
-		t_ent.data.len = (size_t)p->batch.n * 4;
+		t_ent.data.len = (size_t)n * 4;
 		resp.entropy = &t_ent;
 	}
 	if (val) {
@@ -397,27 +388,28 @@ int h_run_forward_backward(struct daemon *d, struct job *j, struct eng_error *er
 		t_val.n_shape = 1;
 		t_val.shape = &shape_n;
 		t_val.data.data = (uint8_t *)val;
-		t_val.data.len = (size_t)p->batch.n * 4;
+		t_val.data.len = (size_t)n * 4;
 		resp.values = &t_val;
 	}
-	if (!p->batch.forward_only)
-		j->m_tokens = p->batch.n;
-	nm = p->has_loss ? fb_loss_metrics(&lc, &loss, ment, FB_MAX_METRICS) : 0;
-	resp.loss = loss;
-	for (int i = 0; i < nm; i++)
+	if (!p->req.batch.forward_only)
+		j->m_tokens = n;
+	resp.loss = fl.loss;
+	for (int i = 0; i < fl.num_metrics; i++) {
+		engined__v1__forward_backward_response__metrics_entry__init(&ment[i]);
+		ment[i].key = (char *)fl.metrics[i].name;
+		ment[i].value = fl.metrics[i].value;
 		mptr[i] = &ment[i];
-	resp.n_metrics = (size_t)nm;
+	}
+	resp.n_metrics = (size_t)fl.num_metrics;
 	resp.metrics = mptr;
 	r = job_set_reply(j, &resp.base);
 	goto out;
 nomem:
-	r = eng_fail(err, -ENOMEM, "out of memory for %lld per-token outputs",
-		     (long long)p->batch.n);
+	r = eng_fail(err, -ENOMEM, "out of memory for %lld per-token outputs", (long long)n);
 out:
 	free(lp);
 	free(ent);
 	free(val);
-	loss_engine_ctx_destroy(&lc);
 	return r;
 }
 

@@ -364,6 +364,52 @@ int engine_registry_lookup(const char *model_type, const char *backend,
 /* Registered keys as "a/b/c, d/e/f" (static storage). */
 const char *engine_registry_keys(void);
 
+/* --- a ForwardBackward with the engine's own loss (engine_request.c) ---- */
+
+/* The per-token FLOAT32 inputs a request may carry, by name (the
+ * ForwardBackwardRequest fields of the same names): loss_mask,
+ * old_log_probs, ... (engine_fb_input_name(i), i < ENGINE_FB_INPUTS). */
+#define ENGINE_FB_INPUTS 11
+const char *engine_fb_input_name(int i);
+
+/* A request as its sender states it: the batch (its loss_fn and loss_ctx
+ * are the engine's; its hooks the caller's), the per-token inputs, and the
+ * loss as data (a name and option strings, as LossSpec carries them). */
+struct engine_fb_request {
+	struct engine_batch batch;
+	const float *inputs[ENGINE_FB_INPUTS];   /* [n] each, NULL = absent */
+	const char *loss;                        /* NULL or "": no loss */
+	size_t num_options;
+	const char *const *option_keys;          /* [num_options] */
+	const char *const *option_values;
+};
+
+/* A request checked once and ready to run (opaque): engine_batch_check's
+ * rules, the loss's name and options parsed and the inputs it reads
+ * present (value_model: the model yields values, else entropy). -EINVAL
+ * naming the field ("loss.name: ...", "loss.options[key]: ...", "loss:
+ * ..."); -ENOMEM. The request's arrays and strings are borrowed and must
+ * outlive the call; free with engine_fb_call_free (accepts NULL). */
+struct engine_fb_call;
+int engine_fb_call_prepare(const struct engine_fb_request *r, bool value_model,
+			   struct engine_fb_call **ret, struct eng_error *err);
+void engine_fb_call_free(struct engine_fb_call *c);
+
+/* The call's loss and its metrics (name: static storage), after a run. */
+#define ENGINE_FB_MAX_METRICS 16
+struct engine_fb_loss {
+	double loss;
+	int num_metrics;
+	struct { const char *name; double value; } metrics[ENGINE_FB_MAX_METRICS];
+};
+
+/* Run a prepared call on e (engine_forward_backward with the call's loss);
+ * ret_loss (may be NULL) gets its loss and metrics (all zero without a
+ * loss). A call may run once. */
+int engine_fb_call_run(struct engine *e, struct engine_fb_call *c,
+		       struct engine_fb_result *res, struct engine_fb_loss *ret_loss,
+		       struct eng_error *err);
+
 /* --- data-parallel groups (engine_host.c) -------------------------------- */
 
 /* A group of cfg->world_size ranks on `device` may be formed: the size in

@@ -1,7 +1,7 @@
 /* engined_demo.c — a short end-to-end run of the engine library without
  * the daemon: a tiny Llama learns to continue counting sequences
- * (t, t+1, t+2, ... mod V) with the loss library's `sft` loss (token-mean
- * cross-entropy through the engine's loss seam), then saves a
+ * (t, t+1, t+2, ... mod V) with the engine's `sft` loss (token-mean
+ * cross-entropy, stated as data in the engine's own request), then saves a
  * checkpoint, reloads it into a fresh engine and checks that both give the
  * same log-probabilities.
  *
@@ -15,7 +15,6 @@
 #include <sys/stat.h>
 
 #include "engine.h"
-#include "loss/loss_engine.h"
 
 #define VOCAB 64
 #define SEQS 8
@@ -61,8 +60,9 @@ int main(int argc, char **argv)
 {
 	const char *root = "./var/checkpoints";
 	int steps = 60;
+	static const char *const opt_keys[] = { "loss_agg_mode" };
+	static const char *const opt_values[] = { "token-mean" };
 	struct engine_init_config cfg;
-	struct loss_spec spec;
 	struct eng_error err = {0};
 	struct engine *e, *f;
 	int32_t ids[SEQS * LEN], lens[SEQS];
@@ -102,30 +102,28 @@ int main(int argc, char **argv)
 	}
 	if (engine_set_mode(e, ENGINE_MODE_TRAIN, false, &err))
 		goto fail;
-	if (loss_spec_init(&spec, "sft", &err) ||
-	    loss_spec_set(&spec, "loss_agg_mode", "token-mean", &err))
-		goto fail;
 	for (int s = 0; s < steps; s++) {
-		struct loss_request req = {.n = SEQS * LEN, .num_seqs = SEQS, .seq_lens = lens};
-		struct engine_batch b = {.n = SEQS * LEN, .input_ids = ids, .num_seqs = SEQS,
-					 .seq_lens = lens, .temperature = 1.0f,
-					 .loss_fn = loss_engine_fn};
+		struct engine_fb_request req = {
+			.batch = {.n = SEQS * LEN, .input_ids = ids, .num_seqs = SEQS,
+				  .seq_lens = lens, .temperature = 1.0f},
+			.loss = "sft", .num_options = 1,
+			.option_keys = opt_keys, .option_values = opt_values,
+		};
+		struct engine_fb_call *call;
 		struct engine_fb_result r = {0};
+		struct engine_fb_loss fl;
 		struct engine_step_result sr;
-		struct loss_engine_ctx lc;
-		struct loss_metric metrics[LOSS_M_COUNT];
 		double lr, loss;
+		int rc;
 
 		make_batch(ids, lens, &seed);
-		if (loss_engine_ctx_init(&lc, &spec, &req, &err))
+		if (engine_fb_call_prepare(&req, false, &call, &err))
 			goto fail;
-		b.loss_ctx = &lc;
-		if (engine_forward_backward(e, &b, &r, &err)) {
-			loss_engine_ctx_destroy(&lc);
+		rc = engine_fb_call_run(e, call, &r, &fl, &err);
+		engine_fb_call_free(call);
+		if (rc)
 			goto fail;
-		}
-		loss_engine_ctx_result(&lc, &loss, metrics);
-		loss_engine_ctx_destroy(&lc);
+		loss = fl.loss;
 		if (engine_optimizer_step(e, &sr, &err) || engine_lr_scheduler_step(e, &lr, &err))
 			goto fail;
 		if (s == 0)

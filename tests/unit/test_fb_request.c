@@ -1,6 +1,7 @@
 /* test_fb_request.c — ForwardBackwardRequest decoding (daemon/fb_request.c)
- * against the loss library's one table of per-token inputs: the table and
- * the proto name the same tensors, and each rule answers with its field. */
+ * into the engine's request against the engine's one list of per-token
+ * inputs (engine_fb_input_name): the list and the proto name the same
+ * tensors, and each rule answers with its field. */
 #include "check_run.h"
 #include <check.h>
 #include <errno.h>
@@ -17,12 +18,13 @@ START_TEST(table_matches_proto)
 	Engined__V1__ForwardBackwardRequest q = ENGINED__V1__FORWARD_BACKWARD_REQUEST__INIT;
 	int tensors = 0;
 
-	for (int k = 0; k < LOSS_IN_REQUEST_COUNT; k++) {
+	for (int k = 0; k < ENGINE_FB_INPUTS; k++) {
 		bool found;
 
-		fb_request_tensor(&q, loss_inputs[k].name, &found);
-		ck_assert_msg(found, "%s is not a Tensor field", loss_inputs[k].name);
+		fb_request_tensor(&q, engine_fb_input_name(k), &found);
+		ck_assert_msg(found, "%s is not a Tensor field", engine_fb_input_name(k));
 	}
+	ck_assert_ptr_null(engine_fb_input_name(ENGINE_FB_INPUTS));
 	for (unsigned i = 0; i < md->n_fields; i++) {
 		const ProtobufCFieldDescriptor *f = &md->fields[i];
 		bool in_table = false;
@@ -30,16 +32,26 @@ START_TEST(table_matches_proto)
 		if (f->type != PROTOBUF_C_TYPE_MESSAGE || f->descriptor != &engined__v1__tensor__descriptor)
 			continue;
 		tensors++;
-		for (int k = 0; k < LOSS_IN_REQUEST_COUNT; k++)
-			in_table |= !strcmp(loss_inputs[k].name, f->name);
+		for (int k = 0; k < ENGINE_FB_INPUTS; k++)
+			in_table |= !strcmp(engine_fb_input_name(k), f->name);
 		/* input_ids and target_ids are the engine's, the rest the loss's. */
 		ck_assert_msg(in_table || !strcmp(f->name, "input_ids") ||
 			      !strcmp(f->name, "target_ids"),
-			      "request tensor %s is missing from LOSS_REQUEST_INPUTS", f->name);
+			      "request tensor %s is missing from the engine's inputs", f->name);
 	}
-	ck_assert_int_eq(tensors, LOSS_IN_REQUEST_COUNT + 2);
+	ck_assert_int_eq(tensors, ENGINE_FB_INPUTS + 2);
 }
 END_TEST
+
+/* The decoded input named `name`. */
+static const float *input(const struct fb_prep *p, const char *name)
+{
+	for (int k = 0; k < ENGINE_FB_INPUTS; k++)
+		if (!strcmp(engine_fb_input_name(k), name))
+			return p->req.inputs[k];
+	ck_abort_msg("no input %s", name);
+	return NULL;
+}
 
 static Engined__V1__Tensor tensor(Engined__V1__DType dt, int64_t *shape, void *data, size_t len)
 {
@@ -74,15 +86,16 @@ START_TEST(decode_and_rules)
 	q.forward_only = true;
 	memset(&p, 0, sizeof(p));
 	ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), 0);
-	ck_assert_int_eq(p.batch.n, 6);
-	ck_assert_ptr_eq(p.in[LOSS_IN_ADVANTAGES], adv);
-	ck_assert_ptr_eq(p.in[LOSS_IN_LOSS_MASK], mask);
-	ck_assert_ptr_null(p.in[LOSS_IN_OLD_LOG_PROBS]);
-	ck_assert(!p.has_loss);
+	ck_assert_int_eq(p.req.batch.n, 6);
+	ck_assert_ptr_eq(input(&p, "advantages"), adv);
+	ck_assert_ptr_eq(input(&p, "loss_mask"), mask);
+	ck_assert_ptr_null(input(&p, "old_log_probs"));
+	ck_assert_ptr_null(p.req.loss);
+	ck_assert_ptr_nonnull(p.call);
 
 	/* A non-finite input names its field and index. */
 	adv[3] = NAN;
-	memset(&p, 0, sizeof(p));
+	fb_prep_clear(&p);
 	ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), -EINVAL);
 	ck_assert_str_eq(err.msg, "advantages[3]: not a finite number (nan)");
 	adv[3] = 3;
@@ -90,20 +103,20 @@ START_TEST(decode_and_rules)
 	/* The batch's rules are engine_batch_check's. */
 	eng_error_clear(&err);
 	q.max_tokens_per_micro_batch = INT64_MAX;
-	memset(&p, 0, sizeof(p));
+	fb_prep_clear(&p);
 	ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), -EINVAL);
 	ck_assert_ptr_nonnull(strstr(err.msg, "max_tokens_per_micro_batch"));
 	q.max_tokens_per_micro_batch = 0;
 	eng_error_clear(&err);
 	q.reduce_gradients = true;      /* with forward_only */
-	memset(&p, 0, sizeof(p));
+	fb_prep_clear(&p);
 	ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), -EINVAL);
 	ck_assert_str_eq(err.msg, "reduce_gradients: a forward_only call has no gradients "
 			 "to reduce");
 	q.reduce_gradients = false;
 	eng_error_clear(&err);
 	q.forward_only = false;
-	memset(&p, 0, sizeof(p));
+	fb_prep_clear(&p);
 	ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), -EINVAL);
 	ck_assert_str_eq(err.msg, "loss.name: a loss is required unless forward_only");
 
@@ -111,27 +124,49 @@ START_TEST(decode_and_rules)
 	eng_error_clear(&err);
 	ls.name = "ppo";
 	q.loss = &ls;
-	memset(&p, 0, sizeof(p));
+	fb_prep_clear(&p);
 	ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), -EINVAL);
 	ck_assert_ptr_nonnull(strstr(err.msg, "old_log_probs"));
 	eng_error_clear(&err);
 	ls.name = "sft";
-	memset(&p, 0, sizeof(p));
+	fb_prep_clear(&p);
 	ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), 0);
-	ck_assert(p.has_loss);
+	ck_assert_str_eq(p.req.loss, "sft");
+	ck_assert_ptr_nonnull(p.call);
 
 	/* Wrong dtype and length of a per-token input. */
 	t_adv.dtype = ENGINED__V1__DTYPE__INT32;
-	memset(&p, 0, sizeof(p));
+	fb_prep_clear(&p);
 	ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), -EINVAL);
 	ck_assert_ptr_nonnull(strstr(err.msg, "advantages: dtype"));
 	eng_error_clear(&err);
 	t_adv.dtype = ENGINED__V1__DTYPE__FLOAT32;
 	t_adv.data.len = 5 * 4;
 	t_adv.n_shape = 0;
-	memset(&p, 0, sizeof(p));
+	fb_prep_clear(&p);
 	ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), -EINVAL);
 	ck_assert_ptr_nonnull(strstr(err.msg, "advantages: 20 bytes"));
+	fb_prep_clear(&p);
+
+	/* Options reach the engine's parser, which names the key. */
+	t_adv.data.len = sizeof(adv);
+	t_adv.n_shape = 1;
+	{
+		Engined__V1__LossSpec__OptionsEntry o = ENGINED__V1__LOSS_SPEC__OPTIONS_ENTRY__INIT;
+		Engined__V1__LossSpec__OptionsEntry *opts[1] = { &o };
+
+		o.key = "loss_agg_mode";
+		o.value = "no-such-mode";
+		ls.n_options = 1;
+		ls.options = opts;
+		eng_error_clear(&err);
+		ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), -EINVAL);
+		ck_assert_ptr_nonnull(strstr(err.msg, "loss.options[loss_agg_mode]: "));
+		fb_prep_clear(&p);
+		o.value = "token-mean";
+		ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), 0);
+		fb_prep_clear(&p);
+	}
 }
 END_TEST
 
