@@ -28,7 +28,7 @@ int path_confine(const char *root_real, const char *rel, const char *field,
  * through the pinned directory, so renaming or swapping a component for a
  * symlink after the check cannot redirect it out of the root. Symlinks
  * that stay inside the root are followed up to the pinned directory; below
- * it the engine follows none (engines/io/fileio.h: io_openat): a symlinked
+ * it the engine follows none (engines/include/io/fileio.h: io_openat): a symlinked
  * file in a checkpoint or model directory, `latest` or the entry it names
  * is -EPERM naming the file. */
 struct paths_pin {

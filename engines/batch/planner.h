@@ -11,7 +11,7 @@
 
 #include <stdint.h>
 
-#include "../err.h"
+#include "err.h"
 
 struct mb_plan {
 	int32_t num_micro_batches;

@@ -11,7 +11,7 @@
  * writer in the parent removes those whose process is gone.
  */
 #include "checkpoint.h"
-#include "../io/fileio.h"
+#include "io/fileio.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -28,7 +28,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "../io/safetensors.h"
+#include "io/safetensors.h"
 
 #define STATE_FILE "engine_state.json"
 #define LATEST_FILE "latest"

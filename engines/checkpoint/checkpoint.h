@@ -14,7 +14,7 @@
  *
  * Symlinks: `dir` (and the parent of a checkpoint being written) is taken
  * as the caller names it; below it nothing is opened, written, read or
- * removed through a symlink (engines/io/fileio.h, io_openat): `latest`,
+ * removed through a symlink (engines/include/io/fileio.h, io_openat): `latest`,
  * the entry it names, every file of a checkpoint. A symlink there is
  * -EPERM naming it; a symlink in the parent is never a checkpoint (not
  * rotated, not followed when removing).
@@ -50,7 +50,7 @@
 
 #include <jansson.h>
 
-#include "../err.h"
+#include "err.h"
 
 #define CKPT_FORMAT_VERSION 2
 

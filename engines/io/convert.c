@@ -3,7 +3,7 @@
  * rules are round.h's (shared with the CPU device); here are the scalar
  * entry points and the bulk loops, which the compiler vectorizes.
  */
-#include "safetensors.h"
+#include "io/safetensors.h"
 #include "round.h"
 
 uint16_t f32_to_bf16(float x)

@@ -1,5 +1,5 @@
 /* fileio.c — see fileio.h. */
-#include "fileio.h"
+#include "io/fileio.h"
 
 #include <errno.h>
 #include <fcntl.h>

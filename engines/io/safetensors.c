@@ -18,8 +18,8 @@
  * dtype) is written as it is. The XXH64 of the file is computed over the
  * bytes as they are written.
  */
-#include "safetensors.h"
-#include "fileio.h"
+#include "io/safetensors.h"
+#include "io/fileio.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -8,8 +8,8 @@
  * hash reads next is then in memory, as is what a checkpoint load reads
  * after verifying.
  */
-#include "safetensors.h"
-#include "fileio.h"
+#include "io/safetensors.h"
+#include "io/fileio.h"
 
 #include <errno.h>
 #include <fcntl.h>

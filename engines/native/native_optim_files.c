@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "../checkpoint/checkpoint.h"
-#include "../io/safetensors.h"
+#include "io/safetensors.h"
 
 static const char *const one_prefix[2] = {"exp_avg.", "exp_avg_sq."};
 static const char *const shard_tensor[2] = {"exp_avg", "exp_avg_sq"};

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../io/safetensors.h"
+#include "io/safetensors.h"
 
 int64_t native_num_params(struct engine *e)
 {

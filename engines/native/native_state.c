@@ -49,7 +49,7 @@ json_t *native_state_json(struct native *n, int64_t global_step, unsigned conten
 	if (contents & CKPT_EXTRA)
 		json_array_append_new(c, json_string("extra"));
 	json_object_set_new(s, "engine_key", json_string(n->key));
-	json_object_set_new(s, "world_size", json_integer(n->dist ? n->dist->world_size : 1));
+	json_object_set_new(s, "world_size", json_integer(n->group.dist ? n->group.dist->world_size : 1));
 	json_object_set_new(s, "global_step", json_integer(global_step));
 	json_object_set_new(s, "optimizer_step", json_integer(n->optim_step));
 	json_object_set_new(s, "lr_scheduler_step", json_integer(n->sched_step));

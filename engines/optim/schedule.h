@@ -7,7 +7,7 @@
 
 #include <stdint.h>
 
-#include "../engine.h"
+#include "engine.h"
 
 /* The multiplier of the peak lr after `step` scheduler steps (step 0 is the
  * first optimizer step). */

@@ -20,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "dist/dist.h"
 #include "test_helpers.h"
 
 #define NSEQ 5

@@ -1,4 +1,4 @@
-/* test_fileio.c — engines/io/fileio.h: io_read_file (regular files, empty,
+/* test_fileio.c — engines/include/io/fileio.h: io_read_file (regular files, empty,
  * at and over the cap, pipes that need the buffer to grow, endless
  * /dev/zero, missing files, directories), io_write_full, and the open that
  * follows no symlink (io_openat, io_open_file, io_read_file_at: symlinks

@@ -22,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dist/dist.h"
+#include "engine_dist.h"
 #include "err.h"
 
 enum engine_mode {
@@ -229,6 +229,17 @@ int engine_step_params_check(const struct engine_step_params *p, struct eng_erro
  * schedule's lr, which the engine computes. */
 void engine_step_params_apply(const struct engine_step_params *p,
 			      struct engine_optim_config *o);
+
+/* A step's parameters once checked: engine_step_call_prepare runs
+ * engine_step_params_check (p NULL: nothing set) and copies them;
+ * engine_optimizer_step_call runs the step without checking them again.
+ * A host that validates a request before queueing it (the daemon) checks
+ * once this way. */
+struct engine_step_call {
+	struct engine_step_params params;
+};
+int engine_step_call_prepare(const struct engine_step_params *p, struct engine_step_call *ret,
+			     struct eng_error *err);
 
 struct engine_step_result {
 	double grad_norm;           /* before clipping */
@@ -466,8 +477,11 @@ int engine_forward_backward(struct engine *e, const struct engine_batch *b,
 			    struct engine_fb_result *res, struct eng_error *err);
 int engine_optimizer_step(struct engine *e, struct engine_step_result *ret,
 			  struct eng_error *err);
-/* The same with this step's hyper-parameters (NULL: the configured ones). */
+/* The same with this step's hyper-parameters (NULL: the configured ones),
+ * checked first; engine_optimizer_step_call with ones already checked. */
 int engine_optimizer_step_with(struct engine *e, const struct engine_step_params *p,
+			       struct engine_step_result *ret, struct eng_error *err);
+int engine_optimizer_step_call(struct engine *e, const struct engine_step_call *c,
 			       struct engine_step_result *ret, struct eng_error *err);
 /* Drop the accumulated gradients (verl's optimizer_zero_grad); not in EVAL
  * (-EALREADY). Made while IDLE, it enters TRAIN for the call. */
