@@ -2,6 +2,7 @@
  * table holding argument checks and the mode context (verl BaseEngineCtx),
  * written once for every engine. */
 #include "engine.h"
+#include "engine_calls.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -202,12 +203,22 @@ static int call_end(struct engine *e, const struct call_ctx *c, int rc,
 int engine_forward_backward(struct engine *e, const struct engine_batch *b,
 			    struct engine_fb_result *res, struct eng_error *err)
 {
+	int rc = engine_batch_check(b, err);
+
+	return rc ? rc : engine_forward_backward_checked(e, b, res, err);
+}
+
+bool engine_is_value_model(const struct engine *e)
+{
+	return strcmp(e->ops->model_type, "value_model") == 0;
+}
+
+int engine_forward_backward_checked(struct engine *e, const struct engine_batch *b,
+				    struct engine_fb_result *res, struct eng_error *err)
+{
 	struct call_ctx c;
 	int rc;
 
-	rc = engine_batch_check(b, err);
-	if (rc)
-		return rc;
 	if (!b->forward_only && e->mode == ENGINE_MODE_EVAL)
 		return eng_fail(err, -EALREADY,
 				"forward_only: a training forward_backward is not allowed in EVAL mode");
@@ -227,18 +238,24 @@ int engine_optimizer_step(struct engine *e, struct engine_step_result *ret,
 int engine_optimizer_step_with(struct engine *e, const struct engine_step_params *p,
 			       struct engine_step_result *ret, struct eng_error *err)
 {
+	struct engine_step_call call;
+	int rc = engine_step_call_prepare(p, &call, err);
+
+	return rc ? rc : engine_optimizer_step_call(e, &call, ret, err);
+}
+
+int engine_optimizer_step_call(struct engine *e, const struct engine_step_call *sc,
+			       struct engine_step_result *ret, struct eng_error *err)
+{
 	struct call_ctx c;
 	int rc;
 
-	rc = engine_step_params_check(p, err);
-	if (rc)
-		return rc;
 	if (e->mode == ENGINE_MODE_EVAL)
 		return eng_fail(err, -EALREADY, "mode: optimizer_step is not allowed in EVAL mode");
 	rc = call_begin(e, ENGINE_MODE_TRAIN, &c, err);
 	if (rc)
 		return rc;
-	rc = e->ops->optimizer_step(e, p, ret, err);
+	rc = e->ops->optimizer_step(e, &sc->params, ret, err);
 	return call_end(e, &c, rc, err);
 }
 

@@ -10,6 +10,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "dist/dist.h"
 #include "loss/loss.h"
 #include "model/config.h"
 #include "optim/schedule.h"
@@ -60,6 +61,19 @@ int engine_step_params_check(const struct engine_step_params *p, struct eng_erro
 	if (p->has_lr)
 		d.optim.lr = p->lr;
 	return engine_optim_config_check(&d.optim, err);
+}
+
+int engine_step_call_prepare(const struct engine_step_params *p, struct engine_step_call *ret,
+			     struct eng_error *err)
+{
+	int rc = engine_step_params_check(p, err);
+
+	if (rc)
+		return rc;
+	memset(ret, 0, sizeof(*ret));
+	if (p)
+		ret->params = *p;
+	return 0;
 }
 
 int engine_init_config_check(const struct engine_init_config *cfg, struct eng_error *err)

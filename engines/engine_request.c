@@ -6,6 +6,7 @@
  * So a host program (the daemon, tools/engined_demo.c) needs nothing of
  * engines/loss/. */
 #include "engine.h"
+#include "engine_calls.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -21,9 +22,12 @@ _Static_assert(ENGINE_FB_MAX_METRICS >= LOSS_M_COUNT,
 
 struct engine_fb_call {
 	struct engine_fb_request req;
+	bool value_model;             /* the model kind it was checked for */
 	bool has_loss;
 	bool ran;
 	struct loss_spec spec;
+	struct loss_request lreq;     /* the request's arrays (borrowed) */
+	struct loss_engine_ctx lc;    /* made (and the mask checked) at prepare */
 };
 
 const char *engine_fb_input_name(int i)
@@ -75,13 +79,22 @@ int engine_fb_call_prepare(const struct engine_fb_request *r, bool value_model,
 	if (!c)
 		return eng_fail(err, -ENOMEM, "ForwardBackward: out of memory");
 	c->req = *r;
+	c->value_model = value_model;
 	c->req.batch.loss_fn = r->loss && r->loss[0] ? loss_engine_fn : NULL;
 	c->req.batch.loss_ctx = NULL;
 	rc = engine_batch_check(&c->req.batch, err);
 	if (rc == 0 && c->req.batch.loss_fn)
 		rc = parse_loss(c, value_model, err);
+	if (rc == 0 && c->has_loss) {
+		c->lreq.n = r->batch.n;
+		c->lreq.num_seqs = r->batch.num_seqs;
+		c->lreq.seq_lens = r->batch.seq_lens;
+		memcpy(c->lreq.in, r->inputs, sizeof(c->lreq.in));
+		rc = loss_engine_ctx_init(&c->lc, &c->spec, &c->lreq, err);
+		c->req.batch.loss_ctx = &c->lc;
+	}
 	if (rc) {
-		free(c);
+		engine_fb_call_free(c);
 		return rc;
 	}
 	*ret = c;
@@ -90,6 +103,9 @@ int engine_fb_call_prepare(const struct engine_fb_request *r, bool value_model,
 
 void engine_fb_call_free(struct engine_fb_call *c)
 {
+	if (!c)
+		return;
+	loss_engine_ctx_destroy(&c->lc);
 	free(c);
 }
 
@@ -112,31 +128,20 @@ int engine_fb_call_run(struct engine *e, struct engine_fb_call *c,
 		       struct engine_fb_result *res, struct engine_fb_loss *ret_loss,
 		       struct eng_error *err)
 {
-	struct engine_batch b = c->req.batch;
-	struct loss_engine_ctx lc;
-	struct loss_request lreq;
 	int rc;
 
 	if (c->ran)
 		return eng_fail(err, -EINVAL, "ForwardBackward: a prepared call runs once");
+	/* The engine may have been replaced since the call was checked. */
+	if (c->has_loss && engine_is_value_model(e) != c->value_model)
+		return eng_fail(err, -EINVAL, "loss: checked for a %s, but the engine now "
+				"holds a %s", c->value_model ? "value model" : "language model",
+				c->value_model ? "language model" : "value model");
 	c->ran = true;
 	if (ret_loss)
 		memset(ret_loss, 0, sizeof(*ret_loss));
-	memset(&lc, 0, sizeof(lc));
-	if (c->has_loss) {
-		memset(&lreq, 0, sizeof(lreq));
-		lreq.n = b.n;
-		lreq.num_seqs = b.num_seqs;
-		lreq.seq_lens = b.seq_lens;
-		memcpy(lreq.in, c->req.inputs, sizeof(lreq.in));
-		rc = loss_engine_ctx_init(&lc, &c->spec, &lreq, err);
-		if (rc < 0)
-			return rc;
-		b.loss_ctx = &lc;
-	}
-	rc = engine_forward_backward(e, &b, res, err);
+	rc = engine_forward_backward_checked(e, &c->req.batch, res, err);
 	if (rc == 0 && c->has_loss && ret_loss)
-		fill_loss(&lc, ret_loss);
-	loss_engine_ctx_destroy(&lc);
+		fill_loss(&c->lc, ret_loss);
 	return rc;
 }

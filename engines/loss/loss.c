@@ -725,6 +725,15 @@ static int custom_compute(const struct loss_batch *b, struct loss_result *res)
 int loss_compute(const struct loss_spec *s, const struct loss_batch *b,
 		 struct loss_result *res, struct eng_error *err)
 {
+	int r = loss_spec_validate(s, NULL, err);
+
+	r = r ? r : check_batch(s, b, err);
+	return r ? r : loss_compute_checked(s, b, res, err);
+}
+
+int loss_compute_checked(const struct loss_spec *s, const struct loss_batch *b,
+			 struct loss_result *res, struct eng_error *err)
+{
 	struct lctx c;
 	struct acc acc = {0};
 	enum loss_agg pg_agg = loss_spec_pg_agg(s), agg = s->agg;
@@ -733,10 +742,6 @@ int loss_compute(const struct loss_spec *s, const struct loss_batch *b,
 	double *geo_d = NULL, loss;
 	int r;
 
-	r = loss_spec_validate(s, NULL, err);
-	r = r ? r : check_batch(s, b, err);
-	if (r)
-		return r;
 	if (s->name == LOSS_CUSTOM)
 		return custom_compute(b, res);
 	r = lctx_init(&c, s, b, err);

@@ -46,7 +46,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../err.h"
+#include "err.h"
 
 enum loss_name {
 	LOSS_SFT = 0,            /* verl sft_loss: -w*logp, token-mean */
@@ -284,5 +284,11 @@ static inline bool loss_token_counts(const float *mask, int64_t t, int32_t j)
  * its buffers are untouched. */
 int loss_compute(const struct loss_spec *s, const struct loss_batch *b,
 		 struct loss_result *res, struct eng_error *err);
+/* loss_compute without its checks, for a micro-batch of a call whose rules
+ * were checked once for the whole call: the spec validated against the
+ * inputs present, seq_lens and loss_mask checked (engine_fb_call_prepare),
+ * the model's outputs present by construction (loss_engine_fn). */
+int loss_compute_checked(const struct loss_spec *s, const struct loss_batch *b,
+			 struct loss_result *res, struct eng_error *err);
 
 #endif

@@ -24,9 +24,7 @@ int loss_engine_ctx_init(struct loss_engine_ctx *ctx, const struct loss_spec *sp
 	int rc;
 
 	memset(ctx, 0, sizeof(*ctx));
-	rc = loss_seq_lens_check(req->seq_lens, req->num_seqs, req->n, err);
-	if (rc == 0)
-		rc = loss_mask_check(mask, req->n, err);
+	rc = loss_mask_check(mask, req->n, err);
 	if (rc)
 		return rc;
 	/* loss_compute's rules and token counts, so that the call's counts and
@@ -140,7 +138,7 @@ int loss_engine_fn(void *vctx, struct engine_loss_io *io, struct eng_error *err)
 		res.d_entropy = io->d_entropy;
 		res.d_values = io->d_values;
 	}
-	r = loss_compute(ctx->spec, &b, &res, err);
+	r = loss_compute_checked(ctx->spec, &b, &res, err);
 	if (r)
 		return r;
 

@@ -3,7 +3,7 @@
  *
  * One context serves one ForwardBackward call. The engine calls
  * loss_engine_fn once per micro-batch; the context gathers the micro-batch's
- * tokens from the request arrays (io->token_index), runs loss_compute with
+ * tokens from the request arrays (io->token_index), runs loss_compute_checked with
  * the whole call's normalizers and writes the gradients into io->d_* in
  * micro-batch order. Because every micro-batch is normalized by the call's
  * counts (or by the spec's global_num_tokens / global_batch_size when
@@ -11,9 +11,10 @@
  * objective, whatever the split; with the global normalizers, several calls
  * sum to the global batch's objective.
  *
- * Usage (daemon / engine):
+ * Usage (engine_request.c; a test driver):
  *   struct loss_engine_ctx lc;
  *   loss_engine_ctx_init(&lc, &spec, &req, &err);       // after loss_spec_validate
+ *                                                       // and engine_batch_check
  *   batch.loss_fn = loss_engine_fn; batch.loss_ctx = &lc;
  *   engine_forward_backward(e, &batch, &res, &err);
  *   loss_engine_ctx_result(&lc, &loss, metrics);        // reply: loss + present metrics
@@ -25,7 +26,7 @@
 #ifndef ENGINED_LOSS_ENGINE_H
 #define ENGINED_LOSS_ENGINE_H
 
-#include "../engine.h"
+#include "engine.h"
 #include "loss.h"
 
 /* The request side of a ForwardBackward call, original order. */
@@ -54,9 +55,14 @@ struct loss_engine_ctx {
 	bool mpresent[LOSS_M_COUNT];
 };
 
-/* Check the request against the spec (loss_mask 0/1, seq_lens), compute the
- * call-level counts and allocate the gather buffers. -EINVAL naming the
- * field, -ENOMEM; ctx is zeroed (destroy-safe) on failure. */
+/* For a request whose seq_lens the caller checked (loss_seq_lens_check, by
+ * engine_batch_check) and whose spec it validated against the inputs
+ * present (loss_spec_validate): check loss_mask (0/1), compute the
+ * call-level counts and allocate the gather buffers. The request's rules
+ * are checked here once for the whole call: loss_engine_fn then computes
+ * each micro-batch without checking them again (loss_compute_checked).
+ * -EINVAL naming the field, -ENOMEM; ctx is zeroed (destroy-safe) on
+ * failure. */
 int loss_engine_ctx_init(struct loss_engine_ctx *ctx, const struct loss_spec *spec,
 			 const struct loss_request *req, struct eng_error *err);
 

@@ -287,6 +287,64 @@ START_TEST(bad_inputs_leave_state)
 }
 END_TEST
 
+/* A prepared ForwardBackward (engine_fb_call_prepare): its rules checked
+ * once, at prepare (a bad loss_mask is refused there, before any engine);
+ * run once; and refused when the engine it runs on is no longer the kind
+ * of model its loss was checked for (an Initialize queued in between). */
+START_TEST(prepared_call_checked_once)
+{
+	struct engine *lm = make_engine(TINY_QWEN2, "language_model", 5, 1e-3);
+	struct engine *vm = make_engine(TINY_QWEN2, "value_model", 5, 1e-3);
+	int32_t lens[2] = {6, 4}, ids[10];
+	float mask[10], adv[10], old[10], logp[10];
+	const char *names[ENGINE_FB_INPUTS];
+	struct engine_fb_request r = {0};
+	struct engine_fb_result res = {.log_probs = logp};
+	struct engine_fb_loss fl;
+	struct engine_fb_call *c = NULL;
+	struct eng_error err = {0};
+
+	make_batch(ids, 10, 3);
+	fill(adv, 10, 4, 1.0f);
+	fill(old, 10, 5, 1.0f);
+	for (int i = 0; i < 10; i++)
+		mask[i] = i % 6 != 0;
+	r.batch = (struct engine_batch){ .n = 10, .input_ids = ids, .num_seqs = 2,
+					 .seq_lens = lens, .temperature = 1.0f };
+	for (int k = 0; k < ENGINE_FB_INPUTS; k++) {
+		names[k] = engine_fb_input_name(k);
+		if (!strcmp(names[k], "loss_mask"))
+			r.inputs[k] = mask;
+		else if (!strcmp(names[k], "advantages"))
+			r.inputs[k] = adv;
+		else if (!strcmp(names[k], "old_log_probs"))
+			r.inputs[k] = old;
+	}
+	r.loss = "ppo";
+
+	mask[3] = 0.5f;
+	ck_assert_int_eq(engine_fb_call_prepare(&r, false, &c, &err), -EINVAL);
+	ck_assert_msg(strstr(err.msg, "loss_mask[3]"), "%s", err.msg);
+	ck_assert_ptr_null(c);
+	mask[3] = 1.0f;
+
+	eng_error_clear(&err);
+	ck_assert_int_eq(engine_fb_call_prepare(&r, false, &c, &err), 0);
+	ck_assert_int_eq(engine_set_mode(vm, ENGINE_MODE_TRAIN, false, &err), 0);
+	ck_assert_int_eq(engine_fb_call_run(vm, c, &res, &fl, &err), -EINVAL);
+	ck_assert_msg(strstr(err.msg, "checked for a language model"), "%s", err.msg);
+	ck_assert_int_eq(engine_set_mode(lm, ENGINE_MODE_TRAIN, false, &err), 0);
+	ck_assert_int_eq(engine_fb_call_run(lm, c, &res, &fl, &err), 0);
+	ck_assert(isfinite(fl.loss) && fl.loss != 0.0 && fl.num_metrics > 0);
+	eng_error_clear(&err);
+	ck_assert_int_eq(engine_fb_call_run(lm, c, &res, &fl, &err), -EINVAL);
+	ck_assert_msg(strstr(err.msg, "runs once"), "%s", err.msg);
+	engine_fb_call_free(c);
+	engine_destroy(vm);
+	engine_destroy(lm);
+}
+END_TEST
+
 START_TEST(mode_context)
 {
 	struct engine_init_config cfg;
@@ -531,6 +589,7 @@ int main(void)
 	tcase_add_test(tc, outputs_aligned_and_isolated);
 	tcase_add_test(tc, micro_batch_invariance);
 	tcase_add_test(tc, bad_inputs_leave_state);
+	tcase_add_test(tc, prepared_call_checked_once);
 	tcase_add_test(tc, mode_context);
 	tcase_add_test(tc, adamw_first_step_with_clipping);
 	tcase_add_test(tc, nonfinite_norm_skips);

@@ -1,0 +1,17 @@
+/* engine_calls.h — private to engines/: the engine wrappers' half that runs
+ * a call whose request was checked already. engine_request.c runs a
+ * prepared ForwardBackward through it: the batch was checked once, by
+ * engine_fb_call_prepare, and is not checked again. */
+#ifndef ENGINED_ENGINE_CALLS_H
+#define ENGINED_ENGINE_CALLS_H
+
+#include "engine.h"
+
+/* engine_forward_backward after engine_batch_check: the mode rule, the
+ * call's mode context, the engine's forward_backward. */
+int engine_forward_backward_checked(struct engine *e, const struct engine_batch *b,
+				    struct engine_fb_result *res, struct eng_error *err);
+/* Whether e's model is a value model (its registry row's model_type). */
+bool engine_is_value_model(const struct engine *e);
+
+#endif
