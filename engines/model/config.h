@@ -6,7 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../err.h"
+#include "err.h"
 
 enum model_arch {
 	ARCH_LLAMA = 0,
@@ -32,6 +32,16 @@ enum model_arch {
  * back one entry each. */
 #define MODEL_MAX_LABELS (INT64_C(1) << 10)
 
+/* What a decoder layer's MLP is. Every family parsed today is dense (one
+ * SwiGLU MLP per layer); a mixture of experts (a router over experts,
+ * Qwen3-MoE / Qwen2-MoE's shared experts, Mixtral) is a second kind,
+ * chosen per layer (Qwen's decoder_sparse_step and mlp_only_layers):
+ * docs/HACKING.md, where experts plug in. */
+enum model_mlp {
+	MODEL_MLP_DENSE = 0,
+	MODEL_MLP_MOE,
+};
+
 /* The model class a config.json names in "architectures"[0]: the family
  * table of config.c gives each family's two names. */
 enum model_head {
@@ -56,6 +66,7 @@ struct model_config {
 	bool tie_word_embeddings;   /* default false */
 	bool attention_bias;        /* q/k/v bias: qwen2 always, llama/qwen3 if "attention_bias" */
 	bool qk_norm;               /* qwen3 */
+	enum model_mlp mlp;         /* every layer's (dense: all families parsed) */
 	/* rope_scaling {"rope_type"|"type": "llama3", factor, low_freq_factor,
 	 * high_freq_factor, original_max_position_embeddings} */
 	bool rope_llama3;
@@ -72,6 +83,13 @@ struct model_config {
 	int64_t num_labels;
 	const char *labels_key;
 };
+
+/* The MLP of decoder layer `layer` (0 <= layer < num_layers). */
+static inline enum model_mlp model_layer_mlp(const struct model_config *c, int64_t layer)
+{
+	(void)layer;
+	return c->mlp;
+}
 
 /* Parse the text of a config.json. Unknown model_type, missing required
  * fields, non-positive sizes, H % KV != 0, odd head_dim, unsupported

@@ -34,7 +34,7 @@
  */
 #include "llama.h"
 
-#include "../checked.h"
+#include "checked.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -331,6 +331,13 @@ int llama_init(struct llama_model *m, struct device *dev,
 	float *host = malloc(half * sizeof(float));
 	int rc;
 
+	for (int64_t l = 0; l < cfg->num_layers; l++)
+		if (model_layer_mlp(cfg, l) != MODEL_MLP_DENSE) {
+			free(host);
+			return eng_fail(err, -EINVAL,
+					"model: layer %lld: a mixture-of-experts MLP is not supported",
+					(long long)l);
+		}
 	if (!host)
 		return eng_fail(err, -ENOMEM, "rope: out of memory");
 	m->dev = dev;
@@ -460,6 +467,8 @@ int llama_forward(struct llama_model *m, const struct llama_batch *b,
 	struct layer_acts a;
 
 	m->rc = 0;
+	if (b->kv)
+		return -EINVAL;   /* no key/value cache yet */
 	if (T > m->cap_tokens || (training && !m->cap_training))
 		return -EINVAL;   /* caller must llama_reserve first */
 	global_acts_at(m, T, training, &g);

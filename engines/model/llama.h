@@ -21,6 +21,12 @@
 #include "config.h"
 #include "params.h"
 
+/* A key/value cache for decoding (docs/HACKING.md, where decoding plugs
+ * in): a forward over a batch whose sequences continue cached ones reads
+ * the earlier positions' keys and values from it and appends this batch's.
+ * Not built yet: llama_forward refuses a batch that names one. */
+struct llama_kv;
+
 /* One micro-batch, all arrays in device memory. */
 struct llama_batch {
 	int64_t T;                 /* tokens */
@@ -29,6 +35,10 @@ struct llama_batch {
 	const int32_t *pos;        /* [T] position inside its sequence */
 	const int32_t *cu_seqlens; /* [B+1] */
 	const int32_t *targets;    /* [T] next token in the same sequence, or -1 */
+	/* NULL: every sequence starts in this batch (training, scoring);
+	 * pos[] counts from 0 within it. Else the cache its sequences
+	 * continue (decoding). */
+	struct llama_kv *kv;
 };
 
 /* Default LM-head logits tile: 2M floats (8 MiB), so that a tile the
@@ -83,7 +93,8 @@ struct llama_model {
 };
 
 /* Set up a model over already-bound weights and gradients (layers arrays
- * owned by the caller). Uploads the RoPE frequencies. */
+ * owned by the caller). Uploads the RoPE frequencies. A layer whose MLP is
+ * not dense (model_layer_mlp) is refused: -EINVAL. */
 int llama_init(struct llama_model *m, struct device *dev,
 	       const struct model_config *cfg, bool value_model,
 	       struct eng_error *err);
@@ -101,7 +112,8 @@ int llama_reserve(struct llama_model *m, int64_t T, bool training,
 		  struct eng_error *err);
 
 /* Forward. row_logp/row_ent [T] (language model) or row_val [T] (value
- * model), device memory, overwritten. With training=true the activations are
+ * model), device memory, overwritten. A batch with a cache (kv) is refused:
+ * -EINVAL. With training=true the activations are
  * kept for llama_backward of the same batch. */
 int llama_forward(struct llama_model *m, const struct llama_batch *b,
 		  float inv_temp, bool training, float *row_logp, float *row_ent,

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../checked.h"
+#include "checked.h"
 
 struct table_builder {
 	struct param_table *t;
@@ -45,9 +45,12 @@ static void add(struct table_builder *b, const char *name, int ndim, int64_t d0,
 	e->layer = b->layer;
 	/* Dimensions are bounded (config.h) but the sum over the layers is
 	 * checked all the same. */
+	e->role = PARAM_TRAINABLE;
 	if (!ck_mul_i64(d0, ndim > 1 ? d1 : 1, &e->numel) ||
 	    !ck_add_i64(t->total, e->numel, &t->total))
 		b->rc = -E2BIG;
+	e->held_start = 0;
+	e->held_numel = e->numel;
 }
 
 int param_table_build(const struct model_config *cfg, bool value_model,

@@ -14,6 +14,14 @@
 
 #include "config.h"
 
+/* What the optimizer does with a tensor. Every tensor of a model is
+ * trainable today; a LoRA base (its adapters trainable) is frozen: no
+ * gradient and no optimizer state (docs/HACKING.md, where adapters plug in). */
+enum param_role {
+	PARAM_TRAINABLE = 0,
+	PARAM_FROZEN,
+};
+
 struct param_entry {
 	char name[96];        /* HF name, e.g. model.layers.3.mlp.up_proj.weight */
 	int ndim;
@@ -23,6 +31,12 @@ struct param_entry {
 	bool init_ones;       /* RMSNorm weights start at 1 */
 	bool init_zero;       /* biases start at 0 */
 	int64_t layer;        /* its decoder layer, or -1 (embedding, final norm, head) */
+	enum param_role role;
+	/* The elements of the whole tensor (numel, row-major) that this rank
+	 * holds: [held_start, held_start + held_numel). Whole today (0,
+	 * numel); a parameter sharded over a group's ranks holds one rank's
+	 * rows (docs/HACKING.md, where sharded parameters plug in). */
+	int64_t held_start, held_numel;
 };
 
 struct param_table {

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "../checkpoint/checkpoint.h"
-#include "../io/safetensors.h"
+#include "io/safetensors.h"
 
 void native_ckpt_file_progress(void *ctx, uint64_t data_bytes)
 {
@@ -131,7 +131,7 @@ int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_ste
 	};
 	int rc;
 
-	if (n->dist)
+	if (n->group.dist)
 		return native_group_save(e, n, dir, global_step, max_to_keep, contents, ret_bytes,
 					 err);
 	rc = ckpt_writer_begin(dir, &w, err);
@@ -334,7 +334,7 @@ int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 	float *staging = NULL;
 	int rc;
 
-	if (n->dist)
+	if (n->group.dist)
 		return native_group_load(e, n, dir, contents, ret_global_step, err);
 	rc = native_load_open(e, n, dir, contents, NULL, 0, n->table.total, true, &L, err);
 	if (rc == 0 && (contents & CKPT_MODEL))

@@ -51,7 +51,7 @@ struct load_header {           /* rank 0 -> every rank */
 
 static int64_t slice_of(const struct native *n, int r)
 {
-	return (int64_t)r * n->shard_len;
+	return (int64_t)r * n->group.shard_len;
 }
 
 /* --- save ---------------------------------------------------------------- */
@@ -75,22 +75,22 @@ static int relay_shard(struct group_save *s, int r, float *buf, int64_t *rc0,
 		       struct eng_error *err)
 {
 	struct native *n = s->n;
-	size_t bytes = (size_t)n->shard_len * sizeof(float);
-	int me = n->dist->rank, rc = 0;
+	size_t bytes = (size_t)n->group.shard_len * sizeof(float);
+	int me = n->group.dist->rank, rc = 0;
 	uint64_t fbytes, xxh;
 	char name[64];
 
 	for (int k = 0; k < 2 && rc == 0; k++) {
 		if (me == r && s->mv[k])
-			memcpy(buf + (size_t)k * n->shard_len, s->mv[k], bytes);
-		rc = native_dist_bcast_host(n, buf + (size_t)k * n->shard_len, bytes, r, err);
+			memcpy(buf + (size_t)k * n->group.shard_len, s->mv[k], bytes);
+		rc = native_dist_bcast_host(n, buf + (size_t)k * n->group.shard_len, bytes, r, err);
 	}
 	if (rc || me != 0 || *rc0)
 		return rc;
-	native_shard_name(name, sizeof(name), r, n->dist->world_size);
+	native_shard_name(name, sizeof(name), r, n->group.dist->world_size);
 	s->pr.file = name;
 	*rc0 = native_shard_write(n, ckpt_writer_dirfd(s->w), ckpt_writer_path(s->w, name), r,
-				  n->dist->world_size, buf, buf + n->shard_len,
+				  n->group.dist->world_size, buf, buf + n->group.shard_len,
 				  native_ckpt_file_progress, &s->pr, &fbytes, &xxh, err);
 	s->pr.base += 2 * (int64_t)bytes;
 	if (*rc0 == 0)
@@ -104,17 +104,17 @@ static int write_own_shard(struct group_save *s, struct rank_report *mine,
 			   struct eng_error *err)
 {
 	struct native *n = s->n;
-	int me = n->dist->rank;
+	int me = n->group.dist->rank;
 	char name[64];
 	int rc;
 
-	native_shard_name(name, sizeof(name), me, n->dist->world_size);
+	native_shard_name(name, sizeof(name), me, n->group.dist->world_size);
 	s->pr.file = name;
 	rc = native_shard_write(n, me == 0 ? ckpt_writer_dirfd(s->w) : s->tfd,
 				me == 0 ? ckpt_writer_path(s->w, name) : name, me,
-				n->dist->world_size, s->mv[0], s->mv[1], native_ckpt_file_progress,
+				n->group.dist->world_size, s->mv[0], s->mv[1], native_ckpt_file_progress,
 				&s->pr, &mine->bytes, &mine->xxh, err);
-	s->pr.base += 2 * n->shard_len * (int64_t)sizeof(float);
+	s->pr.base += 2 * n->group.shard_len * (int64_t)sizeof(float);
 	if (rc == 0 && me == 0)
 		rc = ckpt_writer_record(s->w, name, mine->bytes, mine->xxh, err);
 	return rc;
@@ -125,7 +125,7 @@ static int save_commit(struct group_save *s, int64_t global_step, int max_to_kee
 		       unsigned contents, uint64_t *total, struct eng_error *err)
 {
 	struct native *n = s->n;
-	int W = n->dist->world_size, rc = (int)s->all[0].rc;
+	int W = n->group.dist->world_size, rc = (int)s->all[0].rc;
 	char name[64];
 
 	for (int r = 1; r < W && rc == 0; r++)
@@ -166,7 +166,7 @@ static int save_begin(struct group_save *s, const char *dir, struct save_begin *
 	int rc = 0;
 
 	memset(b, 0, sizeof(*b));
-	if (n->dist->rank == 0) {
+	if (n->group.dist->rank == 0) {
 		rc = dir ? ckpt_writer_begin(dir, &s->w, err)
 			 : eng_fail(err, -EINVAL, "path: empty checkpoint path");
 		if (rc == 0 && (size_t)snprintf(b->temp, sizeof(b->temp), "%s",
@@ -176,7 +176,7 @@ static int save_begin(struct group_save *s, const char *dir, struct save_begin *
 		b->rc = rc;
 	}
 	rc = native_dist_bcast_words(n, b, sizeof(*b), err);
-	if (rc == 0 && b->rc && n->dist->rank != 0)
+	if (rc == 0 && b->rc && n->group.dist->rank != 0)
 		rc = eng_fail(err, native_dist_peer_code(b->rc), "SaveCheckpoint: rank 0 could not "
 			      "begin the checkpoint (%s; its reply says why)",
 			      eng_strerror(native_dist_peer_code(b->rc)));
@@ -187,7 +187,7 @@ int native_group_save(struct engine *e, struct native *n, const char *dir,
 		      int64_t global_step, int max_to_keep, unsigned contents,
 		      size_t *ret_bytes, struct eng_error *err)
 {
-	int W = n->dist->world_size, me = n->dist->rank, nrelay = 0;
+	int W = n->group.dist->world_size, me = n->group.dist->rank, nrelay = 0;
 	bool opt = contents & CKPT_OPTIMIZER;
 	struct group_save s = { .e = e, .n = n, .tfd = -1 };
 	struct rank_report mine = {0}, verdict = {0};
@@ -220,17 +220,17 @@ int native_group_save(struct engine *e, struct native *n, const char *dir,
 	s.pr = (struct native_ckpt_progress){
 		e, "model.safetensors", 0,
 		(me == 0 && (contents & CKPT_MODEL) ? n->table.total * (int64_t)sizeof(float) : 0) +
-		(opt ? (me == 0 ? 1 + nrelay : mine.self) * 2 * n->shard_len *
+		(opt ? (me == 0 ? 1 + nrelay : mine.self) * 2 * n->group.shard_len *
 		 (int64_t)sizeof(float) : 0),
 	};
 	/* Rank 0 writes the shards of the ranks that cannot, their slices
 	 * sent one rank at a time (a broadcast each: every rank takes part). */
-	if (nrelay && !(buf = malloc(2 * (size_t)n->shard_len * sizeof(float)))) {
+	if (nrelay && !(buf = malloc(2 * (size_t)n->group.shard_len * sizeof(float)))) {
 		/* No buffer to take part with: the peers time out in the
 		 * exchange this rank cannot join, and the group is broken. */
-		n->dist->broken = true;
+		n->group.dist->broken = true;
 		rc = eng_fail(err, -ENOMEM, "SaveCheckpoint: out of host memory for a "
-			      "%lld-float slice; the group is broken", (long long)n->shard_len);
+			      "%lld-float slice; the group is broken", (long long)n->group.shard_len);
 		goto out;
 	}
 	for (int r = 1; r < W && opt && rc == 0; r++)
@@ -294,22 +294,22 @@ static bool slice_file(void *ctx, json_t *state, const char *name)
 static int read_own_slice(struct engine *e, struct native *n, const char *dir,
 			  const struct load_header *h, float *m, float *v)
 {
-	struct slice_filter sf = { n, n->shard_off, n->shard_len };
+	struct slice_filter sf = { n, n->group.shard_off, n->group.shard_len };
 	const struct native_load_filter filter = { slice_file, &sf };
 	struct eng_error lerr = {0};
 	struct native_load L;
 	uint64_t xxh = 0;
 	int rc;
 
-	rc = native_load_open(e, n, dir, CKPT_OPTIMIZER, &filter, n->shard_off, n->shard_len,
+	rc = native_load_open(e, n, dir, CKPT_OPTIMIZER, &filter, n->group.shard_off, n->group.shard_len,
 			      false, &L, &lerr);
 	if (rc == 0 && (!ckpt_hex64(json_string_value(json_object_get(L.state, "state_xxh64")),
 				    &xxh) || xxh != h->state_xxh))
 		rc = -ESTALE;
 	if (rc == 0)
-		rc = native_load_moment(n, &L, 0, n->shard_off, n->shard_len, m, &lerr);
+		rc = native_load_moment(n, &L, 0, n->group.shard_off, n->group.shard_len, m, &lerr);
 	if (rc == 0)
-		rc = native_load_moment(n, &L, 1, n->shard_off, n->shard_len, v, &lerr);
+		rc = native_load_moment(n, &L, 1, n->group.shard_off, n->group.shard_len, v, &lerr);
 	native_load_close(&L);
 	return rc;
 }
@@ -319,14 +319,14 @@ static int read_own_slice(struct engine *e, struct native *n, const char *dir,
 static int send_slice(struct native *n, struct native_load *L, int r, int64_t *rc0,
 		      float *m, float *v, float *scratch, struct eng_error *err)
 {
-	size_t bytes = (size_t)n->shard_len * sizeof(float);
-	int me = n->dist->rank, rc = 0;
+	size_t bytes = (size_t)n->group.shard_len * sizeof(float);
+	int me = n->group.dist->rank, rc = 0;
 
 	for (int k = 0; k < 2 && rc == 0; k++) {
 		float *dst = me == r ? (k ? v : m) : scratch;
 
 		if (me == 0 && *rc0 == 0)
-			*rc0 = native_load_moment(n, L, k, slice_of(n, r), n->shard_len, dst, err);
+			*rc0 = native_load_moment(n, L, k, slice_of(n, r), n->group.shard_len, dst, err);
 		rc = native_dist_bcast_host(n, dst, bytes, 0, err);
 	}
 	return rc;
@@ -358,22 +358,22 @@ static int gather_slices(struct engine *e, struct native *n, const char *dir,
 			 struct native_load *L, const struct load_header *h, int local_rc,
 			 float *m, float *v, struct rank_report *all, struct eng_error *err)
 {
-	int W = n->dist->world_size, me = n->dist->rank, rc;
+	int W = n->group.dist->world_size, me = n->group.dist->rank, rc;
 	struct rank_report mine = { .rc = local_rc };
 	float *scratch = NULL;
 	bool relay = false;
 
 	if (local_rc == 0 && me == 0) {
-		mine.rc = native_load_moment(n, L, 0, n->shard_off, n->shard_len, m, err);
+		mine.rc = native_load_moment(n, L, 0, n->group.shard_off, n->group.shard_len, m, err);
 		if (mine.rc == 0)
-			mine.rc = native_load_moment(n, L, 1, n->shard_off, n->shard_len, v, err);
+			mine.rc = native_load_moment(n, L, 1, n->group.shard_off, n->group.shard_len, v, err);
 	} else if (local_rc == 0) {
 		mine.self = dir && read_own_slice(e, n, dir, h, m, v) == 0;
 	}
 	rc = native_dist_gather_host(n, all, &mine, sizeof(mine), err);
 	for (int r = 1; r < W && rc == 0; r++)
 		relay |= !all[r].self;
-	if (relay && !(scratch = malloc((size_t)n->shard_len * sizeof(float))))
+	if (relay && !(scratch = malloc((size_t)n->group.shard_len * sizeof(float))))
 		rc = eng_fail(err, -ENOMEM, "LoadCheckpoint: out of host memory");
 	for (int r = 1; r < W && rc == 0; r++)
 		if (!all[r].self)
@@ -388,7 +388,7 @@ static int gather_slices(struct engine *e, struct native *n, const char *dir,
 int native_group_load(struct engine *e, struct native *n, const char *dir, unsigned contents,
 		      int64_t *ret_global_step, struct eng_error *err)
 {
-	int W = n->dist->world_size, me = n->dist->rank, rc = 0;
+	int W = n->group.dist->world_size, me = n->group.dist->rank, rc = 0;
 	struct native_load L = { .ckfd = -1 };
 	struct native_saved_state saved;
 	struct rank_report *all = NULL;
@@ -418,17 +418,17 @@ int native_group_load(struct engine *e, struct native *n, const char *dir, unsig
 	/* Exchanges 2-3: every rank's slice of the moments, staged. */
 	if (contents & CKPT_OPTIMIZER) {
 		all = calloc((size_t)W, sizeof(*all));
-		mv = malloc(2 * (size_t)n->shard_len * sizeof(float));
+		mv = malloc(2 * (size_t)n->group.shard_len * sizeof(float));
 		if (!all || !mv) {
 			/* No buffer to take part with: the peers time out in the
 			 * exchange this rank cannot join, and the group is broken. */
-			n->dist->broken = true;
+			n->group.dist->broken = true;
 			rc = eng_fail(err, -ENOMEM, "LoadCheckpoint: out of host memory for the "
 				      "optimizer slice; the group is broken");
 			goto out;
 		}
 		rc = gather_slices(e, n, dir, &L, &h, native_require_placed(n, false, true, err),
-				   mv, mv + n->shard_len, all, err);
+				   mv, mv + n->group.shard_len, all, err);
 		for (int r = 0; r < W && rc == 0; r++)
 			if (all[r].rc)
 				rc = r == me ? (int)all[r].rc
@@ -440,7 +440,7 @@ int native_group_load(struct engine *e, struct native *n, const char *dir, unsig
 			goto out;
 		rc = native_family_write(n, FAM_EXP_AVG, mv, err);
 		if (rc == 0)
-			rc = native_family_write(n, FAM_EXP_AVG_SQ, mv + n->shard_len, err);
+			rc = native_family_write(n, FAM_EXP_AVG_SQ, mv + n->group.shard_len, err);
 		if (rc)
 			goto out;
 	}

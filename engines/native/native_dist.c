@@ -30,11 +30,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../checked.h"
+#include "checked.h"
 
 int64_t native_family_len(const struct native *n, enum native_fam f)
 {
-	return f == FAM_EXP_AVG || f == FAM_EXP_AVG_SQ ? n->shard_len : n->padded_total;
+	return f == FAM_EXP_AVG || f == FAM_EXP_AVG_SQ ? n->group.shard_len : n->group.padded_total;
 }
 
 /* Sum a host double over the ranks (through a device scratch where the
@@ -46,7 +46,7 @@ static int sum_scalar(struct native *n, double *v, struct eng_error *err)
 	int rc;
 
 	if (n->dev->host_memory)
-		return n->dist->ops->all_reduce(n->dist, v, 1, DIST_F64, err);
+		return n->group.dist->ops->all_reduce(n->group.dist, v, 1, DIST_F64, err);
 	d = o->alloc(n->dev, sizeof(*d));
 	if (!d)
 		return eng_fail(err, -ENOMEM, "dist: out of device memory");
@@ -54,7 +54,7 @@ static int sum_scalar(struct native *n, double *v, struct eng_error *err)
 	if (rc == 0)
 		rc = o->sync(n->dev);
 	if (rc == 0)
-		rc = n->dist->ops->all_reduce(n->dist, d, 1, DIST_F64, err);
+		rc = n->group.dist->ops->all_reduce(n->group.dist, d, 1, DIST_F64, err);
 	if (rc == 0 && (rc = o->copy_d2h(n->dev, v, d, sizeof(*d))) == 0)
 		rc = o->sync(n->dev);
 	o->free(n->dev, d);
@@ -67,7 +67,7 @@ static int sum_scalar(struct native *n, double *v, struct eng_error *err)
 static int check_same_model(struct native *n, struct eng_error *err)
 {
 	enum { K = 3 };
-	int W = n->dist->world_size, rc;
+	int W = n->group.dist->world_size, rc;
 	double mine[K] = { (double)n->table.total, (double)n->table.count, n->value_model };
 	double *all = calloc((size_t)W * K, sizeof(double));
 
@@ -79,7 +79,7 @@ static int check_same_model(struct native *n, struct eng_error *err)
 			rc = eng_fail(err, -EINVAL, "dist: rank %d built another model (%.0f "
 				      "parameters in %.0f tensors%s) than rank %d (%lld in %lld%s)",
 				      r, all[r * K], all[r * K + 1],
-				      all[r * K + 2] != 0 ? ", value model" : "", n->dist->rank,
+				      all[r * K + 2] != 0 ? ", value model" : "", n->group.dist->rank,
 				      (long long)n->table.total, (long long)n->table.count,
 				      n->value_model ? ", value model" : "");
 	free(all);
@@ -91,9 +91,9 @@ int native_dist_shape(struct native *n, const struct engine_init_config *cfg,
 {
 	int64_t W = cfg->dist.world_size > 1 ? cfg->dist.world_size : 1;
 
-	n->shard_len = (n->table.total + W - 1) / W;
-	n->shard_off = W > 1 ? (int64_t)cfg->dist.rank * n->shard_len : 0;
-	if (!ck_mul_i64(n->shard_len, W, &n->padded_total))
+	n->group.shard_len = (n->table.total + W - 1) / W;
+	n->group.shard_off = W > 1 ? (int64_t)cfg->dist.rank * n->group.shard_len : 0;
+	if (!ck_mul_i64(n->group.shard_len, W, &n->group.padded_total))
 		return eng_fail(err, -EINVAL, "dist: %lld parameters over %lld ranks overflow",
 				(long long)n->table.total, (long long)W);
 	return 0;
@@ -110,12 +110,12 @@ int native_dist_join(struct native *n, const struct engine_init_config *cfg,
 		return 0;
 	rc = dist_backend_check("dist", cfg->device, &ops, err);
 	if (rc == 0)
-		rc = ops->open(&dc, &n->dist, err);
+		rc = ops->open(&dc, &n->group.dist, err);
 	if (rc) {
-		n->dist = NULL;
+		n->group.dist = NULL;
 		return rc;
 	}
-	n->dist_bucket_bytes = dc.bucket_bytes ? dc.bucket_bytes : DIST_BUCKET_DEFAULT;
+	n->group.bucket_bytes = dc.bucket_bytes ? dc.bucket_bytes : DIST_BUCKET_DEFAULT;
 	return check_same_model(n, err);
 }
 
@@ -123,11 +123,11 @@ int native_dist_sync_params(struct native *n, struct eng_error *err)
 {
 	int rc;
 
-	if (!n->dist)
+	if (!n->group.dist)
 		return 0;
 	rc = n->dev->ops->sync(n->dev);
 	if (rc == 0)
-		rc = n->dist->ops->broadcast(n->dist, n->fam[FAM_PARAMS].dev, n->table.total,
+		rc = n->group.dist->ops->broadcast(n->group.dist, n->fam[FAM_PARAMS].dev, n->table.total,
 					     DIST_F32, 0, err);
 	if (rc == 0)
 		n->dev->param_version++;
@@ -137,7 +137,7 @@ int native_dist_sync_params(struct native *n, struct eng_error *err)
 int native_dist_reduce_grads(struct native *n, struct eng_error *err)
 {
 	float *g = n->fam[FAM_GRADS].dev;
-	double unreduced = n->grads_reduced ? 0 : 1;
+	double unreduced = n->group.grads_reduced ? 0 : 1;
 	int rc;
 
 	rc = n->dev->ops->sync(n->dev);
@@ -147,9 +147,9 @@ int native_dist_reduce_grads(struct native *n, struct eng_error *err)
 	if (rc == 0)
 		rc = sum_scalar(n, &unreduced, err);
 	if (rc == 0 && unreduced > 0)
-		rc = n->dist->ops->reduce_scatter(n->dist, g + n->shard_off, g, n->shard_len,
+		rc = n->group.dist->ops->reduce_scatter(n->group.dist, g + n->group.shard_off, g, n->group.shard_len,
 						  DIST_F32, err);
-	n->grads_reduced = false;
+	n->group.grads_reduced = false;
 	if (rc)
 		(void)native_zero_grads(n, NULL);
 	return rc;
@@ -170,15 +170,15 @@ int native_dist_gather_params(struct native *n, struct eng_error *err)
 	int rc;
 
 	if ((rc = n->dev->ops->sync(n->dev)) == 0)
-		rc = n->dist->ops->all_gather(n->dist, p, p + n->shard_off, n->shard_len,
+		rc = n->group.dist->ops->all_gather(n->group.dist, p, p + n->group.shard_off, n->group.shard_len,
 					      DIST_F32, err);
 	/* AdamW zeroed this rank's slice of the gradients; the rest (the other
 	 * ranks' slices, reduced there) is dropped here. */
-	if (n->shard_off > 0)
-		(void)n->dev->ops->memset0(n->dev, g, (size_t)n->shard_off * sizeof(float));
-	if (n->shard_off + n->shard_len < n->padded_total)
-		(void)n->dev->ops->memset0(n->dev, g + n->shard_off + n->shard_len,
-					   (size_t)(n->padded_total - n->shard_off - n->shard_len) *
+	if (n->group.shard_off > 0)
+		(void)n->dev->ops->memset0(n->dev, g, (size_t)n->group.shard_off * sizeof(float));
+	if (n->group.shard_off + n->group.shard_len < n->group.padded_total)
+		(void)n->dev->ops->memset0(n->dev, g + n->group.shard_off + n->group.shard_len,
+					   (size_t)(n->group.padded_total - n->group.shard_off - n->group.shard_len) *
 					   sizeof(float));
 	return rc;
 }
@@ -192,7 +192,7 @@ enum host_op { HOST_BCAST, HOST_GATHER };
 static int host_collective(struct native *n, enum host_op op, void *out, const void *in,
 			   size_t in_bytes, int root, struct eng_error *err)
 {
-	struct dist *d = n->dist;
+	struct dist *d = n->group.dist;
 	const struct device_ops *o = n->dev->ops;
 	size_t out_bytes = op == HOST_GATHER ? in_bytes * (size_t)d->world_size : in_bytes;
 	int64_t words = (int64_t)(in_bytes / 4);
@@ -245,13 +245,13 @@ int native_dist_peer_code(int64_t rc)
 
 int native_dist_agree(struct native *n, int rc, const char *what, struct eng_error *err)
 {
-	int W = n->dist->world_size, me = n->dist->rank, got;
+	int W = n->group.dist->world_size, me = n->group.dist->rank, got;
 	int64_t mine = rc, *all = calloc((size_t)W, sizeof(*all));
 
 	if (!all) {
 		/* No buffer to take part with: the peers time out in the
 		 * exchange, and the group is broken. */
-		n->dist->broken = true;
+		n->group.dist->broken = true;
 		return eng_fail(err, -ENOMEM, "%s: out of host memory for the group's agreement; "
 				"the group is broken", what);
 	}
@@ -268,7 +268,7 @@ int native_dist_agree(struct native *n, int rc, const char *what, struct eng_err
 void native_dist_leave(struct native *n)
 {
 	native_sync_stop(n);
-	if (n->dist)
-		n->dist->ops->close(n->dist);
-	n->dist = NULL;
+	if (n->group.dist)
+		n->group.dist->ops->close(n->group.dist);
+	n->group.dist = NULL;
 }

@@ -111,18 +111,18 @@ static void native_status(struct engine *e, struct engine_status *ret)
 	for (int f = 0; f < FAM_COUNT; f++)
 		if (n->fam[f].host)
 			ret->host_memory += (size_t)native_family_len(n, f) * sizeof(float);
-	ret->dist_world_size = n->dist ? n->dist->world_size : 1;
-	ret->dist_rank = n->dist ? n->dist->rank : 0;
-	ret->dist_backend = n->dist ? n->dist->ops->name : NULL;
-	ret->dist_broken = n->dist && n->dist->broken;
-	ret->optim_shard_params = n->shard_len;
-	ret->optim_bytes = 2 * (size_t)n->shard_len * sizeof(float);
-	if (n->dist) {
-		ret->dist_bucket_bytes = n->dist_bucket_bytes;
-		ret->reduce_buckets = n->sync_last.buckets;
-		ret->reduce_bytes = n->sync_last.bytes;
-		ret->reduce_s = n->sync_last.reduce_s;
-		ret->reduce_wait_s = n->sync_last.wait_s;
+	ret->dist_world_size = n->group.dist ? n->group.dist->world_size : 1;
+	ret->dist_rank = n->group.dist ? n->group.dist->rank : 0;
+	ret->dist_backend = n->group.dist ? n->group.dist->ops->name : NULL;
+	ret->dist_broken = n->group.dist && n->group.dist->broken;
+	ret->optim_shard_params = n->group.shard_len;
+	ret->optim_bytes = 2 * (size_t)n->group.shard_len * sizeof(float);
+	if (n->group.dist) {
+		ret->dist_bucket_bytes = n->group.bucket_bytes;
+		ret->reduce_buckets = n->group.sync_last.buckets;
+		ret->reduce_bytes = n->group.sync_last.bytes;
+		ret->reduce_s = n->group.sync_last.reduce_s;
+		ret->reduce_wait_s = n->group.sync_last.wait_s;
 	}
 }
 

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "../batch/planner.h"
-#include "../checked.h"
+#include "checked.h"
 
 /* engine_forward_backward applied engine_batch_check; what needs the
  * model is checked here. */
@@ -280,7 +280,7 @@ int native_forward_backward(struct engine *e, const struct engine_batch *b,
 	float temp = b->temperature > 0 ? b->temperature : 1.0f;
 	/* A reducing call is a collective: it is not cancelled once it runs,
 	 * and every exit before its reduction tells the peers (agree). */
-	bool reducing = n->dist && b->reduce_gradients && !b->forward_only;
+	bool reducing = n->group.dist && b->reduce_gradients && !b->forward_only;
 	bool (*cancelled)(void *) = reducing ? NULL : b->cancelled;
 	bool agreed = false, reduced = false;
 	struct mb_plan plan = {0};
@@ -371,7 +371,7 @@ int native_forward_backward(struct engine *e, const struct engine_batch *b,
 	if (rc == 0 && !b->forward_only) {
 		n->grad_calls++;
 		n->grad_tokens += b->n;
-		n->grads_reduced = reducing;
+		n->group.grads_reduced = reducing;
 	}
 	mb_host_free(&h);
 	mb_plan_free(&plan);

@@ -75,9 +75,9 @@ static int reduce_range(struct grad_sync *s, int64_t a, int64_t b, const void *m
 			struct eng_error *err)
 {
 	struct native *n = s->n;
-	struct dist *d = n->dist;
+	struct dist *d = n->group.dist;
 	float *g = n->fam[FAM_GRADS].dev;
-	int64_t S = n->shard_len;
+	int64_t S = n->group.shard_len;
 	int rc = 0;
 
 	for (int64_t lo = a; lo < b && rc == 0;) {
@@ -182,7 +182,7 @@ static int sync_create(struct native *n, struct eng_error *err)
 	if (!s)
 		return eng_fail(err, -ENOMEM, "gradient reduction: out of memory");
 	s->n = n;
-	s->bucket = n->dist_bucket_bytes / (int64_t)sizeof(float);
+	s->bucket = n->group.bucket_bytes / (int64_t)sizeof(float);
 	s->ready_after = calloc((size_t)L + 2, sizeof(*s->ready_after));
 	s->post_at = calloc((size_t)L + 2, sizeof(*s->post_at));
 	if (dev->ops->mark_new && (s->marks = calloc((size_t)L + 2, sizeof(void *))))
@@ -206,13 +206,13 @@ static int sync_create(struct native *n, struct eng_error *err)
 		free_sync(s);
 		return eng_fail(err, -ENOMEM, "gradient reduction: no thread");
 	}
-	n->sync = s;
+	n->group.sync = s;
 	return 0;
 }
 
 void native_sync_stop(struct native *n)
 {
-	struct grad_sync *s = n->sync;
+	struct grad_sync *s = n->group.sync;
 
 	if (!s)
 		return;
@@ -224,14 +224,14 @@ void native_sync_stop(struct native *n)
 	pthread_cond_destroy(&s->cv);
 	pthread_mutex_destroy(&s->mu);
 	free_sync(s);
-	n->sync = NULL;
+	n->group.sync = NULL;
 }
 
 /* llama's grads_done: post the offset layer `layer` completes. */
 static void post_layer(void *ctx, int64_t layer)
 {
 	struct native *n = ctx;
-	struct grad_sync *s = n->sync;
+	struct grad_sync *s = n->group.sync;
 	int64_t at = s->ready_after[layer];
 	int rc = 0;
 
@@ -253,17 +253,17 @@ static void post_layer(void *ctx, int64_t layer)
 
 int native_sync_prepare(struct native *n, struct eng_error *err)
 {
-	return n->sync ? 0 : sync_create(n, err);
+	return n->group.sync ? 0 : sync_create(n, err);
 }
 
 void native_sync_begin(struct native *n)
 {
-	struct grad_sync *s = n->sync;
+	struct grad_sync *s = n->group.sync;
 
 	pthread_mutex_lock(&s->mu);
 	s->active = true;
 	s->abandoned = false;
-	s->ready = s->done = n->padded_total;
+	s->ready = s->done = n->group.padded_total;
 	s->posts = 0;
 	s->rc = 0;
 	eng_error_clear(&s->err);
@@ -276,7 +276,7 @@ void native_sync_begin(struct native *n)
 
 int native_sync_finish(struct native *n, struct eng_error *err)
 {
-	struct grad_sync *s = n->sync;
+	struct grad_sync *s = n->group.sync;
 	double t0;
 	int rc;
 
@@ -294,14 +294,14 @@ int native_sync_finish(struct native *n, struct eng_error *err)
 		eng_fail(err, rc, "%s", s->err.msg);
 	s->stats.wait_s = eng_now_s() - t0;
 	s->stats.pass_s = eng_now_s() - s->t_begin;
-	n->sync_last = s->stats;
+	n->group.sync_last = s->stats;
 	pthread_mutex_unlock(&s->mu);
 	return rc;
 }
 
 void native_sync_abandon(struct native *n)
 {
-	struct grad_sync *s = n->sync;
+	struct grad_sync *s = n->group.sync;
 
 	n->model.grads_done = NULL;
 	pthread_mutex_lock(&s->mu);
@@ -313,5 +313,5 @@ void native_sync_abandon(struct native *n)
 	/* Every rank agreed to reduce, so the peers go on with buckets this
 	 * rank will not reduce: they time out, and this rank's side of the
 	 * group is out of step with theirs. */
-	n->dist->broken = true;
+	n->group.dist->broken = true;
 }

@@ -19,9 +19,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../checked.h"
-#include "../io/fileio.h"
-#include "../io/safetensors.h"
+#include "checked.h"
+#include "io/fileio.h"
+#include "io/safetensors.h"
 #include "../optim/schedule.h"
 
 /* model_path's config.json (under 64 MiB), read beneath the directory's
@@ -108,8 +108,8 @@ static int check_fits(const struct native *n, const struct engine_init_config *c
 	 * the moments of this rank's slice only (ZeRO-1). */
 	size_t per = cfg->bf16_matmul ? 10 : 8, need, moments, avail;
 
-	if (!ck_mul_size((size_t)n->padded_total, per, &need) ||
-	    !ck_mul_size((size_t)n->shard_len, 8, &moments) || need > SIZE_MAX - moments)
+	if (!ck_mul_size((size_t)n->group.padded_total, per, &need) ||
+	    !ck_mul_size((size_t)n->group.shard_len, 8, &moments) || need > SIZE_MAX - moments)
 		need = SIZE_MAX;
 	else
 		need += moments;

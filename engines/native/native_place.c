@@ -173,7 +173,7 @@ int native_zero_grads(struct native *n, struct eng_error *err)
 			return eng_fail(err, rc, "device: zeroing gradients failed");
 	}
 	n->grad_calls = n->grad_tokens = 0;
-	n->grads_reduced = false;
+	n->group.grads_reduced = false;
 	return 0;
 }
 
@@ -186,7 +186,7 @@ int native_zero_grad(struct engine *e, struct eng_error *err)
  * padding of a group), or this rank's slice of the moments. */
 static size_t meaningful_bytes(const struct native *n, enum native_fam f)
 {
-	return (size_t)(f == FAM_PARAMS || f == FAM_GRADS ? n->table.total : n->shard_len) *
+	return (size_t)(f == FAM_PARAMS || f == FAM_GRADS ? n->table.total : n->group.shard_len) *
 	       sizeof(float);
 }
 

@@ -51,24 +51,24 @@ int native_optimizer_step(struct engine *e, const struct engine_step_params *p,
 	const struct kernel_table *k = n->dev->k;
 	struct engine_optim_config o = n->optim;  /* this step's */
 	double sumsq = 0, lr = p && p->has_lr ? p->lr : native_current_lr(n);
-	const int W = n->dist ? n->dist->world_size : 1;
+	const int W = n->group.dist ? n->group.dist->world_size : 1;
 	float *grads = n->fam[FAM_GRADS].dev, *params = n->fam[FAM_PARAMS].dev;
 	float coef = 1.0f;
 	int rc;
 
 	engine_step_params_apply(p, &o);
 	rc = native_require_placed(n, true, true, err);
-	if (rc == 0 && n->dist)
+	if (rc == 0 && n->group.dist)
 		rc = native_dist_reduce_grads(n, err);
 	if (rc)
 		return rc;
-	rc = k->sumsq(n->dev, &sumsq, grads + n->shard_off, n->shard_len);
+	rc = k->sumsq(n->dev, &sumsq, grads + n->group.shard_off, n->group.shard_len);
 	if (rc) {
-		if (n->dist)
+		if (n->group.dist)
 			(void)native_zero_grads(n, NULL);
 		return eng_fail(err, rc, "optimizer: gradient norm failed");
 	}
-	if (n->dist && (rc = native_dist_sum_norm(n, &sumsq, err)))
+	if (n->group.dist && (rc = native_dist_sum_norm(n, &sumsq, err)))
 		return rc;
 	rc = step_norm(n, sqrt(sumsq) / W, lr, o.clip_grad, ret, &coef, err);
 	if (rc)
@@ -79,17 +79,17 @@ int native_optimizer_step(struct engine *e, const struct engine_step_params *p,
 	 * table (device.h, adamw); a group's slice does not, and the copy is
 	 * made again from the gathered parameters. */
 	n->dev->param_version++;
-	rc = k->adamw(n->dev, params + n->shard_off, grads + n->shard_off,
-		      n->fam[FAM_EXP_AVG].dev, n->fam[FAM_EXP_AVG_SQ].dev, n->shard_len,
+	rc = k->adamw(n->dev, params + n->group.shard_off, grads + n->group.shard_off,
+		      n->fam[FAM_EXP_AVG].dev, n->fam[FAM_EXP_AVG_SQ].dev, n->group.shard_len,
 		      lr, o.beta1, o.beta2, o.eps, o.weight_decay, n->optim_step,
 		      coef / (float)W);
 	if (rc) {
 		n->optim_step--;
-		if (n->dist)
+		if (n->group.dist)
 			(void)native_zero_grads(n, NULL);
 		return eng_fail(err, rc, "optimizer: AdamW kernel failed");
 	}
-	if (n->dist)
+	if (n->group.dist)
 		rc = native_dist_gather_params(n, err);
 	ret->step = n->optim_step;
 	/* The kernel zeroed the gradients as it read them. */

@@ -34,6 +34,7 @@
 
 #include "engine.h"
 #include "model/config.h"
+#include "model/params.h"
 
 static const char qwen25_05b[] =
 	"{\n"
@@ -803,6 +804,46 @@ START_TEST(rope_inv_freq)
 }
 END_TEST
 
+/* The parameter table of real models: their parameter counts as the
+ * published checkpoints have them (summed here by hand from the shapes:
+ * Qwen2.5-0.5B 151936 x 896 embedding + 24 x 14,912,384 + 896 =
+ * 494,032,768; Qwen3-0.6B 151936 x 1024 + 28 x 15,730,944 + 1024 =
+ * 596,049,920), every tensor trainable and held whole, each after the
+ * last. */
+static void table_total(const char *json, int64_t want_total, int64_t want_count)
+{
+	struct model_config c = parse_ok(json);
+	struct param_table t;
+	struct eng_error err = {0};
+	int64_t off = 0;
+
+	ck_assert_int_eq(param_table_build(&c, false, &t, &err), 0);
+	ck_assert_int_eq(t.total, want_total);
+	ck_assert_int_eq(t.count, want_count);
+	for (int64_t i = 0; i < t.count; i++) {
+		const struct param_entry *e = &t.entries[i];
+
+		ck_assert_int_eq(e->offset, off);
+		ck_assert_int_eq(e->role, PARAM_TRAINABLE);
+		ck_assert_int_eq(e->held_start, 0);
+		ck_assert_int_eq(e->held_numel, e->numel);
+		off += e->numel;
+	}
+	ck_assert_int_eq(param_table_find(&t, "model.layers.23.mlp.down_proj.weight") >= 0, 1);
+	ck_assert_int_eq(param_table_find(&t, "lm_head.weight"), -1);  /* tied */
+	param_table_free(&t);
+}
+
+START_TEST(param_table_of_real_models)
+{
+	struct model_config c = parse_ok(qwen25_05b);
+
+	ck_assert_int_eq(model_layer_mlp(&c, 0), MODEL_MLP_DENSE);
+	table_total(qwen25_05b, INT64_C(494032768), 2 + 24 * 12);
+	table_total(qwen3_06b, INT64_C(596049920), 2 + 28 * 11);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("config");
@@ -815,6 +856,7 @@ int main(void)
 	tcase_add_test(tc, value_head);
 	tcase_add_test(tc, init_check_head);
 	tcase_add_test(tc, rope_inv_freq);
+	tcase_add_test(tc, param_table_of_real_models);
 	suite_add_tcase(s, tc);
 	return check_run(s);
 }

@@ -332,6 +332,33 @@ START_TEST(engine_budget_checked)
 }
 END_TEST
 
+/* What the model does not compute yet is refused, not run: a batch that
+ * continues a key/value cache, a layer whose MLP is a mixture of experts. */
+START_TEST(model_refuses_what_is_not_built)
+{
+	struct fixture f;
+	struct eng_error err = {0};
+	struct llama_model moe = {0};
+	struct model_config cfg;
+	struct llama_batch b;
+
+	fixture_open(&f, true, false);
+	b = (struct llama_batch){ .T = NTOK, .B = 2, .ids = f.ids, .pos = f.pos,
+				  .cu_seqlens = f.cu, .targets = f.targets,
+				  .kv = (struct llama_kv *)&f };
+	ck_assert_int_eq(llama_reserve(&f.m, NTOK, false, &err), 0);
+	ck_assert_int_eq(llama_forward(&f.m, &b, 1.0f, false, f.logp, f.ent, NULL), -EINVAL);
+	b.kv = NULL;
+	ck_assert_int_eq(llama_forward(&f.m, &b, 1.0f, false, f.logp, f.ent, NULL), 0);
+	cfg = f.cfg;
+	cfg.mlp = MODEL_MLP_MOE;
+	moe.w = f.m.w;
+	ck_assert_int_eq(llama_init(&moe, f.dev, &cfg, false, &err), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(err.msg, "mixture-of-experts"));
+	fixture_close(&f);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("lm_logits_cache");
@@ -343,6 +370,7 @@ int main(void)
 	tcase_add_test(tc, value_model_unchanged);
 	tcase_add_test(tc, engine_budget_reaches_the_model);
 	tcase_add_test(tc, engine_budget_checked);
+	tcase_add_test(tc, model_refuses_what_is_not_built);
 	suite_add_tcase(s, tc);
 	return check_run(s);
 }

@@ -1,0 +1,92 @@
+/* native_group.h — the native engine's data-parallel group state (ZeRO-1):
+ * the collective group, this rank's shard geometry and the reduction of a
+ * reducing ForwardBackward. native_dist.c owns it (shape, join, leave);
+ * the step, checkpoints and the gradient reduction read it. */
+#ifndef ENGINED_NATIVE_GROUP_H
+#define ENGINED_NATIVE_GROUP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../dist/dist.h"
+#include "engine.h"
+
+struct native;
+
+/* The last reducing ForwardBackward's reduction (GetStatus.dist). */
+struct native_sync_stats {
+	int64_t buckets, bytes;    /* reduced (a bucket spanning two slices: 1) */
+	double reduce_s;           /* the reductions' own time */
+	double wait_s;             /* the call's wait for them after its backward */
+	double pass_s;             /* from the last backward's start to the end */
+};
+
+struct grad_sync;
+
+/* Alone: dist NULL, shard_len = padded_total = the table's total,
+ * shard_off 0. In a group of W ranks the parameter and gradient families
+ * hold padded_total = W * shard_len floats (the tail past the table's
+ * total stays 0) and the two moments shard_len: this rank's slice
+ * [shard_off, shard_off + shard_len). */
+struct native_group {
+	struct dist *dist;
+	int64_t shard_len, shard_off, padded_total;
+	/* True when the gradients are the group's sum already (a
+	 * ForwardBackward with reduce_gradients, and no training call since):
+	 * this rank's slice holds the sum, the rest zeros; the step then
+	 * skips its reduce-scatter. */
+	bool grads_reduced;
+	int64_t bucket_bytes;              /* dist.bucket_bytes, the default resolved */
+	struct grad_sync *sync;            /* native_grad_sync.c; NULL until used */
+	struct native_sync_stats sync_last;  /* of the last reducing call */
+};
+
+/* native_dist.c: the data-parallel group (ZeRO-1). */
+/* Shard geometry for cfg->dist (alone too). */
+int native_dist_shape(struct native *n, const struct engine_init_config *cfg,
+		      struct eng_error *err);
+/* In a group, join it (blocks until all ranks joined or the timeout) and
+ * check that every rank built the same model. Alone: nothing. */
+int native_dist_join(struct native *n, const struct engine_init_config *cfg,
+		     struct eng_error *err);
+/* Rank 0's parameters to every rank (after init or load). */
+int native_dist_sync_params(struct native *n, struct eng_error *err);
+/* The group's parts of the one optimizer step (native_step.c), each
+ * leaving the gradients zeroed when it fails: the sums of this rank's
+ * slice of the gradients (a reduce-scatter, unless a reducing
+ * ForwardBackward left them in place on every rank); the sum of the
+ * slices' squares over the ranks (*sumsq, in place); the updated slices
+ * to every rank (all-gather), the other ranks' gradient slices dropped. */
+int native_dist_reduce_grads(struct native *n, struct eng_error *err);
+int native_dist_sum_norm(struct native *n, double *sumsq, struct eng_error *err);
+int native_dist_gather_params(struct native *n, struct eng_error *err);
+void native_dist_leave(struct native *n);
+/* Every rank's code rc of `what` (an all-gather): 0 when all are 0; this
+ * rank's own rc (err already says why); else the first failing peer's
+ * code, err naming that rank and that nothing changed. */
+int native_dist_agree(struct native *n, int rc, const char *what, struct eng_error *err);
+/* A code from a peer as this rank reports it (a code of err.h, else -EIO). */
+int native_dist_peer_code(int64_t rc);
+
+/* native_grad_sync.c: the gradient reduction of a reducing ForwardBackward,
+ * in buckets during its last backward pass. prepare (before the call
+ * changes anything) starts the module's thread once; begin hooks the
+ * model's backward; finish waits for the last bucket (the gradients are
+ * then the group's sum in this rank's slice, zero elsewhere); abandon
+ * (the backward failed) stops and breaks the group. stop at leave. */
+int native_sync_prepare(struct native *n, struct eng_error *err);
+void native_sync_begin(struct native *n);
+int native_sync_finish(struct native *n, struct eng_error *err);
+void native_sync_abandon(struct native *n);
+void native_sync_stop(struct native *n);
+/* Rank 0's bytes (a multiple of 4) to every rank, bit for bit. */
+int native_dist_bcast_words(struct native *n, void *buf, size_t bytes, struct eng_error *err);
+/* The same from rank `root`, of a host buffer on every rank. */
+int native_dist_bcast_host(struct native *n, void *buf, size_t bytes, int root,
+			   struct eng_error *err);
+/* Every rank's `bytes` (a multiple of 4) at mine into all[world x bytes]
+ * on every rank, bit for bit (host buffers). */
+int native_dist_gather_host(struct native *n, void *all, const void *mine, size_t bytes,
+			    struct eng_error *err);
+
+#endif
