@@ -1,7 +1,7 @@
 /* daemon.h — engined's state shared by the dispatcher, the handlers and
  * main: configuration, the engine (owned by the engine thread), the job
- * queue and the status snapshot that cheap RPCs read without waiting; the
- * lifecycle (init, start, stop, reload) of dispatch.c. The job and method
+ * queue and the status snapshot that cheap RPCs read without waiting (the
+ * lifecycle that starts and stops it: lifecycle.h). The job and method
  * types are job.h's; the ops services (ops/) are handed what they need.
  *
  * Threads: poller threads decode and validate requests (handlers'
@@ -94,24 +94,6 @@ struct daemon {
 	int64_t zc_outstanding;       /* zc_lock */
 };
 
-/* dispatch.c: the dispatcher and the daemon's lifecycle */
-int daemon_init(struct daemon *d, const struct daemon_config *cfg,
-		char *errbuf, size_t errlen);
-/* Start serving: the engine thread, then the gRPC server. */
-int daemon_start(struct daemon *d, char *errbuf, size_t errlen);
-/* Graceful stop: refuse new calls with UNAVAILABLE, let the running job
- * finish (and save_on_stop), answer queued jobs UNAVAILABLE, stop the
- * server. Blocks up to cfg.grace_ms for the engine thread; returns
- * -ETIMEDOUT when it is still running then (the process must exit without
- * freeing what that thread uses), else 0. */
-int daemon_stop(struct daemon *d);
-/* SIGHUP: re-read the token file and the TLS files. The old ones stay in
- * force when the new ones are bad. Returns 0 or the first error. */
-int daemon_reload(struct daemon *d, struct eng_error *err);
-/* False once the daemon is stopping or its device failed (health). */
-bool daemon_serving(struct daemon *d);
-void daemon_fini(struct daemon *d);
-
 /* jobs.c: the running job as the rest of the daemon sees it */
 /* Seconds the running job has been running, 0 when idle. */
 double daemon_job_seconds(struct daemon *d);
@@ -126,5 +108,13 @@ void daemon_progress(void *ctx, const char *phase, int64_t done, int64_t total,
 void daemon_job_started_locked(struct daemon *d, const char *name);
 /* Refresh the status snapshot from the engine (engine thread). */
 void daemon_update_snapshot(struct daemon *d);
+
+/* lent.c: the engine's memory lent to gRPC by a zero-copy stream. Lend n
+ * slices; gRPC's release callback for one (ctx: the daemon); wait (engine
+ * thread, before anything may change or free parameter memory) until gRPC
+ * has let go of every slice (logs after 30 s, and goes on). */
+void daemon_lend_engine_mem(struct daemon *d, int64_t n);
+void daemon_engine_mem_released(void *ctx);
+void daemon_wait_engine_mem(struct daemon *d);
 
 #endif

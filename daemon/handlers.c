@@ -252,7 +252,7 @@ int h_run_initialize(struct daemon *d, struct job *j, struct eng_error *err)
 	r = paths_pin_result(&ip->model, r, err);
 	if (r < 0)
 		return r;
-	stream_wait_released(d);
+	daemon_wait_engine_mem(d);
 	d->engine = e;
 	engine_destroy(old);
 	d->num_tensors = engine_num_params(e);
@@ -433,25 +433,36 @@ static void step_params(const Engined__V1__OptimizerStepRequest *q, struct engin
 #undef STEP_FIELD
 }
 
+/* The step's parameters, checked once here and kept for the run. */
 int h_validate_optimizer_step(struct daemon *d, struct job *j, struct eng_error *err)
 {
 	struct engine_step_params p;
+	struct engine_step_call *c;
+	int r;
 
 	(void)d;
 	step_params((const void *)j->req, &p);
-	return engine_step_params_check(&p, err);
+	c = malloc(sizeof(*c));
+	if (!c)
+		return eng_fail(err, -ENOMEM, "out of memory");
+	r = engine_step_call_prepare(&p, c, err);
+	if (r < 0) {
+		free(c);
+		return r;
+	}
+	j->prep = c;
+	j->prep_free = free;
+	return 0;
 }
 
 int h_run_optimizer_step(struct daemon *d, struct job *j, struct eng_error *err)
 {
 	Engined__V1__OptimizerStepResponse resp = ENGINED__V1__OPTIMIZER_STEP_RESPONSE__INIT;
 	struct engine_step_result sr;
-	struct engine_step_params p;
 	int r;
 
 	memset(&sr, 0, sizeof(sr));
-	step_params((const void *)j->req, &p);
-	r = engine_optimizer_step_with(d->engine, &p, &sr, err);
+	r = engine_optimizer_step_call(d->engine, j->prep, &sr, err);
 	if (r < 0)
 		return r;
 	j->m_step = true;
@@ -516,7 +527,7 @@ int h_run_to_device(struct daemon *d, struct job *j, struct eng_error *err)
 			return eng_fail(err, -ENODEV,
 					"device: 'cuda' but the engine is %s", st.key);
 	}
-	stream_wait_released(d);
+	daemon_wait_engine_mem(d);
 	r = engine_to(d->engine, to_device, q->model, q->optimizer, q->grad, err);
 	if (r < 0)
 		return r;
@@ -689,7 +700,7 @@ int h_run_load_checkpoint(struct daemon *d, struct job *j, struct eng_error *err
 		dir = follower_pin(d, c->rel, PIN_DIR, &pin);
 	else if ((r = paths_pin(d->cfg.checkpoint_root, c->rel, "path", PIN_DIR, &pin, err)) < 0)
 		return r;
-	stream_wait_released(d);
+	daemon_wait_engine_mem(d);
 	engine_set_cancel(d->engine, fb_call_gone, j->call);
 	engine_set_progress(d->engine, daemon_progress, d);
 	r = engine_load_checkpoint(d->engine, dir, c->contents, &step, err);

@@ -29,21 +29,9 @@ int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err);
 int h_validate_create_group(struct daemon *d, struct job *j, struct eng_error *err);
 int h_run_create_group(struct daemon *d, struct job *j, struct eng_error *err);
 
-/* stream.c: GetPerTensorParam */
-int h_validate_get_params(struct daemon *d, struct job *j, struct eng_error *err);
-int h_run_get_params(struct daemon *d, struct job *j, struct eng_error *err);
-
-/* share.c: ShareWeights */
-int h_validate_share_weights(struct daemon *d, struct job *j, struct eng_error *err);
-int h_run_share_weights(struct daemon *d, struct job *j, struct eng_error *err);
-
 /* handlers.c: save a checkpoint to `rel` under the checkpoint root,
  * confined (engine thread): SaveCheckpoint and shutdown.save_on_stop. */
 int daemon_save_checkpoint(struct daemon *d, const char *rel, int64_t global_step,
 			   int max_to_keep, unsigned contents, size_t *ret_bytes,
 			   struct eng_error *err);
-/* stream.c: wait until gRPC has released every zero-copy buffer (engine
- * thread, before anything may change or free parameter memory). */
-void stream_wait_released(struct daemon *d);
-
 #endif

@@ -37,7 +37,7 @@
 #include <uv.h>
 
 #include "checked.h"
-#include "daemon.h"
+#include "lifecycle.h"
 #include "log.h"
 #include "omp_policy.h"
 #include "paths.h"

@@ -5,6 +5,7 @@
 
 #include "engined/v1/engine.pb-c.h"
 #include "grpc/health/v1/health.pb-c.h"
+#include "export.h"
 #include "handlers.h"
 #include "health.h"
 #include "reflection.h"

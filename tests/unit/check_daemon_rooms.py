@@ -25,25 +25,26 @@ LAYERS = {
     # 0: leaves — each knows nothing of the rest of the daemon
     "config.h": 0, "presets.h": 0, "test_hold.h": 0, "auth.h": 0,
     "paths.h": 0, "omp_policy.h": 0, "fb_request.h": 0, "wire_check.h": 0, "rpc/rpc.h": 0, "rpc/tls.h": 0, "ops/metrics.h": 0,
-    "params.h": 0, "share_table.h": 0,
+    "export/params.h": 0, "export/share_table.h": 0,
     # 1: one RPC's lifecycle and the reply rules; the share socket (over the share table)
-    "share_socket.h": 1,
+    "export/share_socket.h": 1,
     "job.h": 1,
     # 2: the ops services, handed what they need
     "ops/health.h": 2, "ops/reflection.h": 2, "replay.h": 2,
-    # 3: the daemon's shared state; the running job's view of it
-    "daemon.h": 3, "jobs.c": 3,
-    # 4: the TrainingEngine handlers
-    "handlers.h": 4, "stream.c": 4, "group.c": 4, "share.c": 4,
+    # 3: the daemon's shared state; the running job's view of it; the
+    # engine memory lent to gRPC
+    "daemon.h": 3, "jobs.c": 3, "lent.c": 3,
+    # 4: the TrainingEngine handlers; the weight exports
+    "handlers.h": 4, "group.c": 4, "export/export.h": 4,
     # 5: the method table (names the handlers)
     "methods.h": 5,
-    # 6: the dispatcher and engine thread; 7: the program
-    "dispatch.c": 6, "main.c": 7,
+    # 6: the dispatcher and engine thread; 7: the lifecycle; 8: the program
+    "dispatch.h": 6, "lifecycle.h": 7, "main.c": 8,
 }
 # A .c file whose header has another name.
-OWN = {"rpc/rpc_grpc.c": "rpc/rpc.h", "stream.c": "handlers.h", "group.c": "handlers.h",
-       "share.c": "handlers.h",
-       "dispatch.c": "daemon.h", "jobs.c": "daemon.h"}
+OWN = {"rpc/rpc_grpc.c": "rpc/rpc.h", "group.c": "handlers.h",
+       "export/stream.c": "export/export.h", "export/share.c": "export/export.h",
+       "jobs.c": "daemon.h", "lent.c": "daemon.h"}
 GRPC_ROOM = "rpc/"
 INCLUDE = re.compile(r'^\s*#\s*include\s+([<"])([^>"]+)[>"]', re.M)
 

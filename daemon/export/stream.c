@@ -16,7 +16,7 @@
  *     the data slices point at the engine's parameters or that copy
  *     (zero-copy). gRPC may hold them after a send completes: they are
  *     counted in d->zc_outstanding, and jobs that change parameters wait
- *     for it to drain (stream_wait_released).
+ *     for it to drain (daemon_wait_engine_mem, lent.c).
  *   - FLOAT16, and BFLOAT16 of fewer tensors, from host memory: converted
  *     into a ring of bucket buffers by worker threads running ahead of the
  *     send, so that converting bucket k+1.. overlaps sending bucket k. The
@@ -37,7 +37,7 @@
  * Lock order: gRPC releases slices (slot_release) under a call's lock, so
  * nothing calls into rpc.h with the ring lock held.
  */
-#include "handlers.h"
+#include "export.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -177,35 +177,6 @@ static void slot_release(void *user)
 	pthread_mutex_lock(&g->lock);
 	sl->state = SLOT_FREE;
 	ring_unref_locked(g);
-}
-
-static void engine_mem_release(void *user)
-{
-	struct daemon *d = user;
-
-	pthread_mutex_lock(&d->zc_lock);
-	if (--d->zc_outstanding == 0)
-		pthread_cond_broadcast(&d->zc_cond);
-	pthread_mutex_unlock(&d->zc_lock);
-}
-
-void stream_wait_released(struct daemon *d)
-{
-	struct timespec until;
-	int waited = 0;
-
-	pthread_mutex_lock(&d->zc_lock);
-	while (d->zc_outstanding > 0 && waited < 30) {
-		clock_gettime(CLOCK_REALTIME, &until);
-		until.tv_sec += 1;
-		if (pthread_cond_timedwait(&d->zc_cond, &d->zc_lock, &until) == ETIMEDOUT)
-			waited++;
-	}
-	if (d->zc_outstanding > 0)
-		log_msg(LOG_LVL_ERROR,
-			"stream: gRPC still holds %lld parameter slices after 30 s",
-			(long long)d->zc_outstanding);
-	pthread_mutex_unlock(&d->zc_lock);
 }
 
 /* --- ring ---------------------------------------------------------------- */
@@ -527,15 +498,13 @@ static int send_slot(struct stream *s, struct slot *sl, struct eng_error *err)
 	if (s->zero_copy) {
 		struct daemon *d = s->d;
 
-		pthread_mutex_lock(&d->zc_lock);
-		d->zc_outstanding += (int64_t)sl->n;
-		pthread_mutex_unlock(&d->zc_lock);
+		daemon_lend_engine_mem(d, (int64_t)sl->n);
 		for (size_t i = 0; i < sl->n; i++) {
 			const struct piece *p = &sl->pieces[i];
 
 			out[n++] = (struct rpc_piece){
 				(const uint8_t *)s->set.t[p->t].data + p->off,
-				(size_t)p->len, engine_mem_release, d };
+				(size_t)p->len, daemon_engine_mem_released, d };
 		}
 	} else if (sl->data_len > 0) {
 		pthread_mutex_lock(&g->lock);

@@ -39,7 +39,7 @@
  * so does one whose copy holds a tensor asked for at an offset that is not
  * a multiple of SHARE_ALIGN (odd model sizes: the reply promises it).
  */
-#include "handlers.h"
+#include "export.h"
 
 #include <errno.h>
 #include <fcntl.h>
