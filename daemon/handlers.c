@@ -183,15 +183,11 @@ int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err
 	if (q->dist) {
 		const Engined__V1__DistConfig *g = q->dist;
 
-		if (g->group_id.len > DIST_GROUP_ID_MAX)
-			return eng_fail(err, -EINVAL, "dist.group_id: %zu bytes, at most %d (the id "
-					"CreateGroup returned)", g->group_id.len, DIST_GROUP_ID_MAX);
-		if (g->world_size < 0)
-			return eng_fail(err, -EINVAL, "dist.world_size: %d, must be >= 0",
-					g->world_size);
 		c->dist.rank = g->rank;
 		c->dist.world_size = g->world_size;
-		if (g->group_id.len)    /* data is NULL when empty */
+		/* Copied only if it fits (data is NULL when empty); the length
+		 * stays, and engine_init_config_check refuses a long id. */
+		if (g->group_id.len && g->group_id.len <= DIST_GROUP_ID_MAX)
 			memcpy(c->dist.id.bytes, g->group_id.data, g->group_id.len);
 		c->dist.id.len = g->group_id.len;
 		c->dist.timeout_s = PB_HAS(g, timeout_s) ? g->timeout_s

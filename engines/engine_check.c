@@ -109,6 +109,9 @@ int engine_init_config_check(const struct engine_init_config *cfg, struct eng_er
 		return eng_fail(err, -EINVAL, "lm_cache_floats: %lld, must be -1 (never) or in "
 				"[0, %lld]", (long long)cfg->lm_cache_floats,
 				(long long)ENGINE_MAX_LM_CACHE_FLOATS);
+	rc = dist_world_size_check("dist.world_size", cfg->dist.world_size, 0, err);
+	if (rc)
+		return rc;
 	if (cfg->dist.world_size > 1) {
 		rc = dist_config_check(&cfg->dist, err);
 		if (rc == 0)
@@ -118,6 +121,10 @@ int engine_init_config_check(const struct engine_init_config *cfg, struct eng_er
 	} else if (cfg->dist.rank != 0) {
 		return eng_fail(err, -EINVAL, "dist.rank: %d, must be 0 for a single process",
 				cfg->dist.rank);
+	} else {
+		rc = dist_group_id_check(&cfg->dist.id, false, err);
+		if (rc)
+			return rc;
 	}
 	if (cfg->hf_config_json) {
 		/* A model directory's config.json is read (and checked by the

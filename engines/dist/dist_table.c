@@ -80,6 +80,15 @@ int dist_world_size_check(const char *field, int world_size, int min_world,
 	return 0;
 }
 
+int dist_group_id_check(const struct dist_group_id *id, bool required, struct eng_error *err)
+{
+	if ((required && id->len == 0) || id->len > DIST_GROUP_ID_MAX)
+		return eng_fail(err, -EINVAL, "dist.group_id: %zu bytes, must be %d to %d (the "
+				"id CreateGroup returned)", id->len, required ? 1 : 0,
+				DIST_GROUP_ID_MAX);
+	return 0;
+}
+
 int dist_config_check(const struct dist_config *cfg, struct eng_error *err)
 {
 	return dist_config_check_min(cfg, 2, err);
@@ -100,9 +109,9 @@ int dist_config_check_min(const struct dist_config *cfg, int min_world, struct e
 	if (!(cfg->timeout_s > 0) || cfg->timeout_s > 86400)
 		return eng_fail(err, -EINVAL, "dist.timeout_s: %g, must be in (0, 86400]",
 				cfg->timeout_s);
-	if (cfg->id.len == 0 || cfg->id.len > DIST_GROUP_ID_MAX)
-		return eng_fail(err, -EINVAL, "dist.group_id: %zu bytes, must be 1 to %d (the "
-				"id CreateGroup returned)", cfg->id.len, DIST_GROUP_ID_MAX);
+	rc = dist_group_id_check(&cfg->id, true, err);
+	if (rc)
+		return rc;
 	if (cfg->bucket_bytes != 0 && (cfg->bucket_bytes < DIST_BUCKET_MIN ||
 				       cfg->bucket_bytes > DIST_BUCKET_MAX))
 		return eng_fail(err, -EINVAL, "dist.bucket_bytes: %lld, must be 0 (default %lld) "

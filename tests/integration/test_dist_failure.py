@@ -73,6 +73,13 @@ def test_create_group_and_dist_checks(pair):
            dist={"rank": 2, "world_size": 2, "group_id": g.group_id}, field="dist.rank")
     expect(SC.INVALID_ARGUMENT, cs[0].initialize, preset="tiny", replace=True,
            dist={"rank": 0, "world_size": 2, "group_id": b""}, field="dist.group_id")
+    # One rule for the id and one for world_size, whatever the group size.
+    for world in (1, 2):
+        expect(SC.INVALID_ARGUMENT, cs[0].initialize, preset="tiny", replace=True,
+               dist={"rank": 0, "world_size": world, "group_id": b"x" * 129},
+               field="dist.group_id: 129 bytes")
+    expect(SC.INVALID_ARGUMENT, cs[0].initialize, preset="tiny", replace=True,
+           dist={"rank": 0, "world_size": -1, "group_id": b""}, field="dist.world_size: -1")
     expect(SC.INVALID_ARGUMENT, cs[0].initialize, preset="tiny", replace=True,
            dist={"rank": 0, "world_size": 2, "group_id": g.group_id, "timeout_s": 0.0},
            field="dist.timeout_s")
