@@ -56,7 +56,7 @@ try:
     from engined_client import EngineClient
 except ImportError:  # a source tree: the package and the build's stubs
     sys.path[:0] = [os.path.join(REPO, "client/python"),
-                    os.path.join(REPO, "build/tests/integration")]
+                    os.path.join(REPO, "build/client/python")]
     from engined_client import EngineClient
 
 # The engine's model: daemon/presets.c's "tiny" (~0.9M parameters). The

@@ -21,7 +21,7 @@ qwen2.5-0.5b-shape: 494M parameters, 5.5 GiB with the AdamW moments) and,
          cache, engines/io/xxh.c).
 Prints each median in GB/s and engined's ratio against dd's (and dd-r2's).
 
-  PYTHONPATH=client/python:build/tests/integration /usr/bin/python3 \\
+  PYTHONPATH=client/python:build/client/python /usr/bin/python3 \\
       tests/bench/bench_ckpt.py [--preset small] [--rounds 3] [--dir DIR]
 """
 import argparse

@@ -17,7 +17,7 @@ the two ranks then talk over a link of a real network's speed instead of
 loopback (which is memory bandwidth), so what the overlap hides shows.
 Needs root (ip netns, tc); everything is removed at the end.
 
-  PYTHONPATH=client/python:build/tests/integration \\
+  PYTHONPATH=client/python:build/client/python \\
       python3 tests/bench/bench_dp_step.py [--preset small] [--steps 3] \\
       [--rounds 2] [--link-gbit 2]
 """

@@ -18,7 +18,7 @@ hits both policies alike:
 Prints the median step time of each and its ratio against the same policy's
 quiet time.
 
-  PYTHONPATH=client/python:build/tests/integration /usr/bin/python3 \\
+  PYTHONPATH=client/python:build/client/python /usr/bin/python3 \\
       tests/bench/bench_load.py [--presets tiny,small] [--rounds 2]
 
 qwen2.5-0.5b-shape (~8 GiB) is not in the default list: add it with

@@ -33,7 +33,7 @@ Prints the medians in GB/s (payload bytes over wall time) and the share's
 ratios against each, and where the share's time went (RPC / pick-up and
 map / read).
 
-  PYTHONPATH=client/python:build/tests/integration build/venv-pypi/bin/python \\
+  PYTHONPATH=client/python:build/client/python build/venv-pypi/bin/python \\
       tests/bench/bench_share.py [--preset small] [--rounds 3] [--dtypes float32,bfloat16]
       [--matmul f32|bf16] [--no-steps]
 """

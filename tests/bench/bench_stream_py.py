@@ -23,7 +23,7 @@ Interleaved, --reps times (medians reported):
 Rates are tensor bytes (or raw bytes) per second; CPU-s/GB is this
 process's CPU time (all threads) per GB.
 
-  PYTHONPATH=client/python:build/tests/integration build/venv-pypi/bin/python \\
+  PYTHONPATH=client/python:build/client/python build/venv-pypi/bin/python \\
       tests/bench/bench_stream_py.py [--preset qwen2.5-0.5b-shape] [--reps 3]
       [--matmul f32|bf16]
 """

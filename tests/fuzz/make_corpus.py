@@ -6,7 +6,7 @@ committed; run this again only to change them:
     build/venv-pypi/bin/python tests/fuzz/make_corpus.py \\
         --build build --fuzz-build build-san
 
-Needs the protoc stubs of the main build (build/tests/integration/
+Needs the protoc stubs of the main build (build/client/python/
 engine_pb2.py), the PyPI safetensors package with torch (the venv), and
 the fuzz build's fuzz_ckpt_state (it saves the real checkpoint whose
 engine_state.json seeds its corpus). Each input's format is described at
@@ -273,7 +273,7 @@ def main():
     ap.add_argument("--build", default="build", help="the main build (engine_pb2.py)")
     ap.add_argument("--fuzz-build", default="build-san", help="the -Dfuzz=true build")
     a = ap.parse_args()
-    sys.path.insert(0, os.path.join(a.build, "tests/integration"))
+    sys.path.insert(0, os.path.join(a.build, "client/python"))
     import engine_pb2
     model_configs()
     requests(engine_pb2)

@@ -28,4 +28,4 @@ for i in $(seq 0 "$n"); do
 	for _ in $(seq 100); do [ -s "$tmp/port$i" ] && break; sleep 0.1; done
 	addrs+=("127.0.0.1:$(head -1 "$tmp/port$i")")
 done
-PYTHONPATH=client/python:build/tests/integration python3 tests/gpu/dp_multi_gpu.py "${addrs[@]}"
+PYTHONPATH=client/python:build/client/python python3 tests/gpu/dp_multi_gpu.py "${addrs[@]}"

@@ -3,7 +3,7 @@ both clients' method sets, request ids and retries through fake channels
 (deterministic: scripted failures, no timing), weight reassembly, bf16 and
 torch conversions. Run with Debian's python (source tree) and with the PyPI
 venv (the installed package), like test_daemon.py:
-PYTHONPATH=client/python:build/tests/integration /usr/bin/python3 -m pytest
+PYTHONPATH=client/python:build/client/python /usr/bin/python3 -m pytest
 tests/integration/test_client_api.py
 """
 import asyncio

@@ -6,7 +6,7 @@ that the file sets, each observed on a real daemon.
 Each test starts its own daemons; the `confdir` fixture is a directory the
 module's tests share. Run from the source root (meson runs it through
 run_py.sh): ENGINED_BIN=build/daemon/engined
-PYTHONPATH=client/python:build/tests/integration
+PYTHONPATH=client/python:build/client/python
 /usr/bin/python3 -m pytest tests/integration/test_config.py [-k name]
 """
 import os

@@ -3,7 +3,7 @@ explicit presence (lr = 0 and weight_decay = 0 are values, not "default"),
 per-step optimizer hyper-parameters, ZeroGrad, temperature presence, and
 wire compatibility with a client generated from the first proto.
 
-Run: ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/tests/integration
+Run: ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/client/python
 /usr/bin/python3 -m pytest tests/integration/test_contract.py [-k name]
 """
 import os

@@ -4,7 +4,7 @@ exactly like the server-side loss. The client-side losses are the
 independent torch reference of the loss library (tests/loss/loss_ref.py,
 verl's formulas). Needs torch (Debian's python3-torch).
 
-Run: ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/tests/integration
+Run: ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/client/python
 /usr/bin/python3 -m pytest tests/integration/test_custom_loss.py [-k name]
 """
 import os

@@ -7,7 +7,7 @@ The tests share one daemon (the `daemon` and `client` fixtures of
 conftest.py) and run in file order: later ones rely on the engine that
 test_initialize set up and on what earlier ones did (the log checked last).
 Run from the source root (meson runs it through run_py.sh):
-ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/tests/integration
+ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/client/python
 /usr/bin/python3 -m pytest tests/integration/test_daemon.py [-k name]
 (or build/venv-pypi/bin/python without PYTHONPATH: the venv's installed client).
 """

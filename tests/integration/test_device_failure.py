@@ -10,7 +10,7 @@ RoPE table), so N = 6 fails the first ForwardBackward.
 
 Each test starts its own daemon. Run from the source root (meson runs it
 through run_py.sh): ENGINED_BIN=build/daemon/engined
-PYTHONPATH=client/python:build/tests/integration
+PYTHONPATH=client/python:build/client/python
 /usr/bin/python3 -m pytest tests/integration/test_device_failure.py
 """
 import grpc

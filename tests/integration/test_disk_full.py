@@ -12,7 +12,7 @@ FAILED_PRECONDITION naming the path. Skipped (with the reason) only where
 no such namespace can be made.
 
 Run from the source root (meson runs it through run_py.sh):
-ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/tests/integration
+ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/client/python
 /usr/bin/python3 -m pytest tests/integration/test_disk_full.py
 """
 import errno

@@ -12,7 +12,7 @@ parameters against one daemon on the whole batch, DistStatus) skip while
 the daemon refuses groups (CreateGroup or a world_size > 1 Initialize
 answered FAILED_PRECONDITION / UNIMPLEMENTED) and run once it forms them.
 
-Run: ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/tests/integration
+Run: ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/client/python
 /usr/bin/python3 -m pytest tests/integration/test_engine_group.py [-k name]
 """
 import itertools

@@ -3,7 +3,7 @@ metadata) makes a retried state-changing call return the first call's
 outcome instead of running again. Jobs are held with the test hook
 (ENGINED_TEST_HOLD_FILE), never sized to the machine's speed.
 
-Run: ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/tests/integration
+Run: ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/client/python
 /usr/bin/python3 -m pytest tests/integration/test_exactly_once.py [-k name]
 """
 import threading

@@ -6,7 +6,7 @@ against the files themselves through PyPI's safetensors reader.
 The daemons with separate roots (rank 0 writes and reads the shards of
 the others) are test_engine_group.py's test_data_parallel_group_calls.
 
-Run: ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/tests/integration
+Run: ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/client/python
      build/venv-pypi/bin/python -m pytest tests/integration/test_group_checkpoint.py
 """
 import json

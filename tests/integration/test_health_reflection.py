@@ -7,7 +7,7 @@ reflection v1).
 The tests share one daemon (conftest.py's `daemon` fixture); some start
 their own. Run from the source root with the PyPI venv
 (tests/integration/setup_venv.sh; meson runs it through run_py.sh):
-ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/tests/integration
+ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/client/python
 build/venv-pypi/bin/python -m pytest tests/integration/test_health_reflection.py [-k name]
 """
 import asyncio

@@ -3,7 +3,7 @@ daemon get a precise INVALID_ARGUMENT or RESOURCE_EXHAUSTED, the daemon
 keeps serving and the engine stays usable. Each case is the request a
 remote attacker would send, through the Python client.
 
-Run: ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/tests/integration
+Run: ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/client/python
 /usr/bin/python3 -m pytest tests/integration/test_hostile.py [-k name]
 """
 import json

@@ -9,7 +9,7 @@ a scraper out (nor stay open past metrics.idle_timeout_s).
 Each test starts its own daemon. Memory is compared against bounds computed
 from the sizes sent, and held jobs (the test hook) replace any timing. Run
 from the source root (meson runs it through run_py.sh):
-ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/tests/integration
+ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/client/python
 /usr/bin/python3 -m pytest tests/integration/test_limits.py [-k name]
 """
 import os

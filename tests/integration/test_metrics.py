@@ -6,7 +6,7 @@ The two tests share one daemon (conftest.py's `daemon`, with
 --metrics-listen) and run in this order: the second counts the log lines of
 the RPCs of the first. Run from the source root (meson runs it through
 run_py.sh): ENGINED_BIN=build/daemon/engined
-PYTHONPATH=client/python:build/tests/integration
+PYTHONPATH=client/python:build/client/python
 /usr/bin/python3 -m pytest tests/integration/test_metrics.py
 """
 import re

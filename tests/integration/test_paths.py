@@ -15,7 +15,7 @@ removing anything they point to; rotation never follows one.
 The tests share one daemon with an initialized engine (the `daemon` and
 `client` fixtures). Run from the source root (meson runs it through
 run_py.sh): ENGINED_BIN=build/daemon/engined
-PYTHONPATH=client/python:build/tests/integration
+PYTHONPATH=client/python:build/client/python
 /usr/bin/python3 -m pytest tests/integration/test_paths.py [-k name]
 """
 import hashlib

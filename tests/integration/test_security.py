@@ -7,7 +7,7 @@ Certificates are made with openssl in a temporary directory (tls_util), once
 for the module (the `cert` fixture); each test starts its own daemons.
 Run from the source root (meson runs it through run_py.sh):
 ENGINED_BIN=build/daemon/engined ENGINECTL_BIN=build/client/enginectl
-PYTHONPATH=client/python:build/tests/integration
+PYTHONPATH=client/python:build/client/python
 /usr/bin/python3 -m pytest tests/integration/test_security.py [-k name]
 """
 import os

@@ -14,7 +14,7 @@ bfloat16 share of most parameters is the engine's own bf16 copy, lent
 without a copy: the same checks, and it must not change after a step.
 Each test that needs its own settings starts its own daemon.
 Run from the source root (meson runs it through run_py.sh):
-ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/tests/integration
+ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/client/python
 /usr/bin/python3 -m pytest tests/integration/test_share.py [-k name]
 """
 import fcntl

@@ -7,7 +7,7 @@ tmpfiles.d files checked by systemd's own tools and placed by meson install.
 
 Each test starts its own daemon. Run from the source root (meson runs it
 through run_py.sh): ENGINED_BIN=build/daemon/engined MESON_BUILD_ROOT=build
-PYTHONPATH=client/python:build/tests/integration
+PYTHONPATH=client/python:build/client/python
 /usr/bin/python3 -m pytest tests/integration/test_systemd.py [-k name]
 """
 import json

@@ -7,7 +7,7 @@ OMP_DISPLAY_ENV=verbose makes libgomp print its effective settings each
 time it loads: once for a daemon that keeps its environment, twice for one
 that re-executes itself, and the last block is that of the process that
 serves. Run from the source root (meson runs it through run_py.sh):
-ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/tests/integration
+ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/client/python
 /usr/bin/python3 -m pytest tests/integration/test_threads.py
 """
 import os

@@ -14,7 +14,7 @@ so values[off + t] is compared with logits[t - 1].
 
 Needs torch and transformers: meson runs it with BUILD/venv-verl's python
 (tests/verl/setup_venv.sh); by hand:
-  ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/tests/integration \\
+  ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/client/python \\
     build/venv-verl/bin/python -m pytest -c tests/integration/pytest.ini \\
     tests/verl/test_value_checkpoint_hf.py
 """
