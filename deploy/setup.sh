@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# deploy/setup.sh — set up a fresh Debian 12 machine for engined and build it.
+# deploy/setup.sh [--tests] — set up a fresh Debian 12 machine for engined
+# and build it into ./build.
 #
-# Installs the Debian packages the build and the tests need (apt-get; root or
-# sudo), configures and builds into ./build, and makes build/venv-pypi (the
-# Python client with current grpcio from PyPI) and build/venv-verl (verl
-# 0.9.1 and torch 2.x for the verl backend). Safe to run again: it only
-# installs what is missing and rebuilds what changed.
+# Without --tests (the README's run command): only what the daemon,
+# enginectl, the C and Python clients and the demo need: the build tools
+# and libraries (about 140 MB of Debian packages on a minimal system), a
+# build without the tests (-Dtests=false the first time). With --tests
+# (the README's test command, .ci/run): also what the tests need: the check
+# library, Debian's torch (the independent reference), pytest, clang with
+# the sanitizer and libFuzzer runtimes and LLVM (about 300 MB more), the
+# tests built (-Dtests=true), and build/venv-pypi (the Python client with
+# current grpcio from PyPI) and build/venv-verl (verl 0.9.1 and PyPI's
+# torch 2.x with its CUDA wheels, about 6.4 GB). apt-get runs as root or
+# through sudo. Safe to run again: it installs only what is missing,
+# rebuilds what changed, and a run without --tests keeps a build's tests.
 #   ENGINED_BUILD_DIR   build directory (default: build)
 #   ENGINED_CUDA        auto (default) | enabled | disabled: the CUDA device
 #   CI=true             warnings become errors (-Dwerror=true)
@@ -18,7 +26,14 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 build_dir=${ENGINED_BUILD_DIR:-build}
+tests=false
+case "${1:-}" in
+  --tests) tests=true ;;
+  "") ;;
+  *) echo "usage: deploy/setup.sh [--tests]" >&2; exit 2 ;;
+esac
 
+# What the daemon, enginectl, the clients and the demo need.
 packages=(
   build-essential meson ninja-build pkg-config
   libdnnl-dev          # oneDNN: every CPU matmul
@@ -29,15 +44,19 @@ packages=(
   libuv1-dev           # the daemon's signal / timer loop
   libgloo-dev          # Gloo: the collectives of a data-parallel group on the CPU (engines/dist/gloo/)
   protobuf-compiler    # Python stubs of the client package
-  check                # unit tests
-  python3-grpcio python3-protobuf python3-numpy python3-venv   # Python client, tests
-  python3-pytest       # runs the Python integration tests (tests/integration/conftest.py)
-  python3-torch        # the independent torch reference of the tests
-  libopenblas0-pthread # a real BLAS under Debian's torch (the benchmark's peer)
+  python3-grpcio python3-protobuf python3-numpy   # the Python client
   libinih-dev          # engined's INI configuration file
   libsystemd-dev       # sd_notify: READY/WATCHDOG/STATUS/STOPPING for the Type=notify unit
   libmicrohttpd-dev    # the Prometheus metrics endpoint
   libssl-dev           # OpenSSL: TLS files checked (key matches cert) before gRPC uses them
+)
+# What the tests add.
+test_packages=(
+  check                # unit tests
+  python3-venv         # build/venv-pypi, build/venv-verl
+  python3-pytest       # runs the Python integration tests (tests/integration/conftest.py)
+  python3-torch        # the independent torch reference of the tests
+  libopenblas0-pthread # a real BLAS under Debian's torch (the benchmark's peer)
   openssl              # the TLS tests make their certificates with it
   systemd              # systemd-analyze verify / sysusers / tmpfiles on the unit files in tests
   # The sanitizer and fuzz build of .ci/run (tests/fuzz/README.md): clang
@@ -45,6 +64,7 @@ packages=(
   # llvm-symbolizer for file:line in the sanitizers' reports.
   clang libclang-rt-dev libomp-dev llvm
 )
+[ "$tests" = false ] || packages+=("${test_packages[@]}")
 
 missing=()
 for p in "${packages[@]}"; do
@@ -61,11 +81,15 @@ werror=false
 [ "${CI:-}" = "true" ] && werror=true
 cuda=${ENGINED_CUDA:-auto}
 if [ -d "$build_dir/meson-private" ]; then
-  meson configure "$build_dir" -Dwerror=$werror -Dcuda="$cuda" >/dev/null
+  # Tests on with --tests; without it a build keeps the tests it has.
+  with_tests=()
+  [ "$tests" = false ] || with_tests=(-Dtests=true)
+  meson configure "$build_dir" -Dwerror=$werror -Dcuda="$cuda" "${with_tests[@]}" >/dev/null
 else
-  meson setup "$build_dir" -Dwerror=$werror -Dcuda="$cuda"
+  meson setup "$build_dir" -Dwerror=$werror -Dcuda="$cuda" -Dtests=$tests
 fi
 ninja -C "$build_dir"
+[ "$tests" = true ] || exit 0
 
 # The Python client against current grpcio/protobuf from PyPI (and grpclib,
 # safetensors for the interoperability tests), beside Debian's versions.

@@ -6,7 +6,7 @@
 # project's Debian packages (gRPC, oneDNN, jansson, ...), so the tests are
 # built here and carried there as one archive:
 #
-#   tests/gpu/run.sh --pack            on a build machine (deploy/setup.sh done):
+#   tests/gpu/run.sh --pack            on a build machine (deploy/setup.sh --tests done):
 #       configures build-gpu-pack (-Dcuda=enabled, -Dmarch=x86-64-v3 so the
 #       binaries run on any recent x86 CPU), builds the GPU tests and the
 #       benchmark only, and writes build-gpu-pack/gpu-bundle.tar.xz: the

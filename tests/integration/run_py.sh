@@ -11,7 +11,7 @@ if [ ! -x "$py" ]; then
 	exit 77
 fi
 if ! "$py" -c "import pytest" 2>/dev/null; then
-	echo "run_py.sh: no pytest for $py (deploy/setup.sh installs python3-pytest," \
+	echo "run_py.sh: no pytest for $py (deploy/setup.sh --tests installs python3-pytest," \
 		"tests/integration/setup_venv.sh installs it in the venv)"
 	exit 1
 fi
