@@ -364,6 +364,9 @@ int main(void)
 	Suite *s = suite_create("lm_logits_cache");
 	TCase *tc = tcase_create("core");
 
+	/* Check's default is 4 s a test: products on a slow or busy CPU (the
+	 * AVX2 paths) may need more; meson's timeout bounds the whole. */
+	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, untied_head_same_gradients);
 	tcase_add_test(tc, tied_head_same_gradients);
 	tcase_add_test(tc, budget_and_arena);
