@@ -8,7 +8,8 @@
 # build without the tests (-Dtests=false the first time). With --tests
 # (the README's test command, .ci/run): also what the tests need: the check
 # library, Debian's torch (the independent reference), pytest, clang with
-# the sanitizer and libFuzzer runtimes and LLVM (about 300 MB more), the
+# the sanitizer and libFuzzer runtimes and LLVM, debhelper and lintian for
+# the packages' test (about 300 MB more), the
 # tests built (-Dtests=true), and build/venv-pypi (the Python client with
 # current grpcio from PyPI) and build/venv-verl (verl 0.9.1 and PyPI's
 # torch 2.x with its CUDA wheels, about 6.4 GB). apt-get runs as root or
@@ -59,6 +60,10 @@ test_packages=(
   libopenblas0-pthread # a real BLAS under Debian's torch (the benchmark's peer)
   openssl              # the TLS tests make their certificates with it
   systemd              # systemd-analyze verify / sysusers / tmpfiles on the unit files in tests
+  # The Debian packages' test (tests/packaging/, deploy/build-packages.sh):
+  # dpkg-buildpackage's helpers, man pages from --help, lintian, and
+  # Debian's pip, setuptools and wheel for the Python wheel (no network).
+  debhelper help2man lintian python3-pip python3-setuptools python3-wheel
   # The sanitizer and fuzz build of .ci/run (tests/fuzz/README.md): clang
   # with libFuzzer and the sanitizer runtimes, LLVM's OpenMP for clang,
   # llvm-symbolizer for file:line in the sanitizers' reports.
