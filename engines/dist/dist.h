@@ -100,11 +100,11 @@ int dist_backend_check(const char *field, const char *device, const struct dist_
  * (-EINVAL naming `field`). */
 int dist_world_size_check(const char *field, int world_size, int min_world,
 			  struct eng_error *err);
-/* Check a config against the rules above (ranks, timeout, id length). */
 /* The group id rule, one place: at most DIST_GROUP_ID_MAX bytes, and at
  * least one when the config forms a group (required). A caller copying a
  * client's id copies only an id that fits and keeps its length for this. */
 int dist_group_id_check(const struct dist_group_id *id, bool required, struct eng_error *err);
+/* Check a config against the rules above (ranks, timeout, id length). */
 int dist_config_check(const struct dist_config *cfg, struct eng_error *err);
 /* The same rules with world_size >= min_world: the backends' open takes a
  * group of one (min_world 1: tests, a GPU smoke test); a group the daemon

@@ -43,13 +43,13 @@ static void add(struct table_builder *b, const char *name, int ndim, int64_t d0,
 	e->init_ones = ones;
 	e->init_zero = zero;
 	e->layer = b->layer;
+	e->role = PARAM_TRAINABLE;
 	/* Dimensions are bounded (config.h) but the sum over the layers is
 	 * checked all the same. */
-	e->role = PARAM_TRAINABLE;
 	if (!ck_mul_i64(d0, ndim > 1 ? d1 : 1, &e->numel) ||
 	    !ck_add_i64(t->total, e->numel, &t->total))
 		b->rc = -E2BIG;
-	e->held_start = 0;
+	e->held_start = 0;      /* the whole tensor */
 	e->held_numel = e->numel;
 }
 

@@ -46,7 +46,6 @@ struct native_family {
 	float *host;
 };
 
-
 struct native {
 	char key[96];
 	struct model_config cfg;
