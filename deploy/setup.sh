@@ -28,29 +28,29 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${ENGINED_BUILD_DIR:-build}
 tests=false
+list=false
 case "${1:-}" in
   --tests) tests=true ;;
+  --list) list=true ;;   # print the run command's packages (tests/unit/check_setup_run.py)
   "") ;;
-  *) echo "usage: deploy/setup.sh [--tests]" >&2; exit 2 ;;
+  *) echo "usage: deploy/setup.sh [--tests | --list]" >&2; exit 2 ;;
 esac
 
-# What the daemon, enginectl, the clients and the demo need.
-packages=(
-  build-essential meson ninja-build pkg-config
-  libdnnl-dev          # oneDNN: every CPU matmul
-  libjansson-dev       # JSON: HF config.json, safetensors headers, engine_state.json
-  libxxhash-dev        # XXH64 checksums of checkpoint files
-  libgrpc-dev          # gRPC C core: the daemon's server and the C client
-  libprotobuf-c-dev protobuf-c-compiler   # C messages generated from proto/ at build time
-  libuv1-dev           # the daemon's signal / timer loop
-  libgloo-dev          # Gloo: the collectives of a data-parallel group on the CPU (engines/dist/gloo/)
-  protobuf-compiler    # Python stubs of the client package
-  python3-grpcio python3-protobuf python3-numpy   # the Python client
-  libinih-dev          # engined's INI configuration file
-  libsystemd-dev       # sd_notify: READY/WATCHDOG/STATUS/STOPPING for the Type=notify unit
-  libmicrohttpd-dev    # the Prometheus metrics endpoint
-  libssl-dev           # OpenSSL: TLS files checked (key matches cert) before gRPC uses them
-)
+# What the daemon, enginectl, the clients and the demo need: what building
+# needs, deploy/debian/control's Build-Depends (the one list, each with its
+# reason), less the packages' own helpers; a C compiler; what the Python
+# client runs with (python3-protobuf is in the list already).
+mapfile -t packages < <(
+  awk '/^Build-Depends:/ { f = 1; sub(/^Build-Depends:/, "") }
+       f && /^[^ \t#]/ && !/^Build-Depends:/ { f = 0 }
+       f && !/^#/' deploy/debian/control |
+    tr ',' '\n' | sed 's/(.*)//; s/[[:space:]]//g' |
+    grep -v -x -e '' -e debhelper-compat -e help2man)
+packages+=(build-essential python3-grpcio python3-numpy)
+if [ "$list" = true ]; then
+  printf '%s\n' "${packages[@]}"
+  exit 0
+fi
 # What the tests add.
 test_packages=(
   check                # unit tests

@@ -3,7 +3,8 @@
 (deploy/setup.sh without --tests) installs all that the product needs.
 
 Every Debian package the built product uses must be in the dependency
-closure of setup.sh's run packages (its first `packages=(...)` array), or
+closure of setup.sh's run packages (`deploy/setup.sh --list`: the
+Build-Depends of deploy/debian/control and the Python client's), or
 be part of a minimal Debian system (priority required or important):
   - the libraries engined and enginectl load (ldd);
   - the pkg-config files of the build's dependencies (meson introspect),
@@ -28,15 +29,12 @@ def run(cmd, **kw):
     return subprocess.run(cmd, capture_output=True, text=True, **kw)
 
 
-def run_packages(setup_sh):
-    text = open(setup_sh).read()
-    m = re.search(r"^packages=\((.*?)^\)", text, re.S | re.M)
-    if not m:
-        sys.exit("check_setup_run: no packages=( ... ) in %s" % setup_sh)
-    names = []
-    for line in m.group(1).splitlines():
-        names += line.split("#", 1)[0].split()
-    return names
+def run_packages(root):
+    """The run command's packages, as setup.sh itself lists them."""
+    out = run(["bash", os.path.join(root, "deploy/setup.sh"), "--list"])
+    if out.returncode or not out.stdout.split():
+        sys.exit("check_setup_run: deploy/setup.sh --list failed: " + out.stderr)
+    return out.stdout.split()
 
 
 def closure(packages):
@@ -130,7 +128,7 @@ def missing(files, owner, allowed):
 
 def main():
     root, build = sys.argv[1], sys.argv[2]
-    pkgs = run_packages(os.path.join(root, "deploy/setup.sh"))
+    pkgs = run_packages(root)
     base = base_system()
     files = used_files(root, build)
     owner = owners(sorted(set(files.values())))
