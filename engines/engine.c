@@ -106,6 +106,30 @@ int engine_create(const struct engine_init_config *cfg, struct engine **ret,
 	return 0;
 }
 
+struct engine *engine_new(const struct engine_ops *ops, const struct engine *like)
+{
+	struct engine *e = calloc(1, sizeof(*e));
+
+	if (!e)
+		return NULL;
+	e->ops = ops;
+	if (like) {
+		e->param_offload = like->param_offload;
+		e->optimizer_offload = like->optimizer_offload;
+	}
+	return e;
+}
+
+void engine_set_ops(struct engine *e, const struct engine_ops *ops)
+{
+	e->ops = ops;
+}
+
+const struct engine_ops *engine_ops_of(const struct engine *e)
+{
+	return e->ops;
+}
+
 void engine_destroy(struct engine *e)
 {
 	if (!e)

@@ -14,4 +14,13 @@ int engine_forward_backward_checked(struct engine *e, const struct engine_batch 
 /* Whether e's model is a value model (its registry row's model_type). */
 bool engine_is_value_model(const struct engine *e);
 
+/* A new engine object over ops (no implementation yet), its offload
+ * policy `like` another's (NULL: none); free with engine_destroy once the
+ * ops are set, or free() before. */
+struct engine *engine_new(const struct engine_ops *ops, const struct engine *like);
+/* Set e's ops (an adapter's, once its implementation is made). */
+void engine_set_ops(struct engine *e, const struct engine_ops *ops);
+/* e's ops (the adapter calls reach the implementation through them). */
+const struct engine_ops *engine_ops_of(const struct engine *e);
+
 #endif

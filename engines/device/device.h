@@ -78,7 +78,8 @@ enum matmul_precision {
 	                const float *x, const float *w, int64_t R,                          \
 	                int64_t C, float eps))                                              \
 	/* dx[R,C] = d/dx (beta_dx = 0: overwrite, 1: accumulate);                          \
-	 * dw[C] += sum over rows. dx must not alias dout. */                               \
+	 * dw[C] += sum over rows (dw NULL: not computed, a frozen weight).                 \
+	 * dx must not alias dout. */                                                       \
 	X(rmsnorm_bwd, (struct device *dev, float *dx, float *dw,                           \
 	                const float *dout, const float *x, const float *w,                  \
 	                const float *rstd, int64_t R, int64_t C,                            \

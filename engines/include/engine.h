@@ -91,6 +91,12 @@ struct engine_init_config {
 	int64_t max_tokens_per_micro_batch;  /* default budget; > 0 */
 	int threads;                /* <= 0: device default */
 	bool bf16_matmul;           /* matmul inputs in bf16, fp32 accumulate */
+	/* The model is a frozen base for LoRA adapters (engine_adapter_create):
+	 * no gradients and no optimizer state are kept for it, a training
+	 * ForwardBackward or an OptimizerStep of the base itself is refused
+	 * (-EALREADY), and forward-only calls score with the base alone
+	 * (verl's disable_adapter()). Alone only (not in a group). */
+	bool frozen_base;
 	/* Floats of one LM-head logits tile (rows x vocabulary chunk); bounds
 	 * the head's working memory. 0 = 2M (8 MiB). */
 	int64_t lm_tile_floats;
@@ -322,6 +328,7 @@ struct engine_lent_file {
 };
 
 struct engine;  /* opaque */
+struct engine_adapter_config;  /* LoRA adapters, below */
 
 struct engine_ops {
 	const char *model_type, *backend, *device;
@@ -363,6 +370,13 @@ struct engine_ops {
 			       int64_t *ret_global_step, struct eng_error *err);
 	void (*status)(struct engine *e, struct engine_status *ret);
 	void (*destroy)(struct engine *e);
+	/* Optional (NULL: adapters are -ENOSYS): make adapter `ad` (an engine
+	 * object without ops yet) over base e, its ops in *ret_ops; on failure
+	 * the implementation has freed what it made. */
+	int (*adapter_create)(struct engine *e, const struct engine_adapter_config *cfg,
+			      struct engine *ad, const struct engine_ops **ret_ops,
+			      struct eng_error *err);
+	int (*adapter_info)(struct engine *e, struct engine_adapter_config *ret);
 };
 
 /* --- registry ----------------------------------------------------------- */
@@ -420,6 +434,77 @@ struct engine_fb_loss {
 int engine_fb_call_run(struct engine *e, struct engine_fb_call *c,
 		       struct engine_fb_result *res, struct engine_fb_loss *ret_loss,
 		       struct eng_error *err);
+
+/* --- LoRA adapters over a frozen base (engine_adapter.c; docs/LORA.md) --- */
+
+/* The modules an adapter may target, by PEFT's names: bit i of
+ * engine_adapter_config.targets is engine_lora_module_name(i), i <
+ * ENGINE_LORA_MODULES ("q_proj", "k_proj", "v_proj", "o_proj",
+ * "gate_proj", "up_proj", "down_proj"); "all-linear" is all of them. */
+#define ENGINE_LORA_MODULES 7
+#define ENGINE_LORA_ALL_LINEAR ((1u << ENGINE_LORA_MODULES) - 1)
+const char *engine_lora_module_name(int i);
+/* The bit of a PEFT module name, or of a full module path that ends in one
+ * ("model.layers.0.self_attn.q_proj", as peft writes "all-linear" into
+ * adapter_config.json); "all-linear" gives every bit. 0: unknown. */
+unsigned engine_lora_module_bits(const char *name);
+
+/* An adapter name: 1 to ENGINE_ADAPTER_NAME_MAX characters of
+ * [A-Za-z0-9._-], not starting with '.'. */
+#define ENGINE_ADAPTER_NAME_MAX 64
+
+struct engine_adapter_config {
+	const char *name;
+	/* Without peft_dir: rank >= 1 (and at most min(in, out) of every
+	 * targeted projection), alpha > 0, targets != 0. With peft_dir, its
+	 * adapter_config.json gives them: each here is 0 (take the file's)
+	 * or must equal the file's. */
+	int64_t rank;
+	double alpha;
+	unsigned targets;          /* ENGINE_LORA_* bits */
+	/* scale = alpha / sqrt(rank) (rsLoRA) instead of alpha / rank; with
+	 * peft_dir the file's use_rslora. */
+	bool rslora;
+	/* A is drawn as PEFT draws it (Kaiming-uniform with a = sqrt(5):
+	 * U(-1/sqrt(in), 1/sqrt(in))) from this seed; B starts at 0. */
+	uint64_t seed;
+	/* NULL, or a PEFT adapter directory (adapter_config.json,
+	 * adapter_model.safetensors) already confined by the caller: the
+	 * adapter starts from its weights. */
+	const char *peft_dir;
+	/* The adapter's own AdamW and schedule; unset: the base's. */
+	bool has_optim, has_sched;
+	struct engine_optim_config optim;
+	struct engine_sched_config sched;
+};
+
+/* What needs no base: the name, non-negative rank, a finite alpha >= 0,
+ * known target bits, the optimizer and schedule ranges. -EINVAL naming
+ * the field ("name: ...", "rank: ...", "alpha: ...", "target_modules:
+ * ..."). */
+int engine_adapter_config_check(const struct engine_adapter_config *c, struct eng_error *err);
+
+/* A LoRA adapter over base (an engine made with frozen_base), as an engine
+ * of its own: ForwardBackward runs the base with the adapter added to its
+ * targets (y = x W^T + scale (x A^T) B^T) and accumulates gradients into
+ * the adapter only; OptimizerStep, ZeroGrad, LrSchedulerStep, ToDevice and
+ * the mode context act on the adapter's own parameters, gradients, AdamW
+ * moments, step and schedule; the parameter views are its A and B
+ * matrices in PEFT's names
+ * (base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight).
+ * Checkpoints and the bf16 exports of an adapter are -ENOSYS (not built
+ * yet). The base is never changed through it. Destroy every adapter
+ * (engine_destroy) before its base. Errors: engine_adapter_config_check's;
+ * -EALREADY when base is not a frozen base (or is in a group); -EINVAL for
+ * a rank larger than a target allows, a value model (not built yet), or
+ * a PEFT directory that does not fit the base (naming the file and key or
+ * tensor); -ENOENT / -EPERM / -EBADMSG from its files; -ENOMEM. */
+int engine_adapter_create(struct engine *base, const struct engine_adapter_config *cfg,
+			  struct engine **ret, struct eng_error *err);
+
+/* The rank, alpha, targets and rslora an adapter was made with (from its
+ * PEFT directory, when it came from one). -EINVAL when e is no adapter. */
+int engine_adapter_info(struct engine *e, struct engine_adapter_config *ret);
 
 /* --- data-parallel groups (engine_host.c) -------------------------------- */
 

@@ -28,7 +28,7 @@
 	X(E2BIG, RESOURCE_EXHAUSTED, "over a configured limit (request size, concurrent calls, reply size)") \
 	X(ENOSPC, RESOURCE_EXHAUSTED, "no space left on the file system (or over a disk quota), or a device resource ran out (e.g. shared memory for a kernel); the message names the path") \
 	X(EMFILE, RESOURCE_EXHAUSTED, "out of file descriptors (the daemon's or the system's limit)") \
-	X(EEXIST, ALREADY_EXISTS, "a request id that was already applied, its reply no longer kept") \
+	X(EEXIST, ALREADY_EXISTS, "a request id that was already applied, its reply no longer kept; an adapter name already in use") \
 	X(EPERM, PERMISSION_DENIED, "a path escapes its root, a file in a checkpoint or model directory is a symlink, file permissions refuse, or a read-only token asked for a change") \
 	X(EACCES, PERMISSION_DENIED, "no valid credentials (the daemon answers UNAUTHENTICATED for a missing or unknown token)") \
 	X(EBADMSG, DATA_LOSS, "a corrupt or inconsistent file or checkpoint") \

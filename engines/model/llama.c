@@ -29,6 +29,12 @@
  * Either way a tile is the same gemm writing [R, Vc] with row stride Vc,
  * so the gradients are bit for bit the same with or without the cache.
  *
+ * LoRA (m->lora, lora.h): each projection the adapter targets adds
+ * scale (x A^T) B^T to its output, through the adapter's scratch; the
+ * backward recomputes x A^T from the saved input x and adds dA, dB and
+ * the input gradient scale (dy B) A. With a frozen base (m->frozen) no
+ * weight of the base gets a gradient.
+ *
  * Errors: every step goes through a helper that records the first kernel
  * error in m->rc and makes later steps no-ops; a pass returns m->rc.
  */
@@ -274,7 +280,7 @@ static void lin_bwd_in(struct llama_model *m, float *din, const float *dout,
 static void lin_bwd_w(struct llama_model *m, float *dW, const float *dout,
 		      const float *in, int64_t T, int64_t nout, int64_t nin, bool first)
 {
-	if (!m->rc)
+	if (!m->rc && !m->frozen)
 		m->rc = m->dev->k->gemm(m->dev, true, false, nout, nin, T, dout, nout,
 					in, nin, first && m->grads_zero ? 0.0f : 1.0f, dW, nin);
 }
@@ -287,7 +293,7 @@ static void bias_add(struct llama_model *m, float *x, const float *b, int64_t R,
 
 static void bias_bwd(struct llama_model *m, float *db, const float *dout, int64_t R, int64_t N)
 {
-	if (!m->rc && db)
+	if (!m->rc && db && !m->frozen)
 		m->rc = m->dev->k->bias_bwd(m->dev, db, dout, R, N);
 }
 
@@ -304,7 +310,8 @@ static void norm_bwd(struct llama_model *m, float *dx, float *dw, const float *d
 		     int64_t C, float beta)
 {
 	if (!m->rc)
-		m->rc = m->dev->k->rmsnorm_bwd(m->dev, dx, dw, dout, x, w, rstd, R, C, beta);
+		m->rc = m->dev->k->rmsnorm_bwd(m->dev, dx, m->frozen ? NULL : dw, dout, x, w,
+					       rstd, R, C, beta);
 }
 
 static void rope(struct llama_model *m, float *x, const int32_t *pos, int64_t T,
@@ -319,6 +326,61 @@ static void copy(struct llama_model *m, float *dst, const float *src, int64_t n)
 {
 	if (!m->rc)
 		m->rc = m->dev->ops->copy_d2d(m->dev, dst, src, n * sizeof(float));
+}
+
+static void scale(struct llama_model *m, float *x, float a, int64_t n)
+{
+	if (!m->rc)
+		m->rc = m->dev->k->axpby(m->dev, x, a, x, 0.0f, n);
+}
+
+/* out[T,out] += scale (in[T,in] A^T) B^T for module `mod` of layer l, when
+ * the pass's adapter targets it. */
+static void lora_fwd(struct llama_model *m, int64_t l, int mod, float *out,
+		     const float *in, int64_t T)
+{
+	const struct llama_lora *a = m->lora;
+	int64_t nin, nout, r;
+
+	if (!a || !a->layers[l].A[mod])
+		return;
+	r = a->rank;
+	lora_module_dims(&m->cfg, mod, &nin, &nout);
+	lin_fwd(m, a->scratch, in, a->layers[l].A[mod], T, r, nin, 0.0f);
+	scale(m, a->scratch, a->scale, T * r);
+	lin_fwd(m, out, a->scratch, a->layers[l].B[mod], T, nout, r, 1.0f);
+}
+
+/* The backward of lora_fwd, given dout[T,out] and the module's input
+ * in[T,in]: dB += dout^T xa, dA += dxa^T in, din[T,in] += dxa A, with
+ * xa = scale in A^T and dxa = scale dout B. Runs after the base's product
+ * wrote din. */
+static void lora_bwd(struct llama_model *m, int64_t l, int mod, const float *dout,
+		     const float *in, float *din, int64_t T)
+{
+	const struct llama_lora *a = m->lora;
+	const struct lora_layer *y;
+	float *xa, *dxa, beta = m->grads_zero ? 0.0f : 1.0f;
+	int64_t nin, nout, r;
+
+	if (!a || !a->layers[l].A[mod])
+		return;
+	y = &a->layers[l];
+	r = a->rank;
+	xa = a->scratch;
+	dxa = a->scratch + r * T;
+	lora_module_dims(&m->cfg, mod, &nin, &nout);
+	lin_fwd(m, xa, in, y->A[mod], T, r, nin, 0.0f);
+	scale(m, xa, a->scale, T * r);
+	if (!m->rc)
+		m->rc = m->dev->k->gemm(m->dev, true, false, nout, r, T, dout, nout, xa, r,
+					beta, y->dB[mod], r);
+	lin_bwd_in(m, dxa, dout, y->B[mod], T, nout, r, 0.0f);
+	scale(m, dxa, a->scale, T * r);
+	if (!m->rc)
+		m->rc = m->dev->k->gemm(m->dev, true, false, r, nin, T, dxa, r, in, nin,
+					beta, y->dA[mod], nin);
+	lin_bwd_in(m, din, dxa, y->A[mod], T, r, nin, 1.0f);
 }
 
 /* --- setup -------------------------------------------------------------- */
@@ -384,7 +446,7 @@ void llama_drop_activations(struct llama_model *m)
 /* --- forward ------------------------------------------------------------ */
 
 static void attention_block_fwd(struct llama_model *m, const struct llama_batch *b,
-				const struct layer_weights *w, struct layer_acts *a)
+				int64_t l, const struct layer_weights *w, struct layer_acts *a)
 {
 	const struct model_config *c = &m->cfg;
 	int64_t T = b->T, C = c->hidden_size, H = c->num_heads, KV = c->num_kv_heads;
@@ -394,10 +456,13 @@ static void attention_block_fwd(struct llama_model *m, const struct llama_batch 
 	norm_fwd(m, a->ln1, a->rstd1, a->x, w->ln1, T, C);
 	lin_fwd(m, q, a->ln1, w->wq, T, QD, C, 0.0f);
 	bias_add(m, q, w->bq, T, QD);
+	lora_fwd(m, l, LORA_Q, q, a->ln1, T);
 	lin_fwd(m, k, a->ln1, w->wk, T, KD, C, 0.0f);
 	bias_add(m, k, w->bk, T, KD);
+	lora_fwd(m, l, LORA_K, k, a->ln1, T);
 	lin_fwd(m, a->v, a->ln1, w->wv, T, KD, C, 0.0f);
 	bias_add(m, a->v, w->bv, T, KD);
+	lora_fwd(m, l, LORA_V, a->v, a->ln1, T);
 	if (c->qk_norm) {
 		norm_fwd(m, a->q, a->qrstd, a->qpre, w->q_norm, T * H, D);
 		norm_fwd(m, a->k, a->krstd, a->kpre, w->k_norm, T * KV, D);
@@ -411,21 +476,26 @@ static void attention_block_fwd(struct llama_model *m, const struct llama_batch 
 	copy(m, a->xmid, a->x, T * C);
 	lin_fwd(m, a->xmid, a->att, w->wo, T, C, QD, 1.0f);
 	bias_add(m, a->xmid, w->bo, T, C);
+	lora_fwd(m, l, LORA_O, a->xmid, a->att, T);
 }
 
-static void mlp_block_fwd(struct llama_model *m, int64_t T, const struct layer_weights *w,
-			  struct layer_acts *a, float *h, float *x_out)
+static void mlp_block_fwd(struct llama_model *m, int64_t T, int64_t l,
+			  const struct layer_weights *w, struct layer_acts *a, float *h,
+			  float *x_out)
 {
 	const struct model_config *c = &m->cfg;
 	int64_t C = c->hidden_size, F = c->intermediate_size;
 
 	norm_fwd(m, a->ln2, a->rstd2, a->xmid, w->ln2, T, C);
 	lin_fwd(m, a->gate, a->ln2, w->w_gate, T, F, C, 0.0f);
+	lora_fwd(m, l, LORA_GATE, a->gate, a->ln2, T);
 	lin_fwd(m, a->up, a->ln2, w->w_up, T, F, C, 0.0f);
+	lora_fwd(m, l, LORA_UP, a->up, a->ln2, T);
 	if (!m->rc)
 		m->rc = m->dev->k->swiglu_fwd(m->dev, h, a->gate, a->up, T * F);
 	copy(m, x_out, a->xmid, T * C);
 	lin_fwd(m, x_out, h, w->w_down, T, C, F, 1.0f);
+	lora_fwd(m, l, LORA_DOWN, x_out, h, T);
 }
 
 /* row_logp/row_ent [T] through tiles of [rows, vocabulary chunk]; a
@@ -489,8 +559,8 @@ int llama_forward(struct llama_model *m, const struct llama_batch *b,
 		} else {
 			x_out = g.resid[(l + 1) & 1];
 		}
-		attention_block_fwd(m, b, &m->w.layers[l], &a);
-		mlp_block_fwd(m, T, &m->w.layers[l], &a, g.s1, x_out);
+		attention_block_fwd(m, b, l, &m->w.layers[l], &a);
+		mlp_block_fwd(m, T, l, &m->w.layers[l], &a, g.s1, x_out);
 		if (training && l + 1 < L)
 			a = next;
 		else
@@ -523,7 +593,7 @@ static void head_bwd(struct llama_model *m, const struct llama_batch *b, float i
 		if (!m->rc)
 			m->rc = m->dev->k->gemm(m->dev, false, false, T, C, 1, drow_val, 1,
 						m->w.score, C, 0.0f, g->dln, C);
-		if (!m->rc)
+		if (!m->rc && !m->frozen)
 			m->rc = m->dev->k->gemm(m->dev, true, false, 1, C, T, drow_val, 1,
 						g->lnf, C, 1.0f, m->g.score, C);
 		bias_bwd(m, m->g.score_bias, drow_val, T, 1);
@@ -552,7 +622,7 @@ static void head_bwd(struct llama_model *m, const struct llama_batch *b, float i
 }
 
 /* g->dx holds dL/dx_{l+1} on entry and dL/dx_l on return. */
-static void layer_bwd(struct llama_model *m, const struct llama_batch *b,
+static void layer_bwd(struct llama_model *m, const struct llama_batch *b, int64_t l,
 		      const struct layer_weights *w, struct layer_weights *gw,
 		      struct layer_acts *a, struct global_acts *g)
 {
@@ -567,18 +637,22 @@ static void layer_bwd(struct llama_model *m, const struct llama_batch *b,
 		m->rc = m->dev->k->swiglu_fwd(m->dev, h, a->gate, a->up, T * F);
 	lin_bwd_w(m, gw->w_down, g->dx, h, T, C, F, true);
 	lin_bwd_in(m, dh, g->dx, w->w_down, T, C, F, 0.0f);
+	lora_bwd(m, l, LORA_DOWN, g->dx, h, dh, T);
 	if (!m->rc)
 		m->rc = m->dev->k->swiglu_bwd(m->dev, dgate, dup, dh, a->gate, a->up, T * F);
 	lin_bwd_w(m, gw->w_gate, dgate, a->ln2, T, F, C, true);
 	lin_bwd_w(m, gw->w_up, dup, a->ln2, T, F, C, true);
 	lin_bwd_in(m, g->dln, dgate, w->w_gate, T, F, C, 0.0f);
 	lin_bwd_in(m, g->dln, dup, w->w_up, T, F, C, 1.0f);
+	lora_bwd(m, l, LORA_GATE, dgate, a->ln2, g->dln, T);
+	lora_bwd(m, l, LORA_UP, dup, a->ln2, g->dln, T);
 	norm_bwd(m, g->dx, gw->ln2, g->dln, a->xmid, w->ln2, a->rstd2, T, C, 1.0f);
 
 	/* Attention: xmid = x_l + att Wo^T (+ bo). */
 	bias_bwd(m, gw->bo, g->dx, T, C);
 	lin_bwd_w(m, gw->wo, g->dx, a->att, T, C, QD, true);
 	lin_bwd_in(m, g->datt, g->dx, w->wo, T, C, QD, 0.0f);
+	lora_bwd(m, l, LORA_O, g->dx, a->att, g->datt, T);
 	if (!m->rc)
 		m->rc = m->dev->k->attention_bwd(m->dev, g->dq, g->dk, g->dv, g->datt,
 						 a->q, a->k, a->v, a->att, a->lse,
@@ -604,6 +678,9 @@ static void layer_bwd(struct llama_model *m, const struct llama_batch *b,
 	lin_bwd_in(m, g->dln, g->dq, w->wq, T, QD, C, 0.0f);
 	lin_bwd_in(m, g->dln, g->dk, w->wk, T, KD, C, 1.0f);
 	lin_bwd_in(m, g->dln, g->dv, w->wv, T, KD, C, 1.0f);
+	lora_bwd(m, l, LORA_Q, g->dq, a->ln1, g->dln, T);
+	lora_bwd(m, l, LORA_K, g->dk, a->ln1, g->dln, T);
+	lora_bwd(m, l, LORA_V, g->dv, a->ln1, g->dln, T);
 	norm_bwd(m, g->dx, gw->ln1, g->dln, a->x, w->ln1, a->rstd1, T, C, 1.0f);
 }
 
@@ -627,11 +704,11 @@ int llama_backward(struct llama_model *m, const struct llama_batch *b,
 		struct layer_acts a;
 
 		layer_acts_at(m, T, l, &a);
-		layer_bwd(m, b, &m->w.layers[l], &m->g.layers[l], &a, &g);
+		layer_bwd(m, b, l, &m->w.layers[l], &m->g.layers[l], &a, &g);
 		if (m->grads_done && !m->rc)
 			m->grads_done(m->grads_done_ctx, l);
 	}
-	if (!m->rc)
+	if (!m->rc && !m->frozen)
 		m->rc = m->dev->k->embedding_bwd(m->dev, m->g.wte, g.dx, b->ids, T, C,
 						 c->vocab_size);
 	m->grads_zero = false;

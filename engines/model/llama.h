@@ -19,6 +19,7 @@
 
 #include "../device/device.h"
 #include "config.h"
+#include "lora.h"
 #include "params.h"
 
 /* A key/value cache for decoding (docs/HACKING.md, where decoding plugs
@@ -58,6 +59,22 @@ struct llama_batch {
  * micro-batches (2.5 GiB of logits) recompute them. */
 #define LLAMA_LM_CACHE_DEFAULT (INT64_C(256) << 20)
 
+/* The LoRA adapter a pass runs with (llama_model.lora; lora.h): its
+ * matrices and their gradients per layer, its scale, and device scratch
+ * of at least llama_lora_scratch_floats(rank, T) floats for a pass of T
+ * tokens. */
+struct llama_lora {
+	int64_t rank;
+	float scale;
+	const struct lora_layer *layers;   /* [L] */
+	float *scratch;
+};
+
+static inline int64_t llama_lora_scratch_floats(int64_t rank, int64_t T)
+{
+	return 2 * rank * T;
+}
+
 struct llama_model {
 	struct device *dev;
 	struct model_config cfg;
@@ -90,6 +107,14 @@ struct llama_model {
 	 * to the zeroes (its first product into that weight; biases, norms
 	 * and the embedding's rows still add), and clears it on return. */
 	bool grads_zero;
+	/* The base is frozen: llama_backward computes no gradient of its
+	 * weights (g is not read or written), only the input gradients the
+	 * adapter's need. */
+	bool frozen;
+	/* NULL, or the adapter the passes run with: each projection it targets
+	 * adds scale (x A^T) B^T, and llama_backward accumulates its A and B
+	 * gradients (written, not added, under grads_zero). */
+	const struct llama_lora *lora;
 };
 
 /* Set up a model over already-bound weights and gradients (layers arrays

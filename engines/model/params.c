@@ -14,24 +14,19 @@ struct table_builder {
 	int rc;
 };
 
-static void add(struct table_builder *b, const char *name, int ndim, int64_t d0,
-		int64_t d1, bool ones, bool zero)
+int param_table_append(struct param_table *t, int64_t *cap, const char *name, int ndim,
+		       int64_t d0, int64_t d1, int64_t layer)
 {
-	struct param_table *t = b->t;
 	struct param_entry *e;
 
-	if (b->rc)
-		return;
-	if (t->count == b->cap) {
-		int64_t cap = b->cap ? 2 * b->cap : 64;
-		struct param_entry *n = realloc(t->entries, cap * sizeof(*n));
+	if (t->count == *cap) {
+		int64_t c = *cap ? 2 * *cap : 64;
+		struct param_entry *n = realloc(t->entries, c * sizeof(*n));
 
-		if (!n) {
-			b->rc = -ENOMEM;
-			return;
-		}
+		if (!n)
+			return -ENOMEM;
 		t->entries = n;
-		b->cap = cap;
+		*cap = c;
 	}
 	e = &t->entries[t->count++];
 	memset(e, 0, sizeof(*e));
@@ -40,17 +35,28 @@ static void add(struct table_builder *b, const char *name, int ndim, int64_t d0,
 	e->shape[0] = d0;
 	e->shape[1] = ndim > 1 ? d1 : 1;
 	e->offset = t->total;
-	e->init_ones = ones;
-	e->init_zero = zero;
-	e->layer = b->layer;
+	e->layer = layer;
 	e->role = PARAM_TRAINABLE;
 	/* Dimensions are bounded (config.h) but the sum over the layers is
 	 * checked all the same. */
 	if (!ck_mul_i64(d0, ndim > 1 ? d1 : 1, &e->numel) ||
 	    !ck_add_i64(t->total, e->numel, &t->total))
-		b->rc = -E2BIG;
+		return -E2BIG;
 	e->held_start = 0;      /* the whole tensor */
 	e->held_numel = e->numel;
+	return 0;
+}
+
+static void add(struct table_builder *b, const char *name, int ndim, int64_t d0,
+		int64_t d1, bool ones, bool zero)
+{
+	if (b->rc)
+		return;
+	b->rc = param_table_append(b->t, &b->cap, name, ndim, d0, d1, b->layer);
+	if (!b->rc) {
+		b->t->entries[b->t->count - 1].init_ones = ones;
+		b->t->entries[b->t->count - 1].init_zero = zero;
+	}
 }
 
 int param_table_build(const struct model_config *cfg, bool value_model,

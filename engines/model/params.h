@@ -76,6 +76,13 @@ int param_table_build(const struct model_config *cfg, bool value_model,
 		      struct param_table *ret, struct eng_error *err);
 void param_table_free(struct param_table *t);
 
+/* Append a trainable entry holding the whole tensor (d1 ignored when ndim
+ * is 1) to t, whose entries array has room for *cap (grown as needed):
+ * -ENOMEM, -E2BIG when the total overflows. The LoRA table (lora.c) is
+ * built with it too. */
+int param_table_append(struct param_table *t, int64_t *cap, const char *name, int ndim,
+		       int64_t d0, int64_t d1, int64_t layer);
+
 /* Index of a name, or -1. */
 int64_t param_table_find(const struct param_table *t, const char *name);
 

@@ -34,6 +34,8 @@
 
 int64_t native_family_len(const struct native *n, enum native_fam f)
 {
+	if (n->frozen && f != FAM_PARAMS)
+		return 0;
 	return f == FAM_EXP_AVG || f == FAM_EXP_AVG_SQ ? n->group.shard_len : n->group.padded_total;
 }
 

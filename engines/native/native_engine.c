@@ -91,7 +91,7 @@ static void native_destroy(struct engine *e)
 	engine_set_impl(e, NULL);
 }
 
-static void native_status(struct engine *e, struct engine_status *ret)
+void native_status(struct engine *e, struct engine_status *ret)
 {
 	struct native *n = native_of(e);
 
@@ -115,8 +115,8 @@ static void native_status(struct engine *e, struct engine_status *ret)
 	ret->dist_rank = n->group.dist ? n->group.dist->rank : 0;
 	ret->dist_backend = n->group.dist ? n->group.dist->ops->name : NULL;
 	ret->dist_broken = n->group.dist && n->group.dist->broken;
-	ret->optim_shard_params = n->group.shard_len;
-	ret->optim_bytes = 2 * (size_t)n->group.shard_len * sizeof(float);
+	ret->optim_shard_params = native_family_len(n, FAM_EXP_AVG);
+	ret->optim_bytes = 2 * (size_t)ret->optim_shard_params * sizeof(float);
 	if (n->group.dist) {
 		ret->dist_bucket_bytes = n->group.bucket_bytes;
 		ret->reduce_buckets = n->group.sync_last.buckets;
@@ -146,6 +146,8 @@ static void native_status(struct engine *e, struct engine_status *ret)
 		.load_checkpoint = native_load_checkpoint,      \
 		.status = native_status,                        \
 		.destroy = native_destroy,                      \
+		.adapter_create = native_adapter_create,        \
+		.adapter_info = native_adapter_info,            \
 	}
 
 const struct engine_ops native_lm_cpu_ops = NATIVE_OPS("language_model", "cpu");

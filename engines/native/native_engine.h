@@ -73,6 +73,24 @@ struct native {
 	struct engine_placement place;
 	int model_fd;                  /* model_path while initializing, else -1 */
 	struct native_group group;       /* native_dist.c */
+	/* A frozen base (engine_init_config.frozen_base): only FAM_PARAMS is
+	 * allocated; adapters (native_adapter.c) train over it. */
+	bool frozen;
+	int64_t adapters;              /* live adapters over this base */
+	/* Set on an adapter: its base, and what it adds to the base's
+	 * projections (the table lists its A and B matrices). */
+	struct native *base;
+	struct native_lora *lora;
+};
+
+/* An adapter's own part (native_adapter.c). */
+struct native_lora {
+	struct engine_adapter_config info;   /* as made (name: its copy) */
+	char name[ENGINE_ADAPTER_NAME_MAX + 1];
+	unsigned *layer_targets;             /* [L] ENGINE_LORA bits */
+	struct lora_layer *layers;           /* [L] bound to the families */
+	struct llama_lora pass;              /* what llama.c reads */
+	int64_t scratch_floats;              /* of pass.scratch */
 };
 
 static inline struct native *native_of(struct engine *e)
@@ -92,6 +110,7 @@ static inline void native_dfree(struct native *n, void *p)
 }
 
 /* native_engine.c: the ops table, the micro-batch buffers, status. */
+void native_status(struct engine *e, struct engine_status *ret);
 void native_io_release(struct native *n);
 /* Make the micro-batch buffers hold T tokens and B sequences. */
 int native_io_reserve(struct native *n, int64_t T, int64_t B, struct eng_error *err);
@@ -116,6 +135,22 @@ int native_lend_params_bf16(struct engine *e, struct engine_lent_file *ret,
 			    struct eng_error *err);
 int native_param_copy(struct engine *e, int64_t i, enum engine_dtype dtype,
 		      int64_t start, int64_t count, void *dst, struct eng_error *err);
+
+/* native_adapter.c: LoRA adapters over a frozen base. */
+int native_adapter_create(struct engine *base, const struct engine_adapter_config *cfg,
+			  struct engine *ad, const struct engine_ops **ret_ops,
+			  struct eng_error *err);
+int native_adapter_info(struct engine *e, struct engine_adapter_config *ret);
+/* The model a ForwardBackward of n runs: its own, or its base's with the
+ * adapter attached for the call (native_adapter_detach after it), its
+ * scratch made to hold T tokens. */
+int native_fb_model(struct native *n, int64_t T, struct llama_model **ret,
+		    struct eng_error *err);
+void native_adapter_detach(struct native *n);
+/* The adapter's matrices bound to its families' current memory. */
+void native_adapter_rebind(struct native *n);
+/* -EALREADY naming the call when n is a frozen base. */
+int native_refuse_frozen(const struct native *n, const char *call, struct eng_error *err);
 
 /* native_place.c: placement of the state families. */
 int native_families_alloc(struct native *n, struct eng_error *err);

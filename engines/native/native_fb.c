@@ -146,7 +146,7 @@ static int upload_mb(struct native *n, const struct mb_host *h)
 /* One micro-batch up to its backward pass: inputs up, forward, outputs
  * into res, the loss and its gradients down to the device (mb_backward
  * then runs the pass). */
-static int mb_forward(struct native *n, const struct engine_batch *b,
+static int mb_forward(struct native *n, struct llama_model *m, const struct engine_batch *b,
 		      struct engine_fb_result *res, struct mb_host *h,
 		      float inv_temp, struct eng_error *err)
 {
@@ -164,7 +164,7 @@ static int mb_forward(struct native *n, const struct engine_batch *b,
 	rc = upload_mb(n, h);
 	if (rc)
 		return eng_fail(err, rc, "device: copy of micro-batch inputs failed");
-	rc = llama_forward(&n->model, &lb, inv_temp, !b->forward_only, rows, rows + cap,
+	rc = llama_forward(m, &lb, inv_temp, !b->forward_only, rows, rows + cap,
 			   rows + 2 * cap);
 	if (rc)
 		return eng_fail(err, rc, "forward: device kernel failed (%s)", eng_strerror(rc));
@@ -219,8 +219,8 @@ static int mb_forward(struct native *n, const struct engine_batch *b,
 }
 
 /* The backward pass of the micro-batch mb_forward ran last. */
-static int mb_backward(struct native *n, const struct mb_host *h, float inv_temp,
-		       struct eng_error *err)
+static int mb_backward(struct native *n, struct llama_model *m, const struct mb_host *h,
+		       float inv_temp, struct eng_error *err)
 {
 	int64_t cap = n->io.cap_tokens;
 	struct llama_batch lb = {
@@ -228,7 +228,7 @@ static int mb_backward(struct native *n, const struct mb_host *h, float inv_temp
 		.cu_seqlens = n->io.cu_seqlens, .targets = n->io.targets,
 	};
 	float *drows = n->io.drows;
-	int rc = llama_backward(&n->model, &lb, inv_temp, drows, drows + cap, drows + 2 * cap);
+	int rc = llama_backward(m, &lb, inv_temp, drows, drows + cap, drows + 2 * cap);
 
 	return rc ? eng_fail(err, rc, "backward: device kernel failed (%s)", eng_strerror(rc)) : 0;
 }
@@ -263,7 +263,7 @@ static int reduce_pass(struct native *n, const struct mb_host *h, float inv_temp
 	int rc;
 
 	native_sync_begin(n);
-	rc = mb_backward(n, h, inv_temp, err);
+	rc = mb_backward(n, &n->model, h, inv_temp, err);
 	if (rc) {
 		native_sync_abandon(n);
 		return rc;
@@ -285,12 +285,15 @@ int native_forward_backward(struct engine *e, const struct engine_batch *b,
 	bool agreed = false, reduced = false;
 	struct mb_plan plan = {0};
 	struct mb_host h = {0};
+	struct llama_model *m = NULL;
 	int64_t max_T = 0, max_B = 0;
 	float *undo = NULL;
 	int32_t k = 0;
 	int rc;
 
 	rc = validate_batch(n, b, err);
+	if (rc == 0 && !b->forward_only)
+		rc = native_refuse_frozen(n, "ForwardBackward", err);
 	if (rc == 0)
 		rc = native_require_placed(n, !b->forward_only, false, err);
 	if (rc == 0)
@@ -304,7 +307,9 @@ int native_forward_backward(struct engine *e, const struct engine_batch *b,
 	/* Everything the call needs is reserved before any state changes, so
 	 * that a failure here leaves gradients untouched. */
 	if (rc == 0)
-		rc = llama_reserve(&n->model, max_T, !b->forward_only, err);
+		rc = native_fb_model(n, max_T, &m, err);
+	if (rc == 0)
+		rc = llama_reserve(m, max_T, !b->forward_only, err);
 	if (rc == 0)
 		rc = native_io_reserve(n, max_T, max_B, err);
 	if (rc == 0 && mb_host_alloc(&h, max_T, max_B))
@@ -325,7 +330,8 @@ int native_forward_backward(struct engine *e, const struct engine_batch *b,
 	/* grad_calls == 0: the gradients are zero (every path that leaves
 	 * them otherwise counts a call or zeroes them), so the first backward
 	 * pass writes its weight products instead of adding them. */
-	n->model.grads_zero = n->grad_calls == 0;
+	if (m)
+		m->grads_zero = n->grad_calls == 0;
 	for (k = 0; k < plan.num_micro_batches && !rc; k++) {
 		bool last = k == plan.num_micro_batches - 1;
 
@@ -340,11 +346,11 @@ int native_forward_backward(struct engine *e, const struct engine_batch *b,
 			break;
 		}
 		mb_gather(b, &plan, k, &h);
-		rc = mb_forward(n, b, res, &h, 1.0f / temp, err);
+		rc = mb_forward(n, m, b, res, &h, 1.0f / temp, err);
 		if (rc || b->forward_only)
 			continue;
 		if (!(reducing && last)) {
-			rc = mb_backward(n, &h, 1.0f / temp, err);
+			rc = mb_backward(n, m, &h, 1.0f / temp, err);
 			continue;
 		}
 		agreed = true;
@@ -367,6 +373,9 @@ int native_forward_backward(struct engine *e, const struct engine_batch *b,
 		undo_gradients(n, undo, err);
 	}
 	native_dfree(n, undo);
+	native_adapter_detach(n);
+	if (m)
+		m->grads_zero = false;
 	res->num_micro_batches = plan.num_micro_batches;
 	if (rc == 0 && !b->forward_only) {
 		n->grad_calls++;

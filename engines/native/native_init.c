@@ -106,10 +106,11 @@ static int check_fits(const struct native *n, const struct engine_init_config *c
 {
 	/* Weights, gradients (and bf16 copy) of every parameter; in a group,
 	 * the moments of this rank's slice only (ZeRO-1). */
-	size_t per = cfg->bf16_matmul ? 10 : 8, need, moments, avail;
+	size_t per = (cfg->bf16_matmul ? 10 : 8) - (n->frozen ? 4 : 0), need, moments, avail;
 
 	if (!ck_mul_size((size_t)n->group.padded_total, per, &need) ||
-	    !ck_mul_size((size_t)n->group.shard_len, 8, &moments) || need > SIZE_MAX - moments)
+	    !ck_mul_size((size_t)native_family_len(n, FAM_EXP_AVG), 8, &moments) ||
+	    need > SIZE_MAX - moments)
 		need = SIZE_MAX;
 	else
 		need += moments;
@@ -117,9 +118,10 @@ static int check_fits(const struct native *n, const struct engine_init_config *c
 	if (need <= avail)
 		return 0;
 	return eng_fail(err, -ENOMEM,
-			"model: %lld parameters need about %.1f GiB (fp32 weights, gradients and "
-			"AdamW moments%s); the %s device has %.1f GiB free",
+			"model: %lld parameters need about %.1f GiB (fp32 weights%s%s); the %s "
+			"device has %.1f GiB free",
 			(long long)n->table.total, (double)need / (1 << 30),
+			n->frozen ? "" : ", gradients and AdamW moments",
 			cfg->bf16_matmul ? ", bf16 copy" : "", cfg->device,
 			(double)avail / (1 << 30));
 }
@@ -205,6 +207,11 @@ int native_initialize(struct engine *e, const struct engine_init_config *cfg,
 	n->seed = cfg->seed;
 	rng_seed(&n->rng, cfg->seed);
 	n->default_budget = cfg->max_tokens_per_micro_batch;
+	n->frozen = cfg->frozen_base;
+	n->model.frozen = n->frozen;
+	if (n->frozen && cfg->dist.world_size > 1)
+		return eng_fail(err, -EINVAL,
+				"frozen_base: a frozen base in a data-parallel group is not built yet");
 
 	if (cfg->model_path) {
 		/* The directory as given (the daemon's pinned one); its files

@@ -90,7 +90,9 @@ int native_param(struct engine *e, int64_t i, struct engine_param_view *ret,
 int native_grad(struct engine *e, int64_t i, struct engine_param_view *ret,
 		struct eng_error *err)
 {
-	return view(native_of(e), FAM_GRADS, i, ret, err);
+	int rc = native_refuse_frozen(native_of(e), "gradients", err);
+
+	return rc ? rc : view(native_of(e), FAM_GRADS, i, ret, err);
 }
 
 static int bf16_copy_possible(struct native *n, bool op, struct eng_error *err)

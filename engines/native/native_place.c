@@ -114,8 +114,20 @@ void native_rebind(struct native *n)
 	float *p = n->fam[FAM_PARAMS].dev ? n->fam[FAM_PARAMS].dev : n->fam[FAM_PARAMS].host;
 	float *g = n->fam[FAM_GRADS].dev ? n->fam[FAM_GRADS].dev : n->fam[FAM_GRADS].host;
 
+	if (n->lora) {
+		/* an adapter: its matrices; the device's region is its base's */
+		native_adapter_rebind(n);
+		return;
+	}
 	model_weights_bind(&n->table, &n->cfg, p, &n->model.w);
-	model_weights_bind(&n->table, &n->cfg, g, &n->model.g);
+	if (n->frozen) {
+		/* no gradients: llama.c reads none (model.frozen) */
+		memset(n->gl, 0, n->cfg.num_layers * sizeof(*n->gl));
+		memset(&n->model.g, 0, sizeof(n->model.g));
+		n->model.g.layers = n->gl;
+	} else {
+		model_weights_bind(&n->table, &n->cfg, g, &n->model.g);
+	}
 	/* the region where the device may cache derived copies (bf16) */
 	n->dev->param_base = n->fam[FAM_PARAMS].dev;
 	n->dev->param_bytes = n->fam[FAM_PARAMS].dev ? n->table.total * sizeof(float) : 0;
@@ -156,7 +168,8 @@ int native_to(struct engine *e, bool to_device, bool model, bool optimizer,
 
 static void drop_activations(struct native *n)
 {
-	llama_drop_activations(&n->model);
+	if (!n->lora)
+		llama_drop_activations(&n->model);
 	native_io_release(n);
 }
 

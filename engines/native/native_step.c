@@ -57,7 +57,9 @@ int native_optimizer_step(struct engine *e, const struct engine_step_params *p,
 	int rc;
 
 	engine_step_params_apply(p, &o);
-	rc = native_require_placed(n, true, true, err);
+	rc = native_refuse_frozen(n, "OptimizerStep", err);
+	if (rc == 0)
+		rc = native_require_placed(n, true, true, err);
 	if (rc == 0 && n->group.dist)
 		rc = native_dist_reduce_grads(n, err);
 	if (rc)
@@ -78,7 +80,8 @@ int native_optimizer_step(struct engine *e, const struct engine_step_params *p,
 	 * derived copies in the update's own pass when it covers the whole
 	 * table (device.h, adamw); a group's slice does not, and the copy is
 	 * made again from the gathered parameters. */
-	n->dev->param_version++;
+	if (!n->lora)
+		n->dev->param_version++;
 	rc = k->adamw(n->dev, params + n->group.shard_off, grads + n->group.shard_off,
 		      n->fam[FAM_EXP_AVG].dev, n->fam[FAM_EXP_AVG_SQ].dev, n->group.shard_len,
 		      lr, o.beta1, o.beta2, o.eps, o.weight_decay, n->optim_step,

@@ -10,38 +10,6 @@
 
 #define V 97
 
-static void make_batch(int32_t *ids, int64_t n, uint32_t seed)
-{
-	for (int64_t i = 0; i < n; i++) {
-		seed = seed * 1664525u + 1013904223u;
-		ids[i] = (int32_t)((seed >> 8) % V);
-	}
-}
-
-static void fill(float *x, int64_t n, uint32_t seed, float scale)
-{
-	for (int64_t i = 0; i < n; i++) {
-		seed = seed * 1664525u + 1013904223u;
-		x[i] = scale * ((float)((seed >> 8) & 0xffff) / 65536.0f - 0.5f);
-	}
-}
-
-/* One forward_backward with given grads; returns rc. */
-static int fb(struct engine *e, const int32_t *ids, int64_t n, const int32_t *lens, int32_t ns,
-	      const float *g_logp, const float *g_ent, int64_t budget, bool fwd_only,
-	      float *logp, float *ent, struct eng_error *err)
-{
-	struct given_grads gg = {.g_logp = g_logp, .g_ent = g_ent};
-	struct engine_batch b = {
-		.n = n, .input_ids = ids, .num_seqs = ns, .seq_lens = lens,
-		.temperature = 0.7f, .forward_only = fwd_only,
-		.max_tokens_per_micro_batch = budget, .loss_fn = given_loss, .loss_ctx = &gg,
-	};
-	struct engine_fb_result r = {.log_probs = logp, .entropy = ent};
-
-	return engine_forward_backward(e, &b, &r, err);
-}
-
 START_TEST(registry)
 {
 	const struct engine_ops *ops;
@@ -144,13 +112,13 @@ START_TEST(outputs_aligned_and_isolated)
 	float lp[15], en[15], lp2[15], en2[15];
 	struct eng_error err = {0};
 
-	make_batch(ids, 15, 7);
+	tiny_batch(ids, 15, 7);
 	/* permuted batch: seq2, seq0, seq1 */
 	memcpy(ids2, ids + 6, 9 * sizeof(int32_t));
 	memcpy(ids2 + 9, ids, 5 * sizeof(int32_t));
 	ids2[14] = ids[5];
-	ck_assert_int_eq(fb(e, ids, 15, lens, 3, NULL, NULL, 0, true, lp, en, &err), 0);
-	ck_assert_int_eq(fb(e, ids2, 15, lens2, 3, NULL, NULL, 10, true, lp2, en2, &err), 0);
+	ck_assert_int_eq(tiny_fb(e, ids, 15, lens, 3, NULL, NULL, 0, true, lp, en, &err), 0);
+	ck_assert_int_eq(tiny_fb(e, ids2, 15, lens2, 3, NULL, NULL, 10, true, lp2, en2, &err), 0);
 	ck_assert_float_eq(lp[0], 0.0f);
 	ck_assert_float_eq(lp[5], 0.0f);
 	ck_assert_float_eq(lp[6], 0.0f);
@@ -182,11 +150,11 @@ START_TEST(micro_batch_invariance)
 	struct eng_error err = {0};
 	double worst = 0;
 
-	make_batch(ids, 25, 11);
-	fill(gl, 25, 5, 1.0f);
-	fill(ge, 25, 6, 0.5f);
-	ck_assert_int_eq(fb(a, ids, 25, lens, 4, gl, ge, 0, false, NULL, NULL, &err), 0);
-	ck_assert_int_eq(fb(b, ids, 25, lens, 4, gl, ge, 11, false, NULL, NULL, &err), 0);
+	tiny_batch(ids, 25, 11);
+	tiny_fill(gl, 25, 5, 1.0f);
+	tiny_fill(ge, 25, 6, 0.5f);
+	ck_assert_int_eq(tiny_fb(a, ids, 25, lens, 4, gl, ge, 0, false, NULL, NULL, &err), 0);
+	ck_assert_int_eq(tiny_fb(b, ids, 25, lens, 4, gl, ge, 11, false, NULL, NULL, &err), 0);
 	for (int64_t i = 0; i < engine_num_params(a); i++) {
 		ck_assert_int_eq(engine_grad(a, i, &va, NULL), 0);
 		ck_assert_int_eq(engine_grad(b, i, &vb, NULL), 0);
@@ -214,33 +182,33 @@ START_TEST(bad_inputs_leave_state)
 	struct eng_error err = {0};
 	uint64_t p0, g0;
 
-	make_batch(ids, 10, 3);
-	fill(gl, 10, 9, 1.0f);
+	tiny_batch(ids, 10, 3);
+	tiny_fill(gl, 10, 9, 1.0f);
 	ck_assert_int_eq(engine_set_mode(e, ENGINE_MODE_TRAIN, false, &err), 0);
-	ck_assert_int_eq(fb(e, ids, 10, lens, 2, gl, NULL, 0, false, NULL, NULL, &err), 0);
+	ck_assert_int_eq(tiny_fb(e, ids, 10, lens, 2, gl, NULL, 0, false, NULL, NULL, &err), 0);
 	p0 = state_digest(e, false);
 	g0 = state_digest(e, true);
 	engine_status(e, &st0);
 
 	int32_t short_lens[2] = {6, 3};
-	ck_assert_int_eq(fb(e, ids, 10, short_lens, 2, gl, NULL, 0, false, NULL, NULL, &err), -EINVAL);
+	ck_assert_int_eq(tiny_fb(e, ids, 10, short_lens, 2, gl, NULL, 0, false, NULL, NULL, &err), -EINVAL);
 	ck_assert_msg(strstr(err.msg, "seq_lens"), "%s", err.msg);
 
 	eng_error_clear(&err);
 	memcpy(bad_ids, ids, sizeof(ids));
 	bad_ids[7] = V;
-	ck_assert_int_eq(fb(e, bad_ids, 10, lens, 2, gl, NULL, 0, false, NULL, NULL, &err), -EINVAL);
+	ck_assert_int_eq(tiny_fb(e, bad_ids, 10, lens, 2, gl, NULL, 0, false, NULL, NULL, &err), -EINVAL);
 	ck_assert_msg(strstr(err.msg, "input_ids[7]"), "%s", err.msg);
 	bad_ids[7] = -1;
-	ck_assert_int_eq(fb(e, bad_ids, 10, lens, 2, gl, NULL, 0, false, NULL, NULL, &err), -EINVAL);
+	ck_assert_int_eq(tiny_fb(e, bad_ids, 10, lens, 2, gl, NULL, 0, false, NULL, NULL, &err), -EINVAL);
 
 	eng_error_clear(&err);
-	ck_assert_int_eq(fb(e, ids, 10, lens, 2, gl, NULL, 5, false, NULL, NULL, &err), -EINVAL);
+	ck_assert_int_eq(tiny_fb(e, ids, 10, lens, 2, gl, NULL, 5, false, NULL, NULL, &err), -EINVAL);
 	ck_assert_msg(strstr(err.msg, "seq_lens[0]"), "%s", err.msg);
 
 	eng_error_clear(&err);
 	int32_t zero_lens[3] = {6, 0, 4};
-	ck_assert_int_eq(fb(e, ids, 10, zero_lens, 3, gl, NULL, 0, false, NULL, NULL, &err), -EINVAL);
+	ck_assert_int_eq(tiny_fb(e, ids, 10, zero_lens, 3, gl, NULL, 0, false, NULL, NULL, &err), -EINVAL);
 	ck_assert_msg(strstr(err.msg, "seq_lens[1]"), "%s", err.msg);
 
 	eng_error_clear(&err);
@@ -281,7 +249,7 @@ START_TEST(bad_inputs_leave_state)
 	ck_assert_int_eq(st1.mode, ENGINE_MODE_TRAIN);
 
 	/* still usable: the same good call works and changes the grads */
-	ck_assert_int_eq(fb(e, ids, 10, lens, 2, gl, NULL, 0, false, NULL, NULL, &err), 0);
+	ck_assert_int_eq(tiny_fb(e, ids, 10, lens, 2, gl, NULL, 0, false, NULL, NULL, &err), 0);
 	ck_assert_uint_ne(state_digest(e, true), g0);
 	engine_destroy(e);
 }
@@ -304,9 +272,9 @@ START_TEST(prepared_call_checked_once)
 	struct engine_fb_call *c = NULL;
 	struct eng_error err = {0};
 
-	make_batch(ids, 10, 3);
-	fill(adv, 10, 4, 1.0f);
-	fill(old, 10, 5, 1.0f);
+	tiny_batch(ids, 10, 3);
+	tiny_fill(adv, 10, 4, 1.0f);
+	tiny_fill(old, 10, 5, 1.0f);
 	for (int i = 0; i < 10; i++)
 		mask[i] = i % 6 != 0;
 	r.batch = (struct engine_batch){ .n = 10, .input_ids = ids, .num_seqs = 2,
@@ -364,12 +332,12 @@ START_TEST(mode_context)
 	ck_assert_int_eq(st.mode, ENGINE_MODE_IDLE);
 	ck_assert(!st.placement.model && !st.placement.optimizer && !st.placement.grad);
 
-	make_batch(ids, 8, 1);
-	fill(gl, 8, 2, 1.0f);
+	tiny_batch(ids, 8, 1);
+	tiny_fill(gl, 8, 2, 1.0f);
 	ck_assert_int_eq(engine_set_mode(e, ENGINE_MODE_TRAIN, false, &err), 0);
 	engine_status(e, &st);
 	ck_assert(st.placement.model && st.placement.optimizer && st.placement.grad);
-	ck_assert_int_eq(fb(e, ids, 8, lens, 1, gl, NULL, 0, false, NULL, NULL, &err), 0);
+	ck_assert_int_eq(tiny_fb(e, ids, 8, lens, 1, gl, NULL, 0, false, NULL, NULL, &err), 0);
 	ck_assert(grad_max_abs(e) > 0);
 	/* leaving TRAIN zeroes grads and offloads */
 	ck_assert_int_eq(engine_set_mode(e, ENGINE_MODE_IDLE, false, &err), 0);
@@ -381,11 +349,11 @@ START_TEST(mode_context)
 	ck_assert_int_eq(engine_set_mode(e, ENGINE_MODE_EVAL, false, &err), 0);
 	engine_status(e, &st);
 	ck_assert(st.placement.model && !st.placement.optimizer);
-	ck_assert_int_eq(fb(e, ids, 8, lens, 1, gl, NULL, 0, false, NULL, NULL, &err), -EALREADY);
+	ck_assert_int_eq(tiny_fb(e, ids, 8, lens, 1, gl, NULL, 0, false, NULL, NULL, &err), -EALREADY);
 	eng_error_clear(&err);
 	ck_assert_int_eq(engine_optimizer_step(e, &sr, &err), -EALREADY);
 	eng_error_clear(&err);
-	ck_assert_int_eq(fb(e, ids, 8, lens, 1, NULL, NULL, 0, true, NULL, NULL, &err), 0);
+	ck_assert_int_eq(tiny_fb(e, ids, 8, lens, 1, NULL, NULL, 0, true, NULL, NULL, &err), 0);
 
 	/* disable_auto_offload: leaving keeps the placement */
 	ck_assert_int_eq(engine_set_mode(e, ENGINE_MODE_IDLE, false, &err), 0);
@@ -395,7 +363,7 @@ START_TEST(mode_context)
 	ck_assert_int_eq(engine_set_mode(e, ENGINE_MODE_IDLE, false, &err), 0);
 
 	/* per-call context from IDLE keeps the grads between calls */
-	ck_assert_int_eq(fb(e, ids, 8, lens, 1, gl, NULL, 0, false, NULL, NULL, &err), 0);
+	ck_assert_int_eq(tiny_fb(e, ids, 8, lens, 1, gl, NULL, 0, false, NULL, NULL, &err), 0);
 	engine_status(e, &st);
 	ck_assert_int_eq(st.mode, ENGINE_MODE_IDLE);
 	ck_assert(!st.placement.model);
@@ -440,9 +408,9 @@ START_TEST(adamw_first_step_with_clipping)
 	cfg.optim.clip_grad = clip;
 	cfg.seed = 42;
 	ck_assert_int_eq(engine_create(&cfg, &e, &err), 0);
-	make_batch(ids, 16, 77);
-	fill(gl, 16, 78, 2.0f);
-	ck_assert_int_eq(fb(e, ids, 16, lens, 2, gl, NULL, 0, false, NULL, NULL, &err), 0);
+	tiny_batch(ids, 16, 77);
+	tiny_fill(gl, 16, 78, 2.0f);
+	ck_assert_int_eq(tiny_fb(e, ids, 16, lens, 2, gl, NULL, 0, false, NULL, NULL, &err), 0);
 
 	np = engine_num_params(e);
 	p0 = calloc(np, sizeof(*p0));
@@ -504,7 +472,7 @@ START_TEST(nonfinite_norm_skips)
 	struct eng_error err = {0};
 	uint64_t p0 = state_digest(e, false);
 
-	make_batch(ids, 6, 4);
+	tiny_batch(ids, 6, 4);
 	ck_assert_int_eq(engine_forward_backward(e, &b, &r, &err), 0);
 	ck_assert_int_eq(engine_optimizer_step(e, &sr, &err), 0);
 	ck_assert(sr.skipped);

@@ -66,6 +66,45 @@ static inline int given_loss(void *ctx, struct engine_loss_io *io, struct eng_er
 	return 0;
 }
 
+/* Vocabulary of TINY_QWEN2. */
+#define TINY_V 97
+
+/* n token ids in [0, TINY_V) from a seed. */
+static inline void tiny_batch(int32_t *ids, int64_t n, uint32_t seed)
+{
+	for (int64_t i = 0; i < n; i++) {
+		seed = seed * 1664525u + 1013904223u;
+		ids[i] = (int32_t)((seed >> 8) % TINY_V);
+	}
+}
+
+/* x[n] uniform in [-scale/2, scale/2) from a seed. */
+static inline void tiny_fill(float *x, int64_t n, uint32_t seed, float scale)
+{
+	for (int64_t i = 0; i < n; i++) {
+		seed = seed * 1664525u + 1013904223u;
+		x[i] = scale * ((float)((seed >> 8) & 0xffff) / 65536.0f - 0.5f);
+	}
+}
+
+/* One forward_backward of e at temperature 0.7 with the given upstream
+ * gradients; returns rc. */
+static inline int tiny_fb(struct engine *e, const int32_t *ids, int64_t n,
+			  const int32_t *lens, int32_t ns, const float *g_logp,
+			  const float *g_ent, int64_t budget, bool fwd_only, float *logp,
+			  float *ent, struct eng_error *err)
+{
+	struct given_grads gg = {.g_logp = g_logp, .g_ent = g_ent};
+	struct engine_batch b = {
+		.n = n, .input_ids = ids, .num_seqs = ns, .seq_lens = lens,
+		.temperature = 0.7f, .forward_only = fwd_only,
+		.max_tokens_per_micro_batch = budget, .loss_fn = given_loss, .loss_ctx = &gg,
+	};
+	struct engine_fb_result r = {.log_probs = logp, .entropy = ent};
+
+	return engine_forward_backward(e, &b, &r, err);
+}
+
 /* XXH64 over all parameters (grads=false) or gradients (grads=true). */
 static inline uint64_t state_digest(struct engine *e, bool grads)
 {

@@ -73,6 +73,8 @@ int cpu_rmsnorm_bwd(struct device *dev, float *dx, float *dw,
 				d[j] = beta_dx * d[j] + (rs * w[j] * g[j] - coef * xr[j]);
 		}
 	}
+	if (!dw)
+		return 0;
 #pragma omp parallel for schedule(static)
 	for (c = 0; c < nchunks; c++) {
 		int64_t c0 = c * COL_CHUNK;

@@ -159,7 +159,7 @@ extern "C" int cuda_rmsnorm_bwd(struct device *dev, float *dx, float *dw,
 	rmsnorm_bwd_kernel<<<(unsigned int)((R + NORM_WARPS - 1) / NORM_WARPS), 32 * NORM_WARPS,
 			     0, cuda_stream(dev)>>>(dx, dout, x, w, rstd, R, C, beta_dx);
 	r = cuda_launched(dev);
-	if (r)
+	if (r || !dw)
 		return r;
 	return col_sums(dev, dw, dout, x, rstd, R, C);
 }
