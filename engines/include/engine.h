@@ -491,9 +491,12 @@ int engine_adapter_config_check(const struct engine_adapter_config *c, struct en
  * the mode context act on the adapter's own parameters, gradients, AdamW
  * moments, step and schedule; the parameter views are its A and B
  * matrices in PEFT's names
- * (base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight).
- * Checkpoints and the bf16 exports of an adapter are -ENOSYS (not built
- * yet). The base is never changed through it. Destroy every adapter
+ * (base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight); its
+ * checkpoint is a PEFT directory (adapter_config.json,
+ * adapter_model.safetensors) with the optimizer files and
+ * engine_state.json beside it. It keeps no bf16 copy (-ENOTSUP). The base
+ * is never changed through it, and a frozen base has no checkpoints of
+ * its own (-ENOSYS: its weights never change). Destroy every adapter
  * (engine_destroy) before its base. Errors: engine_adapter_config_check's;
  * -EALREADY when base is not a frozen base (or is in a group); -EINVAL for
  * a rank larger than a target allows, a value model (not built yet), or

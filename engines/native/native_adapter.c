@@ -127,22 +127,6 @@ static int adapter_forward_backward(struct engine *e, const struct engine_batch 
 	return native_forward_backward(e, b, res, err);
 }
 
-static int adapter_no_checkpoint(struct engine *e, const char *dir, int64_t global_step,
-				 int max_to_keep, unsigned contents, size_t *ret_bytes,
-				 struct eng_error *err)
-{
-	(void)e; (void)dir; (void)global_step; (void)max_to_keep; (void)contents;
-	(void)ret_bytes;
-	return eng_fail(err, -ENOSYS, "adapter checkpoints are not built yet");
-}
-
-static int adapter_no_load(struct engine *e, const char *dir, unsigned contents,
-			   int64_t *ret_global_step, struct eng_error *err)
-{
-	(void)e; (void)dir; (void)contents; (void)ret_global_step;
-	return eng_fail(err, -ENOSYS, "adapter checkpoints are not built yet");
-}
-
 static int adapter_no_bf16(struct engine *e, struct eng_error *err)
 {
 	(void)e;
@@ -180,8 +164,8 @@ static const struct engine_ops adapter_ops = {
 	.param_copy = native_param_copy,
 	.keep_params_bf16 = adapter_no_bf16,
 	.lend_params_bf16 = adapter_no_lend,
-	.save_checkpoint = adapter_no_checkpoint,
-	.load_checkpoint = adapter_no_load,
+	.save_checkpoint = native_save_checkpoint,
+	.load_checkpoint = native_load_checkpoint,
 	.status = native_status,
 	.destroy = adapter_destroy,
 	.adapter_info = native_adapter_info,

@@ -1,5 +1,6 @@
 /* native_ckpt.c — SaveCheckpoint / LoadCheckpoint of the native engine
- * (docs/DESIGN.md §6): HF config.json + model.safetensors, optimizer moments in
+ * (docs/DESIGN.md §6): HF config.json + model.safetensors (an adapter's:
+ * PEFT's adapter_config.json + adapter_model.safetensors), optimizer moments in
  * optimizer files (their two layouts: native_optim_files.c),
  * engine_state.json with steps, scheduler, RNG and hyper-parameters (its
  * members and their schema: native_state.c). The directory protocol (temp
@@ -18,6 +19,7 @@
 
 #include "../checkpoint/checkpoint.h"
 #include "io/safetensors.h"
+#include "native_peft.h"
 
 void native_ckpt_file_progress(void *ctx, uint64_t data_bytes)
 {
@@ -71,16 +73,17 @@ int native_ckpt_write_model(struct native *n, struct ckpt_writer *w,
 	static const char *const prefix[1] = {""};
 	const float *data[1];
 	float *owned = NULL;
-	char *cfg = model_config_to_json(&n->cfg);
+	char *cfg = n->lora ? native_peft_config_json(n) : model_config_to_json(&n->cfg);
 	int rc;
 
-	rc = cfg ? ckpt_writer_put(w, "config.json", cfg, strlen(cfg), err)
+	rc = cfg ? ckpt_writer_put(w, n->lora ? NATIVE_PEFT_CONFIG : "config.json", cfg,
+				   strlen(cfg), err)
 		 : eng_fail(err, -ENOMEM, "checkpoint: out of memory");
 	free(cfg);
 	if (rc == 0)
 		rc = native_family_read(n, FAM_PARAMS, &data[0], &owned, err);
 	if (rc == 0)
-		rc = write_families(n, w, "model.safetensors", 1, prefix, data, pr, err);
+		rc = write_families(n, w, native_model_file(n), 1, prefix, data, pr, err);
 	n->dev->ops->host_free(n->dev, owned);
 	return rc;
 }
@@ -125,7 +128,7 @@ int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_ste
 	uint64_t total = 0;
 	int64_t fam_bytes = n->table.total * (int64_t)sizeof(float);
 	struct native_ckpt_progress pr = {
-		e, "model.safetensors", 0,
+		e, native_model_file(n), 0,
 		((contents & CKPT_MODEL) ? fam_bytes : 0) +
 		((contents & CKPT_OPTIMIZER) ? 2 * fam_bytes : 0),
 	};
@@ -143,7 +146,7 @@ int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_ste
 	if (contents & CKPT_MODEL) {
 		rc = native_ckpt_write_model(n, w, &pr, err);
 		if (rc == 0)
-			rc = native_ckpt_cancelled(e, "model.safetensors", err);
+			rc = native_ckpt_cancelled(e, native_model_file(n), err);
 	}
 	if (rc == 0 && (contents & CKPT_OPTIMIZER)) {
 		rc = native_family_read(n, FAM_EXP_AVG, &data[0], &owned[0], err);
@@ -245,11 +248,11 @@ int native_load_open(struct engine *e, struct native *n, const char *dir, unsign
 			      L->resolved);
 	/* Validate everything before the first byte of engine state changes. */
 	if (rc == 0 && (contents & CKPT_MODEL)) {
-		snprintf(path, sizeof(path), "%s/model.safetensors", L->resolved);
-		rc = st_reader_open_at(L->ckfd, "model.safetensors", path, &L->model, err);
+		snprintf(path, sizeof(path), "%s/%s", L->resolved, native_model_file(n));
+		rc = st_reader_open_at(L->ckfd, native_model_file(n), path, &L->model, err);
 		if (rc == 0) {
 			st_reader_set_threads(L->model, n->io_threads);
-			rc = check_model_shapes(n, L->model, "model.safetensors", err);
+			rc = check_model_shapes(n, L->model, native_model_file(n), err);
 		}
 	}
 	if (rc == 0 && (contents & CKPT_OPTIMIZER))
@@ -285,7 +288,7 @@ int native_load_model(struct native *n, struct native_load *L, struct eng_error 
 
 	if (!host && !(host = staging = malloc((size_t)n->table.total * sizeof(float))))
 		return eng_fail(err, -ENOMEM, "checkpoint: out of host memory");
-	L->pr.file = "model.safetensors";
+	L->pr.file = native_model_file(n);
 	for (int64_t i = 0; i < n->table.count && !rc; i++) {
 		const struct param_entry *p = &n->table.entries[i];
 
@@ -322,7 +325,8 @@ int native_load_apply(struct engine *e, struct native *n, unsigned contents,
 		(void)rng_set_state(&n->rng, saved->rng, NULL);  /* checked: not all zero */
 	}
 	if (contents & CKPT_MODEL) {
-		n->dev->param_version++;
+		if (!n->lora)
+			n->dev->param_version++;
 		return native_zero_grad(e, err);
 	}
 	return 0;

@@ -93,6 +93,12 @@ struct native_lora {
 	int64_t scratch_floats;              /* of pass.scratch */
 };
 
+/* The checkpoint file of the parameters: an adapter's is PEFT's. */
+static inline const char *native_model_file(const struct native *n)
+{
+	return n->lora ? "adapter_model.safetensors" : "model.safetensors";
+}
+
 static inline struct native *native_of(struct engine *e)
 {
 	return engine_impl(e);

@@ -17,8 +17,8 @@
 #include "io/fileio.h"
 #include "io/safetensors.h"
 
-#define PEFT_CONFIG "adapter_config.json"
-#define PEFT_WEIGHTS "adapter_model.safetensors"
+#define PEFT_CONFIG NATIVE_PEFT_CONFIG
+#define PEFT_WEIGHTS NATIVE_PEFT_WEIGHTS
 
 /* A key whose value must be absent, null, false, empty or `fine`. */
 static int unsupported(json_t *c, const char *dir, const char *key, const char *fine,
@@ -237,4 +237,47 @@ void native_peft_close(struct native_peft *p)
 	if (p->dfd >= 0)
 		close(p->dfd);
 	p->dfd = -1;
+}
+
+char *native_peft_config_json(const struct native *n)
+{
+	const struct native_lora *a = n->lora;
+	json_t *c = json_object(), *t = json_array();
+	bool uniform = true;
+	char path[96], *text;
+
+	for (int64_t l = 1; l < n->cfg.num_layers; l++)
+		uniform = uniform && a->layer_targets[l] == a->layer_targets[0];
+	for (int64_t l = 0; l < (uniform ? 1 : n->cfg.num_layers); l++)
+		for (int m = 0; m < LORA_MODULES; m++) {
+			if (!(a->layer_targets[l] & (1u << m)))
+				continue;
+			if (uniform)
+				snprintf(path, sizeof(path), "%s", lora_module_name(m));
+			else
+				snprintf(path, sizeof(path), "model.layers.%lld.%s.%s", (long long)l,
+					 lora_module_parent(m), lora_module_name(m));
+			json_array_append_new(t, json_string(path));
+		}
+	json_object_set_new(c, "peft_type", json_string("LORA"));
+	json_object_set_new(c, "task_type", json_string("CAUSAL_LM"));
+	json_object_set_new(c, "base_model_name_or_path", json_null());
+	json_object_set_new(c, "r", json_integer(a->info.rank));
+	json_object_set_new(c, "lora_alpha", json_real(a->info.alpha));
+	json_object_set_new(c, "use_rslora", json_boolean(a->info.rslora));
+	json_object_set_new(c, "target_modules", t);
+	json_object_set_new(c, "lora_dropout", json_real(0.0));
+	json_object_set_new(c, "bias", json_string("none"));
+	json_object_set_new(c, "fan_in_fan_out", json_false());
+	json_object_set_new(c, "use_dora", json_false());
+	json_object_set_new(c, "init_lora_weights", json_true());
+	json_object_set_new(c, "inference_mode", json_true());
+	json_object_set_new(c, "modules_to_save", json_null());
+	json_object_set_new(c, "layers_to_transform", json_null());
+	json_object_set_new(c, "layers_pattern", json_null());
+	json_object_set_new(c, "rank_pattern", json_object());
+	json_object_set_new(c, "alpha_pattern", json_object());
+	text = json_dumps(c, JSON_INDENT(2) | JSON_SORT_KEYS);
+	json_decref(c);
+	return text;
 }

@@ -9,6 +9,9 @@
 
 struct st_reader;
 
+#define NATIVE_PEFT_CONFIG "adapter_config.json"
+#define NATIVE_PEFT_WEIGHTS "adapter_model.safetensors"
+
 struct native_peft {
 	int dfd;                  /* the directory; -1 when closed */
 	struct st_reader *r;      /* adapter_model.safetensors */
@@ -29,5 +32,11 @@ int native_peft_open(struct native *n, const struct engine_adapter_config *cfg,
 int native_peft_read(struct native *n, struct native_peft *p, float *host,
 		     struct eng_error *err);
 void native_peft_close(struct native_peft *p);
+
+/* adapter n's adapter_config.json as peft writes it (text, caller frees;
+ * NULL when out of memory): r, lora_alpha, use_rslora, and target_modules
+ * as module names, or as full module paths
+ * (model.layers.<l>.self_attn.q_proj) when the layers differ. */
+char *native_peft_config_json(const struct native *n);
 
 #endif

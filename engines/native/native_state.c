@@ -22,6 +22,7 @@
 
 #include "../checkpoint/checkpoint.h"
 #include "../optim/schedule.h"
+#include "native_peft.h"
 
 #define STATE_MAX_STEP (INT64_C(1) << 53)
 
@@ -178,18 +179,20 @@ static bool is_optim_file(json_t *state, const char *name)
 	return false;
 }
 
-/* contents: known names, each once, matching the files listed. */
-static int check_contents(json_t *state, const char *shown, unsigned *ret,
-			  struct eng_error *err)
+/* contents: known names, each once, matching the files listed (the
+ * model's files: an adapter's are PEFT's). */
+static int check_contents(const struct native *n, json_t *state, const char *shown,
+			  unsigned *ret, struct eng_error *err)
 {
 	static const struct {
 		const char *name;
 		unsigned flag;
 	} names[] = {{"model", CKPT_MODEL}, {"optimizer", CKPT_OPTIMIZER}, {"extra", CKPT_EXTRA}};
-	static const struct {
+	const struct {
 		const char *file;
 		unsigned needs;
-	} files[] = {{"config.json", CKPT_MODEL}, {"model.safetensors", CKPT_MODEL}};
+	} files[] = {{n->lora ? NATIVE_PEFT_CONFIG : "config.json", CKPT_MODEL},
+		     {native_model_file(n), CKPT_MODEL}};
 	json_t *c = json_object_get(state, "contents"), *fl = json_object_get(state, "files"), *v;
 	unsigned got = 0;
 	const char *name;
@@ -305,7 +308,7 @@ int native_state_check(struct native *n, json_t *state, const char *shown,
 				int_of(state, "world_size") < 1 ? "world_size" : "num_parameters");
 	rc = check_rng(json_object_get(state, "rng_state"), shown, ret->rng, err);
 	if (!rc)
-		rc = check_contents(state, shown, &ret->contents, err);
+		rc = check_contents(n, state, shown, &ret->contents, err);
 	if (!rc)
 		rc = check_hyper(state, shown, err);
 	if (rc)

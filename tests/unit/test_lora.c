@@ -4,7 +4,9 @@
  * and two trained interleaved over one base end bit for bit as each
  * trained alone; bad configurations are refused with nothing changed.
  * Numerics against PEFT: tests/verl/test_lora_peft.py. */
+#include <jansson.h>
 #include <math.h>
+#include <unistd.h>
 
 #include "test_helpers.h"
 
@@ -212,6 +214,62 @@ START_TEST(bad_configs_refused)
 }
 END_TEST
 
+/* An adapter's checkpoint is a PEFT directory plus its optimizer and
+ * state: a load restores the adapter bit for bit, steps included, so that
+ * training goes on as if never interrupted; another rank is refused. */
+START_TEST(adapter_checkpoint_round_trip)
+{
+	char root[] = "/tmp/engined-lora-XXXXXX", dir[64], file[128], cmd[96];
+	struct engine *e = make_base(true);
+	struct engine *x = make_adapter(e, "x", 4, (1u << 1) | (1u << 4), 11);
+	struct engine *y = make_adapter(e, "y", 2, (1u << 1) | (1u << 4), 11);
+	struct engine_status st;
+	struct eng_error err = {0};
+	uint64_t d2, d3;
+	int64_t gstep = 0;
+	json_t *cfg;
+
+	ck_assert_ptr_nonnull(mkdtemp(root));
+	snprintf(dir, sizeof(dir), "%s/x", root);
+	train_step(x, 0);
+	train_step(x, 1);
+	d2 = state_digest(x, false);
+	ck_assert_msg(engine_save_checkpoint(x, dir, 2, 0, CKPT_ALL, NULL, &err) == 0, "%s",
+		      err.msg);
+	train_step(x, 2);
+	d3 = state_digest(x, false);
+	ck_assert_msg(engine_load_checkpoint(x, dir, CKPT_ALL, &gstep, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(gstep, 2);
+	ck_assert_uint_eq(state_digest(x, false), d2);
+	engine_status(x, &st);
+	ck_assert_int_eq(st.step, 2);
+	train_step(x, 2);
+	ck_assert_uint_eq(state_digest(x, false), d3);
+	/* PEFT's files */
+	snprintf(file, sizeof(file), "%s/adapter_model.safetensors", dir);
+	ck_assert_int_eq(access(file, F_OK), 0);
+	snprintf(file, sizeof(file), "%s/adapter_config.json", dir);
+	cfg = json_load_file(file, 0, NULL);
+	ck_assert_ptr_nonnull(cfg);
+	ck_assert_int_eq(json_integer_value(json_object_get(cfg, "r")), 4);
+	ck_assert_str_eq(json_string_value(json_array_get(json_object_get(cfg, "target_modules"),
+							  1)), "gate_proj");
+	json_decref(cfg);
+	/* another shape, and the base itself, are refused; y is unchanged */
+	d2 = state_digest(y, false);
+	eng_error_clear(&err);
+	ck_assert_int_eq(engine_load_checkpoint(y, dir, CKPT_ALL, &gstep, &err), -EINVAL);
+	ck_assert_uint_eq(state_digest(y, false), d2);
+	eng_error_clear(&err);
+	ck_assert_int_eq(engine_load_checkpoint(e, dir, CKPT_ALL, &gstep, &err), -ENOSYS);
+	engine_destroy(x);
+	engine_destroy(y);
+	engine_destroy(e);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+	ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("lora");
@@ -222,6 +280,7 @@ int main(void)
 	tcase_add_test(tc, fresh_adapter_scores_as_base);
 	tcase_add_test(tc, interleaved_equals_alone);
 	tcase_add_test(tc, bad_configs_refused);
+	tcase_add_test(tc, adapter_checkpoint_round_trip);
 	suite_add_tcase(s, tc);
 	return check_run(s);
 }
