@@ -101,3 +101,16 @@ int engine_adapter_info(struct engine *e, struct engine_adapter_config *ret)
 		return -EINVAL;
 	return ops->adapter_info(e, ret);
 }
+
+int engine_adapter_set_view(struct engine *e, enum engine_adapter_view view,
+			    struct eng_error *err)
+{
+	const struct engine_ops *ops = engine_ops_of(e);
+
+	if (!ops->adapter_view)
+		return eng_fail(err, -EINVAL, "adapter_view: the engine is no adapter");
+	if (view != ENGINE_ADAPTER_VIEW_ADAPTER && view != ENGINE_ADAPTER_VIEW_BASE &&
+	    view != ENGINE_ADAPTER_VIEW_MERGED)
+		return eng_fail(err, -EINVAL, "adapter_view: unknown view %d", (int)view);
+	return ops->adapter_view(e, view, err);
+}

@@ -327,6 +327,21 @@ struct engine_lent_file {
 	const uint16_t *base;
 };
 
+/* Which tensors an adapter's parameter views (engine_num_params,
+ * engine_param_info, engine_param, engine_param_copy) show, the three
+ * ways verl syncs a LoRA model to its rollout (engine_adapter_set_view,
+ * below). */
+enum engine_adapter_view {
+	/* Its A and B matrices alone, PEFT's names (verl's base_sync_done). */
+	ENGINE_ADAPTER_VIEW_ADAPTER = 0,
+	/* The base alone, in Hugging Face names but every projection's
+	 * weight and bias named <module>.base_layer.weight / .bias (verl's
+	 * first sync: replace_lora_wrapper). */
+	ENGINE_ADAPTER_VIEW_BASE = 1,
+	/* The base with each targeted weight merged, W + scale B A, in
+	 * Hugging Face names (verl's lora.merge). */
+	ENGINE_ADAPTER_VIEW_MERGED = 2,
+};
 struct engine;  /* opaque */
 struct engine_adapter_config;  /* LoRA adapters, below */
 
@@ -377,6 +392,8 @@ struct engine_ops {
 			      struct engine *ad, const struct engine_ops **ret_ops,
 			      struct eng_error *err);
 	int (*adapter_info)(struct engine *e, struct engine_adapter_config *ret);
+	int (*adapter_view)(struct engine *e, enum engine_adapter_view view,
+			    struct eng_error *err);
 };
 
 /* --- registry ----------------------------------------------------------- */
@@ -508,6 +525,12 @@ int engine_adapter_create(struct engine *base, const struct engine_adapter_confi
 /* The rank, alpha, targets and rslora an adapter was made with (from its
  * PEFT directory, when it came from one). -EINVAL when e is no adapter. */
 int engine_adapter_info(struct engine *e, struct engine_adapter_config *ret);
+
+/* Set the view until set again (an adapter starts with
+ * ENGINE_ADAPTER_VIEW_ADAPTER; gradients exist in that view only).
+ * -EINVAL when e is no adapter or view is unknown; -ENOMEM. */
+int engine_adapter_set_view(struct engine *e, enum engine_adapter_view view,
+			    struct eng_error *err);
 
 /* --- data-parallel groups (engine_host.c) -------------------------------- */
 

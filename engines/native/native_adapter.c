@@ -36,6 +36,7 @@ void native_adapter_rebind(struct native *n)
 	float *g = n->fam[FAM_GRADS].dev ? n->fam[FAM_GRADS].dev : n->fam[FAM_GRADS].host;
 
 	lora_bind(&n->table, &n->cfg, a->layer_targets, p, g, a->layers);
+	native_adapter_changed(n);
 }
 
 int native_fb_model(struct native *n, int64_t T, struct llama_model **ret,
@@ -105,6 +106,8 @@ static void adapter_destroy(struct engine *e)
 		return;
 	if (n->lora) {
 		native_dfree(n, n->lora->pass.scratch);
+		native_dfree(n, n->lora->merged);
+		free(n->lora->base_names);
 		free(n->lora->layer_targets);
 		free(n->lora->layers);
 		free(n->lora);
@@ -157,11 +160,11 @@ static const struct engine_ops adapter_ops = {
 	.lr_scheduler_step = native_lr_scheduler_step,
 	.to = native_to,
 	.zero_grad = native_zero_grad,
-	.num_params = native_num_params,
-	.param = native_param,
-	.grad = native_grad,
-	.param_info = native_param_info,
-	.param_copy = native_param_copy,
+	.num_params = native_adapter_num_params,
+	.param = native_adapter_param,
+	.grad = native_adapter_grad,
+	.param_info = native_adapter_param_info,
+	.param_copy = native_adapter_param_copy,
 	.keep_params_bf16 = adapter_no_bf16,
 	.lend_params_bf16 = adapter_no_lend,
 	.save_checkpoint = native_save_checkpoint,
@@ -169,6 +172,7 @@ static const struct engine_ops adapter_ops = {
 	.status = native_status,
 	.destroy = adapter_destroy,
 	.adapter_info = native_adapter_info,
+	.adapter_view = native_adapter_set_view,
 };
 
 /* The rank, alpha, targets and rsLoRA of cfg checked against the base, and
@@ -270,6 +274,7 @@ int native_adapter_create(struct engine *base, const struct engine_adapter_confi
 					       : a->info.alpha / (double)a->info.rank);
 	a->pass.layers = a->layers;
 	n->place = (struct engine_placement){true, true, true};
+	a->merged_index = -1;
 	native_adapter_rebind(n);
 	native_peft_close(&peft);
 	*ret_ops = &adapter_ops;

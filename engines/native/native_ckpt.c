@@ -327,6 +327,7 @@ int native_load_apply(struct engine *e, struct native *n, unsigned contents,
 	if (contents & CKPT_MODEL) {
 		if (!n->lora)
 			n->dev->param_version++;
+		native_adapter_changed(n);
 		return native_zero_grad(e, err);
 	}
 	return 0;

@@ -91,6 +91,13 @@ struct native_lora {
 	struct lora_layer *layers;           /* [L] bound to the families */
 	struct llama_lora pass;              /* what llama.c reads */
 	int64_t scratch_floats;              /* of pass.scratch */
+	/* The parameter views (native_adapter_views.c): which, the base's
+	 * names in the BASE view, and the last merged weight (base tensor
+	 * merged_index, -1: none) in a device buffer of merged_floats. */
+	enum engine_adapter_view view;
+	char (*base_names)[96];
+	float *merged;
+	int64_t merged_floats, merged_index;
 };
 
 /* The checkpoint file of the parameters: an adapter's is PEFT's. */
@@ -141,6 +148,18 @@ int native_lend_params_bf16(struct engine *e, struct engine_lent_file *ret,
 			    struct eng_error *err);
 int native_param_copy(struct engine *e, int64_t i, enum engine_dtype dtype,
 		      int64_t start, int64_t count, void *dst, struct eng_error *err);
+/* The same of a native: tensor i's view of family f (host-resident or
+ * staged), its name/shape alone, a parameter's slice copied out. */
+int native_view(struct native *n, enum native_fam f, int64_t i,
+		struct engine_param_view *ret, struct eng_error *err);
+void native_fill_info(struct native *n, enum native_fam f, int64_t i,
+		      struct engine_param_view *ret);
+int native_param_copy_of(struct native *n, int64_t i, enum engine_dtype dtype, int64_t start,
+			 int64_t count, void *dst, struct eng_error *err);
+/* count floats at src (host memory, or the device's) converted to dtype
+ * into host dst; name for messages. */
+int native_copy_out(struct native *n, const float *src, bool host, enum engine_dtype dtype,
+		    int64_t count, void *dst, const char *name, struct eng_error *err);
 
 /* native_adapter.c: LoRA adapters over a frozen base. */
 int native_adapter_create(struct engine *base, const struct engine_adapter_config *cfg,
@@ -155,6 +174,23 @@ int native_fb_model(struct native *n, int64_t T, struct llama_model **ret,
 void native_adapter_detach(struct native *n);
 /* The adapter's matrices bound to its families' current memory. */
 void native_adapter_rebind(struct native *n);
+/* native_adapter_views.c: the adapter's parameter views (engine_ops). */
+int native_adapter_set_view(struct engine *e, enum engine_adapter_view view,
+			    struct eng_error *err);
+int64_t native_adapter_num_params(struct engine *e);
+int native_adapter_param_info(struct engine *e, int64_t i, struct engine_param_view *ret);
+int native_adapter_param(struct engine *e, int64_t i, struct engine_param_view *ret,
+			 struct eng_error *err);
+int native_adapter_param_copy(struct engine *e, int64_t i, enum engine_dtype dtype,
+			      int64_t start, int64_t count, void *dst, struct eng_error *err);
+int native_adapter_grad(struct engine *e, int64_t i, struct engine_param_view *ret,
+			struct eng_error *err);
+/* Forget a merged weight (the adapter's parameters changed). */
+static inline void native_adapter_changed(struct native *n)
+{
+	if (n->lora)
+		n->lora->merged_index = -1;
+}
 /* -EALREADY naming the call when n is a frozen base. */
 int native_refuse_frozen(const struct native *n, const char *call, struct eng_error *err);
 

@@ -23,7 +23,7 @@ static bool bf16_copy_region(struct native *n)
 	       n->dev->param_base == n->fam[FAM_PARAMS].dev;
 }
 
-static void fill_info(struct native *n, enum native_fam f, int64_t i,
+void native_fill_info(struct native *n, enum native_fam f, int64_t i,
 		      struct engine_param_view *ret)
 {
 	const struct param_entry *p = &n->table.entries[i];
@@ -46,13 +46,13 @@ static void fill_info(struct native *n, enum native_fam f, int64_t i,
 
 int native_param_info(struct engine *e, int64_t i, struct engine_param_view *ret)
 {
-	fill_info(native_of(e), FAM_PARAMS, i, ret);
+	native_fill_info(native_of(e), FAM_PARAMS, i, ret);
 	return 0;
 }
 
 /* A host-readable view of tensor i of family f: in place when the family is
  * host-readable, else staged (one tensor at a time) through n->stage. */
-static int view(struct native *n, enum native_fam f, int64_t i,
+int native_view(struct native *n, enum native_fam f, int64_t i,
 		struct engine_param_view *ret, struct eng_error *err)
 {
 	const struct param_entry *p = &n->table.entries[i];
@@ -76,7 +76,7 @@ static int view(struct native *n, enum native_fam f, int64_t i,
 			return eng_fail(err, rc, "%s: copy from device failed", p->name);
 		src = s;
 	}
-	fill_info(n, f, i, ret);
+	native_fill_info(n, f, i, ret);
 	ret->host_data = src;
 	return 0;
 }
@@ -84,7 +84,7 @@ static int view(struct native *n, enum native_fam f, int64_t i,
 int native_param(struct engine *e, int64_t i, struct engine_param_view *ret,
 		 struct eng_error *err)
 {
-	return view(native_of(e), FAM_PARAMS, i, ret, err);
+	return native_view(native_of(e), FAM_PARAMS, i, ret, err);
 }
 
 int native_grad(struct engine *e, int64_t i, struct engine_param_view *ret,
@@ -92,7 +92,7 @@ int native_grad(struct engine *e, int64_t i, struct engine_param_view *ret,
 {
 	int rc = native_refuse_frozen(native_of(e), "gradients", err);
 
-	return rc ? rc : view(native_of(e), FAM_GRADS, i, ret, err);
+	return rc ? rc : native_view(native_of(e), FAM_GRADS, i, ret, err);
 }
 
 static int bf16_copy_possible(struct native *n, bool op, struct eng_error *err)
@@ -133,22 +133,14 @@ int native_lend_params_bf16(struct engine *e, struct engine_lent_file *ret,
 	return 0;
 }
 
-/* Convert on the device when the parameters are there (into a scratch
- * allocation unless device memory is host memory), else on the host; then
- * copy the slice to dst. */
-int native_param_copy(struct engine *e, int64_t i, enum engine_dtype dtype,
-		      int64_t start, int64_t count, void *dst, struct eng_error *err)
+int native_copy_out(struct native *n, const float *src, bool host, enum engine_dtype dtype,
+		    int64_t count, void *dst, const char *name, struct eng_error *err)
 {
-	struct native *n = native_of(e);
-	const struct param_entry *p = &n->table.entries[i];
-	const float *h = native_family_host_ptr(n, FAM_PARAMS);
 	const struct device_ops *o = n->dev->ops;
-	const float *src;
 	void *tmp;
 	int rc;
 
-	if (h) {
-		src = h + p->offset + start;
+	if (host) {
 		if (dtype == ENGINE_DTYPE_F32)
 			memcpy(dst, src, count * sizeof(float));
 		else if (dtype == ENGINE_DTYPE_BF16)
@@ -157,16 +149,15 @@ int native_param_copy(struct engine *e, int64_t i, enum engine_dtype dtype,
 			f32_to_f16_n(src, dst, count);
 		return 0;
 	}
-	src = n->fam[FAM_PARAMS].dev + p->offset + start;
 	if (dtype == ENGINE_DTYPE_F32) {
 		rc = o->copy_d2h(n->dev, dst, src, count * sizeof(float));
 		if (rc == 0)
 			rc = o->sync(n->dev);
-		return rc ? eng_fail(err, rc, "%s: copy from device failed", p->name) : 0;
+		return rc ? eng_fail(err, rc, "%s: copy from device failed", name) : 0;
 	}
 	tmp = native_dalloc(n, count * sizeof(uint16_t));
 	if (!tmp)
-		return eng_fail(err, -ENOMEM, "%s: out of device memory for conversion", p->name);
+		return eng_fail(err, -ENOMEM, "%s: out of device memory for conversion", name);
 	rc = dtype == ENGINE_DTYPE_BF16 ? n->dev->k->to_bf16(n->dev, tmp, src, count)
 					: n->dev->k->to_f16(n->dev, tmp, src, count);
 	if (rc == 0)
@@ -174,5 +165,27 @@ int native_param_copy(struct engine *e, int64_t i, enum engine_dtype dtype,
 	if (rc == 0)
 		rc = o->sync(n->dev);
 	native_dfree(n, tmp);
-	return rc ? eng_fail(err, rc, "%s: conversion failed", p->name) : 0;
+	return rc ? eng_fail(err, rc, "%s: conversion failed", name) : 0;
+}
+
+int native_param_copy_of(struct native *n, int64_t i, enum engine_dtype dtype, int64_t start,
+			 int64_t count, void *dst, struct eng_error *err)
+{
+	const struct param_entry *p = &n->table.entries[i];
+	const float *h = native_family_host_ptr(n, FAM_PARAMS);
+
+	if (h)
+		return native_copy_out(n, h + p->offset + start, true, dtype, count, dst, p->name,
+				       err);
+	return native_copy_out(n, n->fam[FAM_PARAMS].dev + p->offset + start, false, dtype,
+			       count, dst, p->name, err);
+}
+
+/* Convert on the device when the parameters are there (into a scratch
+ * allocation unless device memory is host memory), else on the host; then
+ * copy the slice to dst. */
+int native_param_copy(struct engine *e, int64_t i, enum engine_dtype dtype,
+		      int64_t start, int64_t count, void *dst, struct eng_error *err)
+{
+	return native_param_copy_of(native_of(e), i, dtype, start, count, dst, err);
 }

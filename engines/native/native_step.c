@@ -95,6 +95,7 @@ int native_optimizer_step(struct engine *e, const struct engine_step_params *p,
 	if (n->group.dist)
 		rc = native_dist_gather_params(n, err);
 	ret->step = n->optim_step;
+	native_adapter_changed(n);
 	/* The kernel zeroed the gradients as it read them. */
 	n->grad_calls = n->grad_tokens = 0;
 	return rc;

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <unistd.h>
 
+#include "io/safetensors.h"
 #include "test_helpers.h"
 
 #define N 24
@@ -270,6 +271,82 @@ START_TEST(adapter_checkpoint_round_trip)
 }
 END_TEST
 
+/* The three views: the adapter's matrices, the base under verl's
+ * base_layer names, the base with each targeted weight merged. */
+START_TEST(adapter_views)
+{
+	struct engine *e = make_base(true);
+	struct engine *a = make_adapter(e, "v", 4, (1u << 0) | (1u << 6), 5);
+	struct engine_param_view v, bv, qa, qb;
+	struct eng_error err = {0};
+	float *merged;
+	uint16_t half[8];
+	int64_t iq = -1, idown = -1, ik = -1;
+
+	train_step(a, 0);
+	train_step(a, 1);
+	ck_assert_int_eq(engine_num_params(a), 8);
+	ck_assert_int_eq(engine_adapter_set_view(a, ENGINE_ADAPTER_VIEW_BASE, &err), 0);
+	ck_assert_int_eq(engine_num_params(a), engine_num_params(e));
+	for (int64_t i = 0; i < engine_num_params(a); i++) {
+		ck_assert_int_eq(engine_param(a, i, &v, &err), 0);
+		ck_assert_int_eq(engine_param(e, i, &bv, &err), 0);
+		ck_assert_mem_eq(v.host_data, bv.host_data, v.numel * sizeof(float));
+		if (!strcmp(v.name, "model.layers.1.self_attn.q_proj.base_layer.weight"))
+			iq = i;
+		if (!strcmp(v.name, "model.layers.1.self_attn.k_proj.base_layer.bias"))
+			ik = i;
+		if (!strcmp(v.name, "model.layers.1.mlp.down_proj.base_layer.weight"))
+			idown = i;
+		ck_assert(strcmp(v.name, "model.embed_tokens.weight") || i == 0);
+	}
+	ck_assert(iq > 0 && ik > 0 && idown > 0);
+	ck_assert_int_eq(engine_grad(a, 0, &v, &err), -EINVAL);
+
+	/* merged: q_proj of layer 1 is W + (16 / 4) B A; k_proj as it is */
+	ck_assert_int_eq(engine_adapter_set_view(a, ENGINE_ADAPTER_VIEW_MERGED, &err), 0);
+	ck_assert_int_eq(engine_param_info(a, ik, &v, &err), 0);
+	ck_assert_str_eq(v.name, "model.layers.1.self_attn.k_proj.bias");
+	ck_assert_int_eq(engine_param_info(a, iq, &v, &err), 0);
+	ck_assert_str_eq(v.name, "model.layers.1.self_attn.q_proj.weight");
+	ck_assert(!v.host_resident && !v.host_data);
+	ck_assert_int_eq(engine_param(a, iq, &v, &err), 0);
+	merged = malloc(v.numel * sizeof(float));
+	memcpy(merged, v.host_data, v.numel * sizeof(float));
+	ck_assert_int_eq(engine_adapter_set_view(a, ENGINE_ADAPTER_VIEW_ADAPTER, &err), 0);
+	ck_assert_int_eq(engine_param(a, 4, &qa, &err), 0);   /* layer 1 q_proj A [4, 32] */
+	ck_assert_str_eq(qa.name, "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight");
+	float *A = malloc(qa.numel * sizeof(float));
+	memcpy(A, qa.host_data, qa.numel * sizeof(float));
+	ck_assert_int_eq(engine_param(a, 5, &qb, &err), 0);   /* B [32, 4] */
+	ck_assert_int_eq(engine_param(e, iq, &bv, &err), 0);
+	double worst = 0;
+	for (int o = 0; o < 32; o++)
+		for (int i = 0; i < 32; i++) {
+			double d = bv.host_data[o * 32 + i];
+
+			for (int r = 0; r < 4; r++)
+				d += 4.0 * (double)qb.host_data[o * 4 + r] * A[r * 32 + i];
+			worst = fmax(worst, fabs(d - merged[o * 32 + i]));
+		}
+	ck_assert_msg(worst < 1e-6, "merged q_proj off by %g", worst);
+	ck_assert_msg(memcmp(merged, bv.host_data, 32 * 32 * sizeof(float)), "B must be non-zero");
+	/* a slice in bf16, converted from the merged values */
+	ck_assert_int_eq(engine_adapter_set_view(a, ENGINE_ADAPTER_VIEW_MERGED, &err), 0);
+	ck_assert_int_eq(engine_param_copy(a, iq, ENGINE_DTYPE_BF16, 100, 8, half, &err), 0);
+	for (int k = 0; k < 8; k++) {
+		uint16_t want;
+
+		f32_to_bf16_n(merged + 100 + k, &want, 1);
+		ck_assert_uint_eq(half[k], want);
+	}
+	free(A);
+	free(merged);
+	engine_destroy(a);
+	engine_destroy(e);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("lora");
@@ -281,6 +358,7 @@ int main(void)
 	tcase_add_test(tc, interleaved_equals_alone);
 	tcase_add_test(tc, bad_configs_refused);
 	tcase_add_test(tc, adapter_checkpoint_round_trip);
+	tcase_add_test(tc, adapter_views);
 	suite_add_tcase(s, tc);
 	return check_run(s);
 }
