@@ -19,6 +19,7 @@
 #       project's packages there), then runs, each under a time limit:
 #         test_gpu_kernels  every kernel vs the CPU device, memory, errors
 #         test_gpu_parity   CUDA vs CPU engine: log-probs, gradients, 30 steps
+#         test_gpu_lora     LoRA adapters: CUDA vs CPU, step time vs full fine-tuning
 #         test_gpu_offload  to(host) gives the memory back; training goes on
 #         test_gpu_resume   determinism, checkpoint resume bit-identical
 #         test_dist_nccl    the NCCL backend: a group of one, a missing rank
@@ -39,7 +40,7 @@ cd "$(dirname "$0")/../.."
 root=$(pwd)
 pack_dir=build-gpu-pack
 bundle=${ENGINED_GPU_BUNDLE:-$pack_dir/gpu-bundle.tar.xz}
-targets=(test_gpu_kernels test_gpu_parity test_gpu_offload test_gpu_resume test_dist_nccl gpu_bench)
+targets=(test_gpu_kernels test_gpu_parity test_gpu_lora test_gpu_offload test_gpu_resume test_dist_nccl gpu_bench)
 
 # ---- packing (build machine) -------------------------------------------
 
@@ -137,7 +138,7 @@ for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib; do
   [ -d "$d" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
 done
 
-declare -A limit=([test_gpu_kernels]=90 [test_gpu_parity]=120 [test_gpu_offload]=90
+declare -A limit=([test_gpu_kernels]=90 [test_gpu_parity]=120 [test_gpu_lora]=60 [test_gpu_offload]=90
                   [test_gpu_resume]=90 [test_dist_nccl]=60 [gpu_bench]=240)
 summary=()
 failed=0
