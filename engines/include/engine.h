@@ -508,17 +508,19 @@ int engine_adapter_config_check(const struct engine_adapter_config *c, struct en
  * the mode context act on the adapter's own parameters, gradients, AdamW
  * moments, step and schedule; the parameter views are its A and B
  * matrices in PEFT's names
- * (base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight); its
- * checkpoint is a PEFT directory (adapter_config.json,
+ * (base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight), and a
+ * value model's adapter owns and trains its score head too (PEFT's
+ * modules_to_save: base_model.model.score.weight, .bias; it starts as the
+ * base's); its checkpoint is a PEFT directory (adapter_config.json,
  * adapter_model.safetensors) with the optimizer files and
  * engine_state.json beside it. It keeps no bf16 copy (-ENOTSUP). The base
  * is never changed through it, and a frozen base has no checkpoints of
  * its own (-ENOSYS: its weights never change). Destroy every adapter
  * (engine_destroy) before its base. Errors: engine_adapter_config_check's;
- * -EALREADY when base is not a frozen base (or is in a group); -EINVAL for
- * a rank larger than a target allows, a value model (not built yet), or
- * a PEFT directory that does not fit the base (naming the file and key or
- * tensor); -ENOENT / -EPERM / -EBADMSG from its files; -ENOMEM. */
+ * -EALREADY when base is not a frozen base; -EINVAL for a rank larger than
+ * a target allows, or a PEFT directory that does not fit the base (naming
+ * the file and key or tensor); -ENOENT / -EPERM / -EBADMSG from its files;
+ * -ENOMEM. */
 int engine_adapter_create(struct engine *base, const struct engine_adapter_config *cfg,
 			  struct engine **ret, struct eng_error *err);
 

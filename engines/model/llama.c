@@ -568,8 +568,10 @@ int llama_forward(struct llama_model *m, const struct llama_batch *b,
 	}
 	norm_fwd(m, g.lnf, g.rstdf, g.xL, m->w.norm, T, C);
 	if (m->value_model) {
-		lin_fwd(m, row_val, g.lnf, m->w.score, T, 1, C, 0.0f);
-		bias_add(m, row_val, m->w.score_bias, T, 1);
+		bool own = m->lora && m->lora->score;
+
+		lin_fwd(m, row_val, g.lnf, own ? m->lora->score : m->w.score, T, 1, C, 0.0f);
+		bias_add(m, row_val, own ? m->lora->score_bias : m->w.score_bias, T, 1);
 		return m->rc;
 	}
 	lm_head_fwd(m, b, inv_temp, &g, row_logp, row_ent);
@@ -589,14 +591,20 @@ static void head_bwd(struct llama_model *m, const struct llama_batch *b, float i
 	int64_t rows = lm_rows(m->lm_tile, T), cols = lm_cols(m->lm_tile, c, T);
 
 	if (m->value_model) {
-		/* row_val = lnf score^T + bias: dlnf = dval score; dscore += dval^T lnf */
+		/* row_val = lnf score^T + bias: dlnf = dval score; dscore += dval^T lnf
+		 * (the adapter's own head when it has one, the base frozen) */
+		const struct llama_lora *a = m->lora && m->lora->score ? m->lora : NULL;
+
 		if (!m->rc)
 			m->rc = m->dev->k->gemm(m->dev, false, false, T, C, 1, drow_val, 1,
-						m->w.score, C, 0.0f, g->dln, C);
-		if (!m->rc && !m->frozen)
+						a ? a->score : m->w.score, C, 0.0f, g->dln, C);
+		if (!m->rc && (a || !m->frozen))
 			m->rc = m->dev->k->gemm(m->dev, true, false, 1, C, T, drow_val, 1,
-						g->lnf, C, 1.0f, m->g.score, C);
-		bias_bwd(m, m->g.score_bias, drow_val, T, 1);
+						g->lnf, C, 1.0f, a ? a->dscore : m->g.score, C);
+		if (!a)
+			bias_bwd(m, m->g.score_bias, drow_val, T, 1);
+		else if (!m->rc)
+			m->rc = m->dev->k->bias_bwd(m->dev, a->dscore_bias, drow_val, T, 1);
 		return;
 	}
 	for (int64_t r0 = 0; r0 < T && !m->rc; r0 += rows) {

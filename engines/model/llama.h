@@ -68,6 +68,10 @@ struct llama_lora {
 	float scale;
 	const struct lora_layer *layers;   /* [L] */
 	float *scratch;
+	/* A value model's head, the adapter's own (PEFT's modules_to_save)
+	 * and trained with it; NULL in a language model's adapter. */
+	const float *score, *score_bias;   /* [1, C], [1] */
+	float *dscore, *dscore_bias;
 };
 
 static inline int64_t llama_lora_scratch_floats(int64_t rank, int64_t T)

@@ -66,8 +66,8 @@ void lora_tensor_name(char *buf, size_t cap, int64_t layer, int mod, char which)
 }
 
 int lora_table_build(const struct model_config *cfg, int64_t rank,
-		     const unsigned *layer_targets, struct param_table *ret,
-		     struct eng_error *err)
+		     const unsigned *layer_targets, bool value_model,
+		     struct param_table *ret, struct eng_error *err)
 {
 	struct param_table t = {0};
 	int64_t cap = 0, in, out;
@@ -85,6 +85,10 @@ int lora_table_build(const struct model_config *cfg, int64_t rank,
 			if (!rc)
 				rc = param_table_append(&t, &cap, name, 2, out, rank, l);
 		}
+	if (!rc && value_model)
+		rc = param_table_append(&t, &cap, LORA_SCORE_WEIGHT, 2, 1, cfg->hidden_size, -1);
+	if (!rc && value_model)
+		rc = param_table_append(&t, &cap, LORA_SCORE_BIAS, 1, 1, 0, -1);
 	if (rc) {
 		free(t.entries);
 		return eng_fail(err, rc, rc == -E2BIG ? "adapter: its size overflows"

@@ -7,11 +7,14 @@
  * rank (alpha / sqrt(rank) with rsLoRA). Its table lists, layer by layer
  * and in enum lora_module order, lora_A then lora_B of every targeted
  * projection, named as PEFT saves them:
- * base_model.model.model.layers.<l>.self_attn.q_proj.lora_A.weight.
+ * base_model.model.model.layers.<l>.self_attn.q_proj.lora_A.weight;
+ * a value model's adapter then owns the score head (PEFT's
+ * modules_to_save), base_model.model.score.weight and .bias.
  */
 #ifndef ENGINED_MODEL_LORA_H
 #define ENGINED_MODEL_LORA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -44,11 +47,15 @@ void lora_module_dims(const struct model_config *cfg, int mod, int64_t *in, int6
 int64_t lora_max_rank(const struct model_config *cfg, int mod);
 
 /* The table of an adapter of `rank` whose layer l targets the modules of
- * bits layer_targets[l] (L entries). The caller has checked the rank
- * against lora_max_rank. -ENOMEM / -E2BIG with a message. */
+ * bits layer_targets[l] (L entries), with the score head last for a value
+ * model. The caller has checked the rank against lora_max_rank. -ENOMEM /
+ * -E2BIG with a message. */
 int lora_table_build(const struct model_config *cfg, int64_t rank,
-		     const unsigned *layer_targets, struct param_table *ret,
-		     struct eng_error *err);
+		     const unsigned *layer_targets, bool value_model,
+		     struct param_table *ret, struct eng_error *err);
+/* The names of a value model adapter's score head. */
+#define LORA_SCORE_WEIGHT "base_model.model.score.weight"
+#define LORA_SCORE_BIAS "base_model.model.score.bias"
 /* PEFT's name of layer l's module `mod` matrix 'A' or 'B' into buf. */
 void lora_tensor_name(char *buf, size_t cap, int64_t layer, int mod, char which);
 

@@ -35,7 +35,14 @@ void native_adapter_rebind(struct native *n)
 	float *p = n->fam[FAM_PARAMS].dev ? n->fam[FAM_PARAMS].dev : n->fam[FAM_PARAMS].host;
 	float *g = n->fam[FAM_GRADS].dev ? n->fam[FAM_GRADS].dev : n->fam[FAM_GRADS].host;
 
+	int64_t s = param_table_find(&n->table, LORA_SCORE_WEIGHT);
+	int64_t sb = param_table_find(&n->table, LORA_SCORE_BIAS);
+
 	lora_bind(&n->table, &n->cfg, a->layer_targets, p, g, a->layers);
+	a->pass.score = s < 0 ? NULL : p + n->table.entries[s].offset;
+	a->pass.dscore = s < 0 ? NULL : g + n->table.entries[s].offset;
+	a->pass.score_bias = sb < 0 ? NULL : p + n->table.entries[sb].offset;
+	a->pass.dscore_bias = sb < 0 ? NULL : g + n->table.entries[sb].offset;
 	native_adapter_changed(n);
 }
 
@@ -75,17 +82,42 @@ void native_adapter_detach(struct native *n)
 		n->base->model.lora = NULL;
 }
 
+/* A value model adapter's score head starts as its base's (PEFT's
+ * modules_to_save copies the module). */
+static int copy_base_score(struct native *n, float *host, struct eng_error *err)
+{
+	static const char *const names[2][2] = {{LORA_SCORE_WEIGHT, "score.weight"},
+						{LORA_SCORE_BIAS, "score.bias"}};
+	int rc = 0;
+
+	for (int k = 0; k < 2 && !rc; k++) {
+		int64_t i = param_table_find(&n->table, names[k][0]);
+		int64_t j = param_table_find(&n->base->table, names[k][1]);
+
+		if (i < 0)
+			continue;
+		if (j < 0)
+			return eng_fail(err, -EINVAL, "adapter: the base has no %s", names[k][1]);
+		rc = native_param_copy_of(n->base, j, ENGINE_DTYPE_F32, 0,
+					  n->table.entries[i].numel,
+					  host + n->table.entries[i].offset, err);
+	}
+	return rc;
+}
+
 /* A drawn as PEFT draws it: kaiming_uniform_(a = sqrt(5)) is
  * U(-1/sqrt(in), 1/sqrt(in)); matrix i of the table takes its own stream
  * seed ^ (i << 40), one draw (rng_uniform) per element in row-major order.
- * B is 0. */
+ * B is 0; a value model's score head is its base's. */
 static void random_init(struct native *n, float *host)
 {
 	for (int64_t i = 0; i < n->table.count; i++) {
 		const struct param_entry *p = &n->table.entries[i];
 		float *x = host + p->offset;
 
-		if (strstr(p->name, ".lora_B.")) {
+		if (!strstr(p->name, ".lora_")) {
+			continue;
+		} else if (strstr(p->name, ".lora_B.")) {
 			memset(x, 0, p->numel * sizeof(float));
 		} else {
 			double bound = 1.0 / sqrt((double)p->shape[1]);
@@ -153,27 +185,31 @@ int native_adapter_info(struct engine *e, struct engine_adapter_config *ret)
 	return 0;
 }
 
-static const struct engine_ops adapter_ops = {
-	.model_type = "language_model", .backend = "native", .device = "adapter",
-	.forward_backward = adapter_forward_backward,
-	.optimizer_step = native_optimizer_step,
-	.lr_scheduler_step = native_lr_scheduler_step,
-	.to = native_to,
-	.zero_grad = native_zero_grad,
-	.num_params = native_adapter_num_params,
-	.param = native_adapter_param,
-	.grad = native_adapter_grad,
-	.param_info = native_adapter_param_info,
-	.param_copy = native_adapter_param_copy,
-	.keep_params_bf16 = adapter_no_bf16,
-	.lend_params_bf16 = adapter_no_lend,
-	.save_checkpoint = native_save_checkpoint,
-	.load_checkpoint = native_load_checkpoint,
-	.status = native_status,
-	.destroy = adapter_destroy,
-	.adapter_info = native_adapter_info,
-	.adapter_view = native_adapter_set_view,
-};
+#define ADAPTER_OPS(mt)                                                 \
+	{                                                               \
+		.model_type = mt, .backend = "native", .device = "adapter", \
+		.forward_backward = adapter_forward_backward,           \
+		.optimizer_step = native_optimizer_step,                \
+		.lr_scheduler_step = native_lr_scheduler_step,          \
+		.to = native_to,                                        \
+		.zero_grad = native_zero_grad,                          \
+		.num_params = native_adapter_num_params,                \
+		.param = native_adapter_param,                          \
+		.grad = native_adapter_grad,                            \
+		.param_info = native_adapter_param_info,                \
+		.param_copy = native_adapter_param_copy,                \
+		.keep_params_bf16 = adapter_no_bf16,                    \
+		.lend_params_bf16 = adapter_no_lend,                    \
+		.save_checkpoint = native_save_checkpoint,              \
+		.load_checkpoint = native_load_checkpoint,              \
+		.status = native_status,                                \
+		.destroy = adapter_destroy,                             \
+		.adapter_info = native_adapter_info,                    \
+		.adapter_view = native_adapter_set_view,                \
+	}
+
+static const struct engine_ops adapter_lm_ops = ADAPTER_OPS("language_model");
+static const struct engine_ops adapter_value_ops = ADAPTER_OPS("value_model");
 
 /* The rank, alpha, targets and rsLoRA of cfg checked against the base, and
  * the per-layer targets (every layer: cfg's targets). */
@@ -211,9 +247,6 @@ int native_adapter_create(struct engine *base, const struct engine_adapter_confi
 		return eng_fail(err, -EALREADY,
 				"CreateAdapter: the base model is trainable; Initialize it with "
 				"frozen_base to train adapters over it");
-	if (b->value_model)
-		return eng_fail(err, -EINVAL,
-				"CreateAdapter: adapters of a value model are not built yet");
 	n = calloc(1, sizeof(*n));
 	a = calloc(1, sizeof(*a));
 	if (!n || !a) {
@@ -228,6 +261,7 @@ int native_adapter_create(struct engine *base, const struct engine_adapter_confi
 	n->model_fd = -1;
 	n->dev = b->dev;
 	n->cfg = b->cfg;
+	n->value_model = b->value_model;
 	snprintf(n->key, sizeof(n->key), "%s", b->key);
 	snprintf(a->name, sizeof(a->name), "%s", cfg->name);
 	a->info = *cfg;
@@ -247,7 +281,8 @@ int native_adapter_create(struct engine *base, const struct engine_adapter_confi
 	}
 	rc = cfg->peft_dir ? native_peft_open(n, cfg, &peft, err) : shape_fresh(n, cfg, err);
 	if (rc == 0)
-		rc = lora_table_build(&n->cfg, a->info.rank, a->layer_targets, &n->table, err);
+		rc = lora_table_build(&n->cfg, a->info.rank, a->layer_targets, n->value_model,
+				      &n->table, err);
 	if (rc)
 		goto fail;
 	n->group.shard_len = n->group.padded_total = n->table.total;
@@ -259,9 +294,10 @@ int native_adapter_create(struct engine *base, const struct engine_adapter_confi
 		rc = eng_fail(err, -ENOMEM, "adapter: out of host memory");
 		goto fail;
 	}
-	if (cfg->peft_dir)
+	rc = copy_base_score(n, host, err);
+	if (rc == 0 && cfg->peft_dir)
 		rc = native_peft_read(n, &peft, host, err);
-	else
+	else if (rc == 0)
 		random_init(n, host);
 	if (rc == 0 && host != native_family_host_ptr(n, FAM_PARAMS))
 		rc = native_family_write(n, FAM_PARAMS, host, err);
@@ -277,7 +313,7 @@ int native_adapter_create(struct engine *base, const struct engine_adapter_confi
 	a->merged_index = -1;
 	native_adapter_rebind(n);
 	native_peft_close(&peft);
-	*ret_ops = &adapter_ops;
+	*ret_ops = n->value_model ? &adapter_value_ops : &adapter_lm_ops;
 	return 0;
 fail:
 	native_peft_close(&peft);

@@ -1,7 +1,8 @@
 /* native_adapter_views.c — an adapter's parameter views
  * (engine_adapter_set_view): its own A and B matrices, its base alone
  * under verl's base_layer names, or its base with every targeted weight
- * merged (W + scale B A). The base's tensors are shown as the base shows
+ * merged (W + scale B A), and a value model's score head the adapter's
+ * own (PEFT's modules_to_save). The base's tensors are shown as the base shows
  * them (in place when host-resident, its bf16 copy included); a merged
  * weight is computed on the device into the adapter's merge buffer, one
  * tensor at a time, and is never host-resident. */
@@ -113,6 +114,21 @@ static int merged(struct native *n, int64_t i, struct eng_error *err)
 	return 1;
 }
 
+/* In the MERGED view, the adapter's own score head stands for the base's:
+ * the adapter's index of base tensor i, or -1. */
+static int64_t own_score(struct native *n, int64_t i)
+{
+	const char *name = n->base->table.entries[i].name;
+
+	if (n->lora->view != ENGINE_ADAPTER_VIEW_MERGED || !n->value_model)
+		return -1;
+	if (!strcmp(name, "score.weight"))
+		return param_table_find(&n->table, LORA_SCORE_WEIGHT);
+	if (!strcmp(name, "score.bias"))
+		return param_table_find(&n->table, LORA_SCORE_BIAS);
+	return -1;
+}
+
 int64_t native_adapter_num_params(struct engine *e)
 {
 	struct native *n = native_of(e);
@@ -135,8 +151,15 @@ int native_adapter_param_info(struct engine *e, int64_t i, struct engine_param_v
 	bool weight;
 	int m;
 
+	int64_t own;
+
 	if (n->lora->view == ENGINE_ADAPTER_VIEW_ADAPTER)
 		return native_param_info(e, i, ret);
+	if ((own = own_score(n, i)) >= 0) {
+		native_fill_info(n, FAM_PARAMS, own, ret);
+		ret->name = view_name(n, i);
+		return 0;
+	}
 	native_fill_info(n->base, FAM_PARAMS, i, ret);
 	ret->name = view_name(n, i);
 	m = base_module(n->base, i, &weight);
@@ -154,11 +177,17 @@ int native_adapter_param(struct engine *e, int64_t i, struct engine_param_view *
 {
 	struct native *n = native_of(e);
 	const struct param_entry *p = &n->base->table.entries[i];
+	int64_t own = own_score(n, i);
 	float *s;
 	int rc;
 
 	if (n->lora->view == ENGINE_ADAPTER_VIEW_ADAPTER)
 		return native_param(e, i, ret, err);
+	if (own >= 0) {
+		rc = native_view(n, FAM_PARAMS, own, ret, err);
+		ret->name = view_name(n, i);
+		return rc;
+	}
 	rc = n->lora->view == ENGINE_ADAPTER_VIEW_MERGED ? merged(n, i, err) : 0;
 	if (rc < 0)
 		return rc;
@@ -188,6 +217,8 @@ int native_adapter_param_copy(struct engine *e, int64_t i, enum engine_dtype dty
 
 	if (n->lora->view == ENGINE_ADAPTER_VIEW_ADAPTER)
 		return native_param_copy(e, i, dtype, start, count, dst, err);
+	if (own_score(n, i) >= 0)
+		return native_param_copy_of(n, own_score(n, i), dtype, start, count, dst, err);
 	rc = n->lora->view == ENGINE_ADAPTER_VIEW_MERGED ? merged(n, i, err) : 0;
 	if (rc < 0)
 		return rc;

@@ -65,13 +65,37 @@ static int targets_of(json_t *c, const char *dir, unsigned *ret, struct eng_erro
 	return 0;
 }
 
+/* modules_to_save: none for a language model; a value model's adapter
+ * owns its score head, which PEFT lists as "score" (and "classifier", the
+ * name of other models' heads, with TOKEN_CLS). */
+static int modules_to_save(json_t *c, const char *dir, bool value_model,
+			   struct eng_error *err)
+{
+	json_t *m = json_object_get(c, "modules_to_save"), *v;
+	size_t i;
+
+	if (!value_model)
+		return unsupported(c, dir, "modules_to_save", NULL, err);
+	if (!m || json_is_null(m))
+		return 0;
+	if (json_is_array(m))
+		json_array_foreach(m, i, v)
+			if (!json_is_string(v) || (strcmp(json_string_value(v), "score") &&
+						   strcmp(json_string_value(v), "classifier")))
+				break;
+	if (json_is_array(m) && i == json_array_size(m))
+		return 0;
+	return eng_fail(err, -EINVAL, "peft_dir: %s/%s: modules_to_save may name the value "
+			"head (score) only", dir, PEFT_CONFIG);
+}
+
 /* rank, alpha, targets and rslora from the file, checked against cfg. */
 static int read_config(struct native *n, const struct engine_adapter_config *cfg,
 		       const char *dir, int dfd, struct eng_error *err)
 {
 	struct engine_adapter_config *info = &n->lora->info;
 	static const char *const keys[] = {
-		"use_dora", "modules_to_save", "rank_pattern", "alpha_pattern",
+		"use_dora", "rank_pattern", "alpha_pattern",
 		"fan_in_fan_out", "layers_to_transform", "layers_pattern", "target_parameters",
 	};
 	json_error_t je;
@@ -98,6 +122,8 @@ static int read_config(struct native *n, const struct engine_adapter_config *cfg
 		rc = unsupported(c, dir, keys[i], NULL, err);
 	if (rc == 0)
 		rc = unsupported(c, dir, "bias", "none", err);
+	if (rc == 0)
+		rc = modules_to_save(c, dir, n->value_model, err);
 	if (rc == 0 && (!json_is_integer(json_object_get(c, "r")) ||
 			json_integer_value(json_object_get(c, "r")) < 1))
 		rc = eng_fail(err, -EINVAL, "peft_dir: %s/%s: r must be an integer >= 1", dir,
@@ -177,6 +203,16 @@ int native_peft_open(struct native *n, const struct engine_adapter_config *cfg,
 		int m;
 		char which;
 
+		if (n->value_model && (!strcmp(t->name, LORA_SCORE_WEIGHT) ||
+					!strcmp(t->name, LORA_SCORE_BIAS))) {
+			bool w = !strcmp(t->name, LORA_SCORE_WEIGHT);
+
+			if (t->ndim != (w ? 2 : 1) || t->shape[0] != 1 ||
+			    (w && t->shape[1] != n->cfg.hidden_size))
+				return eng_fail(err, -EINVAL, "peft_dir: %s/%s: tensor %s has the "
+						"wrong shape", dir, PEFT_WEIGHTS, t->name);
+			continue;
+		}
 		if (parse_name(&n->cfg, t->name, &l, &m, &which))
 			return eng_fail(err, -EINVAL, "peft_dir: %s/%s: tensor %s is not a LoRA "
 					"matrix of this model's projections", dir, PEFT_WEIGHTS,
@@ -225,6 +261,9 @@ int native_peft_read(struct native *n, struct native_peft *p, float *host,
 	for (int64_t i = 0; i < n->table.count && !rc; i++) {
 		const struct param_entry *e = &n->table.entries[i];
 
+		/* a score head the file lacks stays the base's */
+		if (e->layer < 0 && !st_reader_find(p->r, e->name))
+			continue;
 		rc = st_reader_read_f32(p->r, e->name, host + e->offset, e->numel, err);
 	}
 	return rc;
@@ -260,7 +299,8 @@ char *native_peft_config_json(const struct native *n)
 			json_array_append_new(t, json_string(path));
 		}
 	json_object_set_new(c, "peft_type", json_string("LORA"));
-	json_object_set_new(c, "task_type", json_string("CAUSAL_LM"));
+	json_object_set_new(c, "task_type", json_string(n->value_model ? "TOKEN_CLS"
+									: "CAUSAL_LM"));
 	json_object_set_new(c, "base_model_name_or_path", json_null());
 	json_object_set_new(c, "r", json_integer(a->info.rank));
 	json_object_set_new(c, "lora_alpha", json_real(a->info.alpha));
@@ -272,7 +312,8 @@ char *native_peft_config_json(const struct native *n)
 	json_object_set_new(c, "use_dora", json_false());
 	json_object_set_new(c, "init_lora_weights", json_true());
 	json_object_set_new(c, "inference_mode", json_true());
-	json_object_set_new(c, "modules_to_save", json_null());
+	json_object_set_new(c, "modules_to_save", n->value_model ?
+			    json_pack("[s]", "score") : json_null());
 	json_object_set_new(c, "layers_to_transform", json_null());
 	json_object_set_new(c, "layers_pattern", json_null());
 	json_object_set_new(c, "rank_pattern", json_object());

@@ -15,19 +15,25 @@
 
 static const int32_t LENS[2] = {15, 9};
 
-static struct engine *make_base(bool frozen)
+static struct engine *make_base_of(bool frozen, const char *model_type)
 {
 	struct engine_init_config cfg;
 	struct eng_error err = {0};
 	struct engine *e = NULL;
 
 	engine_init_config_defaults(&cfg);
+	cfg.model_type = model_type;
 	cfg.hf_config_json = TINY_QWEN2;
 	cfg.seed = 3;
 	cfg.threads = 2;
 	cfg.frozen_base = frozen;
 	ck_assert_msg(engine_create(&cfg, &e, &err) == 0, "engine_create: %s", err.msg);
 	return e;
+}
+
+static struct engine *make_base(bool frozen)
+{
+	return make_base_of(frozen, "language_model");
 }
 
 static struct engine *make_adapter(struct engine *base, const char *name, int64_t rank,
@@ -347,6 +353,60 @@ START_TEST(adapter_views)
 }
 END_TEST
 
+/* A value model's adapter owns its score head (PEFT's modules_to_save):
+ * it starts as the base's, trains with the adapter, and stands for the
+ * base's in the merged view; the base's never changes. */
+START_TEST(value_model_adapter_owns_its_head)
+{
+	struct engine *e = make_base_of(true, "value_model");
+	struct engine *a = make_adapter(e, "critic", 4, ENGINE_LORA_ALL_LINEAR, 3);
+	int64_t n = engine_num_params(a), bi = -1;
+	struct engine_param_view v, bv;
+	struct eng_error err = {0};
+	int32_t ids[N];
+	float val0[N], val1[N], gv[N];
+	struct given_grads gg = {.g_val = gv};
+	struct engine_batch b = {.n = N, .input_ids = ids, .num_seqs = 2, .seq_lens = LENS,
+				 .temperature = 1.0f, .loss_fn = given_loss, .loss_ctx = &gg};
+	struct engine_fb_result r0 = {.values = val0}, r1 = {.values = val1};
+	struct engine_step_result sr;
+	float head[33];
+
+	tiny_batch(ids, N, 9);
+	tiny_fill(gv, N, 10, 2.0f);
+	ck_assert_int_eq(engine_param(a, n - 2, &v, &err), 0);
+	ck_assert_str_eq(v.name, "base_model.model.score.weight");
+	for (int64_t i = 0; i < engine_num_params(e); i++)
+		if (!strcmp(engine_param_info(e, i, &bv, &err) ? "" : bv.name, "score.weight"))
+			bi = i;
+	ck_assert_int_ge(bi, 0);
+	ck_assert_int_eq(engine_param(e, bi, &bv, &err), 0);
+	ck_assert_mem_eq(v.host_data, bv.host_data, 32 * sizeof(float));
+	b.forward_only = true;
+	ck_assert_int_eq(engine_forward_backward(e, &b, &r0, &err), 0);
+	ck_assert_int_eq(engine_forward_backward(a, &b, &r1, &err), 0);
+	ck_assert_mem_eq(val0, val1, sizeof(val0));
+	b.forward_only = false;
+	ck_assert_msg(engine_forward_backward(a, &b, &r1, &err) == 0, "%s", err.msg);
+	ck_assert_msg(engine_optimizer_step(a, &sr, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(engine_param(a, n - 2, &v, &err), 0);
+	memcpy(head, v.host_data, 32 * sizeof(float));
+	ck_assert_int_eq(engine_param(a, n - 1, &v, &err), 0);
+	head[32] = v.host_data[0];
+	ck_assert_int_eq(engine_param(e, bi, &bv, &err), 0);
+	ck_assert_msg(memcmp(head, bv.host_data, 32 * sizeof(float)), "the head must train");
+	ck_assert_int_eq(engine_adapter_set_view(a, ENGINE_ADAPTER_VIEW_MERGED, &err), 0);
+	ck_assert_int_eq(engine_param(a, bi, &v, &err), 0);
+	ck_assert_str_eq(v.name, "score.weight");
+	ck_assert_mem_eq(v.host_data, head, 32 * sizeof(float));
+	ck_assert_int_eq(engine_param(a, bi + 1, &v, &err), 0);
+	ck_assert_str_eq(v.name, "score.bias");
+	ck_assert_float_eq(v.host_data[0], head[32]);
+	engine_destroy(a);
+	engine_destroy(e);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("lora");
@@ -359,6 +419,7 @@ int main(void)
 	tcase_add_test(tc, bad_configs_refused);
 	tcase_add_test(tc, adapter_checkpoint_round_trip);
 	tcase_add_test(tc, adapter_views);
+	tcase_add_test(tc, value_model_adapter_owns_its_head);
 	suite_add_tcase(s, tc);
 	return check_run(s);
 }
