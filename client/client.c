@@ -40,7 +40,8 @@ struct ec_client {
  * id, with which it is retried (engine.proto's header). */
 static const char *const state_changing[] = {
 	"Initialize", "SetMode", "ForwardBackward", "OptimizerStep", "ZeroGrad",
-	"LrSchedulerStep", "ToDevice", "SaveCheckpoint", "LoadCheckpoint",
+	"LrSchedulerStep", "ToDevice", "SaveCheckpoint", "LoadCheckpoint", "CreateAdapter",
+	"DeleteAdapter",
 };
 
 static bool changes_state(const char *name)
@@ -291,20 +292,40 @@ int ec_forward_backward(struct ec_client *c, const Engined__V1__ForwardBackwardR
 	return call_msg(c, ENGINE_SVC, "ForwardBackward", &req->base, (void **)ret, st);
 }
 
+/* An `adapter` argument: NULL is the base model, as "". */
+static char *adapter_arg(const char *adapter)
+{
+	return (char *)(adapter ? adapter : "");
+}
+
 int ec_optimizer_step(struct ec_client *c, Engined__V1__OptimizerStepResponse **ret,
 		      struct ec_status *st)
 {
+	return ec_optimizer_step_adapter(c, NULL, ret, st);
+}
+
+int ec_optimizer_step_adapter(struct ec_client *c, const char *adapter,
+			      Engined__V1__OptimizerStepResponse **ret, struct ec_status *st)
+{
 	Engined__V1__OptimizerStepRequest req = ENGINED__V1__OPTIMIZER_STEP_REQUEST__INIT;
 
+	req.adapter = adapter_arg(adapter);
 	return call_msg(c, ENGINE_SVC, "OptimizerStep", &req.base, (void **)ret, st);
 }
 
 int ec_zero_grad(struct ec_client *c, struct ec_status *st)
 {
+	return ec_zero_grad_adapter(c, NULL, st);
+}
+
+int ec_zero_grad_adapter(struct ec_client *c, const char *adapter, struct ec_status *st)
+{
 	Engined__V1__ZeroGradRequest req = ENGINED__V1__ZERO_GRAD_REQUEST__INIT;
 	Engined__V1__ZeroGradResponse *resp = NULL;
-	int r = call_msg(c, ENGINE_SVC, "ZeroGrad", &req.base, (void **)&resp, st);
+	int r;
 
+	req.adapter = adapter_arg(adapter);
+	r = call_msg(c, ENGINE_SVC, "ZeroGrad", &req.base, (void **)&resp, st);
 	if (!r)
 		ec_free(resp);
 	return r;
@@ -313,9 +334,35 @@ int ec_zero_grad(struct ec_client *c, struct ec_status *st)
 int ec_lr_scheduler_step(struct ec_client *c, Engined__V1__LrSchedulerStepResponse **ret,
 			 struct ec_status *st)
 {
+	return ec_lr_scheduler_step_adapter(c, NULL, ret, st);
+}
+
+int ec_lr_scheduler_step_adapter(struct ec_client *c, const char *adapter,
+				 Engined__V1__LrSchedulerStepResponse **ret, struct ec_status *st)
+{
 	Engined__V1__LrSchedulerStepRequest req = ENGINED__V1__LR_SCHEDULER_STEP_REQUEST__INIT;
 
+	req.adapter = adapter_arg(adapter);
 	return call_msg(c, ENGINE_SVC, "LrSchedulerStep", &req.base, (void **)ret, st);
+}
+
+int ec_create_adapter(struct ec_client *c, const Engined__V1__CreateAdapterRequest *req,
+		      Engined__V1__CreateAdapterResponse **ret, struct ec_status *st)
+{
+	return call_msg(c, ENGINE_SVC, "CreateAdapter", &req->base, (void **)ret, st);
+}
+
+int ec_delete_adapter(struct ec_client *c, const char *name, struct ec_status *st)
+{
+	Engined__V1__DeleteAdapterRequest req = ENGINED__V1__DELETE_ADAPTER_REQUEST__INIT;
+	Engined__V1__DeleteAdapterResponse *resp = NULL;
+	int r;
+
+	req.name = adapter_arg(name);
+	r = call_msg(c, ENGINE_SVC, "DeleteAdapter", &req.base, (void **)&resp, st);
+	if (!r)
+		ec_free(resp);
+	return r;
 }
 
 int ec_to_device(struct ec_client *c, const Engined__V1__ToDeviceRequest *req,
@@ -339,8 +386,15 @@ int ec_load_checkpoint(struct ec_client *c, const Engined__V1__LoadCheckpointReq
 int ec_get_status(struct ec_client *c, Engined__V1__GetStatusResponse **ret,
 		  struct ec_status *st)
 {
+	return ec_get_status_adapter(c, NULL, ret, st);
+}
+
+int ec_get_status_adapter(struct ec_client *c, const char *adapter,
+			  Engined__V1__GetStatusResponse **ret, struct ec_status *st)
+{
 	Engined__V1__GetStatusRequest req = ENGINED__V1__GET_STATUS_REQUEST__INIT;
 
+	req.adapter = adapter_arg(adapter);
 	return call_msg(c, ENGINE_SVC, "GetStatus", &req.base, (void **)ret, st);
 }
 

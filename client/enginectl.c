@@ -4,7 +4,8 @@
  *   enginectl help [COMMAND]     enginectl COMMAND --help     enginectl --version
  *
  * The commands (status, init, set-mode, to-device, save, load, pull-weights,
- * demo, help) are the table `commands` below: it dispatches, and `help`
+ * create-adapter, delete-adapter, demo, help) are the table `commands`
+ * below: it dispatches, and `help`
  * prints from it, so every command has its usage and options. Options are
  * parsed with getopt_long from each command's table (enginectl_common.c);
  * the demo is enginectl_demo.c.
@@ -51,18 +52,31 @@ static void print_placement(const char *label, const Engined__V1__Placement *p)
 
 /* --- status / init / set-mode / to-device / save / load ------------------ */
 
+/* The --adapter option of the commands that act on one. */
+#define ADAPTER_OPT { "adapter", required_argument, 'A', "NAME", \
+		      "a LoRA adapter of the frozen base (default: the base model)" }
+
+static const struct ctl_opt status_opts[] = {
+	ADAPTER_OPT,
+	{ NULL, 0, 0, NULL, NULL },
+};
+
 static int cmd_status(int argc, char **argv)
 {
 	Engined__V1__GetStatusResponse *s = NULL;
 	struct ec_client *c;
 	struct ec_status st;
-	int serving = 0;
+	const char *adapter = "";
+	int serving = 0, o;
 
-	while (ctl_getopt(argc, argv) != -1)
-		;
+	while ((o = ctl_getopt(argc, argv)) != -1) {
+		switch (o) {
+		case 'A': adapter = optarg; break;
+		}
+	}
 	ctl_positionals(argc, argv, 0, 0, NULL);
 	c = ctl_connect();
-	if (ec_get_status(c, &s, &st))
+	if (ec_get_status_adapter(c, adapter, &s, &st))
 		return ctl_fail("GetStatus", &st);
 	if (ec_health_check(c, "", &serving, &st))
 		serving = 0;
@@ -71,12 +85,22 @@ static int cmd_status(int argc, char **argv)
 	if (!s->initialized) {
 		printf("engine      not initialized\n");
 	} else {
-		printf("engine      %s, %lld parameters\n", s->engine_key,
-		       (long long)s->num_parameters);
+		if (adapter[0])
+			printf("adapter     %s of %s, %lld parameters\n", adapter, s->engine_key,
+			       (long long)s->num_parameters);
+		else
+			printf("engine      %s, %lld parameters\n", s->engine_key,
+			       (long long)s->num_parameters);
 		printf("mode        %s\n", mode_name(s->mode));
 		print_placement("placement  ", s->placement);
 		printf("step        %lld optimizer steps, %lld scheduler steps, lr %.6g\n",
 		       (long long)s->step, (long long)s->sched_step, s->lr);
+		if (s->n_adapters) {
+			printf("adapters   ");
+			for (size_t i = 0; i < s->n_adapters; i++)
+				printf(" %s%s", s->adapters[i], i + 1 < s->n_adapters ? "," : "");
+			printf("\n");
+		}
 	}
 	if (s->memory)
 		printf("memory      device %.1f MiB, host %.1f MiB, rss %.1f MiB\n",
@@ -118,6 +142,8 @@ static const struct ctl_opt init_opts[] = {
 	{ "lr", required_argument, 'l', "X", "AdamW's learning rate (default: the daemon's, 1e-5)" },
 	{ "bf16-matmul", no_argument, 'b', NULL, "matmul inputs in bf16, fp32 accumulate" },
 	{ "replace", no_argument, 'r', NULL, "replace an engine that is already initialized" },
+	{ "frozen-base", no_argument, 'f', NULL,
+	  "a frozen base for LoRA adapters (create-adapter): no gradients or optimizer state" },
 	{ NULL, 0, 0, NULL, NULL },
 };
 
@@ -154,6 +180,7 @@ static int cmd_init(int argc, char **argv)
 			break;
 		case 'b': req.bf16_matmul = true; break;
 		case 'r': req.replace = true; break;
+		case 'f': req.frozen_base = true; break;
 		}
 	}
 	ctl_positionals(argc, argv, 0, 0, NULL);
@@ -178,6 +205,7 @@ static int cmd_init(int argc, char **argv)
 static const struct ctl_opt set_mode_opts[] = {
 	{ "no-auto-offload", no_argument, 'n', NULL,
 	  "keep what the old mode loaded (no auto-offload)" },
+	ADAPTER_OPT,
 	{ NULL, 0, 0, NULL, NULL },
 };
 
@@ -193,6 +221,7 @@ static int cmd_set_mode(int argc, char **argv)
 	while ((o = ctl_getopt(argc, argv)) != -1) {
 		switch (o) {
 		case 'n': req.disable_auto_offload = true; break;
+		case 'A': req.adapter = optarg; break;
 		}
 	}
 	ctl_positionals(argc, argv, 1, 1, "the mode (idle, train or eval)");
@@ -219,6 +248,7 @@ static const struct ctl_opt to_device_opts[] = {
 	{ "model", no_argument, 'm', NULL, "move the model's weights" },
 	{ "optimizer", no_argument, 'o', NULL, "move the optimizer's state" },
 	{ "grad", no_argument, 'g', NULL, "move the gradients" },
+	ADAPTER_OPT,
 	{ NULL, 0, 0, NULL, NULL },
 };
 
@@ -236,6 +266,7 @@ static int cmd_to_device(int argc, char **argv)
 		case 'm': req.model = any = true; break;
 		case 'o': req.optimizer = any = true; break;
 		case 'g': req.grad = any = true; break;
+		case 'A': req.adapter = optarg; break;
 		}
 	}
 	ctl_positionals(argc, argv, 1, 1, "the device (cpu or cuda)");
@@ -359,6 +390,8 @@ static const struct ctl_opt pull_opts[] = {
 	{ "names", required_argument, 'n', "A,B,...", "only these tensors (at most 4096 names)" },
 	{ "bucket-bytes", required_argument, 'b', "N",
 	  "data bytes per message (default 0: 4 MiB)" },
+	{ "adapter", required_argument, 'A', "NAME",
+	  "a LoRA adapter's own tensors (PEFT's names) instead of the base model's" },
 	{ NULL, 0, 0, NULL, NULL },
 };
 
@@ -391,6 +424,7 @@ static void pull_parse(int argc, char **argv, Engined__V1__GetPerTensorParamRequ
 		case 'b':
 			req->bucket_bytes = ctl_int_arg("bucket-bytes", optarg, INT64_MIN, INT64_MAX);
 			break;
+		case 'A': req->adapter = optarg; break;
 		}
 	}
 	ctl_positionals(argc, argv, 0, 0, NULL);
@@ -447,7 +481,7 @@ static int cmd_pull(int argc, char **argv)
 
 	pull_parse(argc, argv, &req, &out, names, &names_buf);
 	c = ctl_connect();
-	if (!req.n_names && ec_get_status(c, &s, &st) == 0) {
+	if (!req.n_names && ec_get_status_adapter(c, req.adapter, &s, &st) == 0) {
 		total = s->num_parameters * (req.dtype == ENGINED__V1__DTYPE__FLOAT32 ? 4 : 2);
 		ec_free(s);
 	}
@@ -494,12 +528,118 @@ static int cmd_pull(int argc, char **argv)
 	return 0;
 }
 
+/* --- create-adapter / delete-adapter ------------------------------------- */
+
+#define MAX_TARGETS 64
+
+static const struct ctl_opt create_adapter_opts[] = {
+	{ "rank", required_argument, 'r', "N",
+	  "LoRA rank (default 8; with --peft-dir the file's)" },
+	{ "alpha", required_argument, 'x', "X",
+	  "LoRA alpha (default 8; with --peft-dir the file's)" },
+	{ "targets", required_argument, 't', "A,B,...",
+	  "q_proj ... down_proj, or all-linear (default q_proj,v_proj)" },
+	{ "seed", required_argument, 's', "N", "seed of A's initialization (default 0)" },
+	{ "peft-dir", required_argument, 'p', "DIR",
+	  "start from a PEFT directory under the daemon's model root" },
+	{ "rslora", no_argument, 'R', NULL, "scale alpha / sqrt(rank) (rsLoRA)" },
+	{ "lr", required_argument, 'l', "X", "the adapter's own AdamW lr (default: the base's)" },
+	{ NULL, 0, 0, NULL, NULL },
+};
+
+static int cmd_create_adapter(int argc, char **argv)
+{
+	static char q_proj[] = "q_proj", v_proj[] = "v_proj";
+	Engined__V1__CreateAdapterRequest req = ENGINED__V1__CREATE_ADAPTER_REQUEST__INIT;
+	Engined__V1__OptimizerConfig opt = ENGINED__V1__OPTIMIZER_CONFIG__INIT;
+	Engined__V1__CreateAdapterResponse *resp = NULL;
+	char *targets_buf = NULL, *targets[MAX_TARGETS];
+	struct ec_client *c;
+	struct ec_status st;
+	bool rank_set = false;
+	int o;
+
+	while ((o = ctl_getopt(argc, argv)) != -1) {
+		switch (o) {
+		case 'r':
+			req.rank = ctl_int_arg("rank", optarg, INT64_MIN, INT64_MAX);
+			rank_set = true;
+			break;
+		case 'x': PB_SET(&req, alpha, ctl_double_arg("alpha", optarg, -DBL_MAX, DBL_MAX));
+			break;
+		case 't':
+			free(targets_buf);
+			targets_buf = strdup(optarg);
+			req.n_target_modules = 0;
+			for (char *p = strtok(targets_buf, ","); p; p = strtok(NULL, ",")) {
+				if (req.n_target_modules == MAX_TARGETS)
+					ctl_usage_error("--targets: more than %d modules",
+							MAX_TARGETS);
+				targets[req.n_target_modules++] = p;
+			}
+			req.target_modules = targets;
+			break;
+		case 's': req.seed = ctl_uint64_arg("seed", optarg); break;
+		case 'p': req.peft_dir = optarg; break;
+		case 'R': req.use_rslora = true; break;
+		case 'l':
+			PB_SET(&opt, lr, ctl_double_arg("lr", optarg, -DBL_MAX, DBL_MAX));
+			req.optimizer = &opt;
+			break;
+		}
+	}
+	ctl_positionals(argc, argv, 1, 1, "the adapter's name");
+	req.name = argv[optind];
+	/* PEFT LoraConfig's defaults, as the Python client's; a PEFT
+	 * directory gives its own. */
+	if (!req.peft_dir[0] && !rank_set)
+		req.rank = 8;
+	if (!req.peft_dir[0] && !targets_buf) {
+		targets[0] = q_proj;
+		targets[1] = v_proj;
+		req.target_modules = targets;
+		req.n_target_modules = 2;
+	}
+	c = ctl_connect();
+	if (ec_create_adapter(c, &req, &resp, &st)) {
+		free(targets_buf);
+		return ctl_fail("CreateAdapter", &st);
+	}
+	printf("created adapter %s: rank %lld, alpha %g%s, targets ", resp->name,
+	       (long long)resp->rank, resp->alpha, resp->use_rslora ? " (rsLoRA)" : "");
+	for (size_t i = 0; i < resp->n_target_modules; i++)
+		printf("%s%s", resp->target_modules[i], i + 1 < resp->n_target_modules ? "," : "");
+	printf("; %lld parameters in %lld tensors\n", (long long)resp->num_parameters,
+	       (long long)resp->num_tensors);
+	ec_free(resp);
+	ec_close(c);
+	free(targets_buf);
+	return 0;
+}
+
+static int cmd_delete_adapter(int argc, char **argv)
+{
+	struct ec_client *c;
+	struct ec_status st;
+
+	while (ctl_getopt(argc, argv) != -1)
+		;
+	ctl_positionals(argc, argv, 1, 1, "the adapter's name");
+	c = ctl_connect();
+	if (ec_delete_adapter(c, argv[optind], &st))
+		return ctl_fail("DeleteAdapter", &st);
+	printf("deleted adapter %s\n", argv[optind]);
+	ec_close(c);
+	return 0;
+}
+
 /* --- the command table, help, main --------------------------------------- */
 
 static int cmd_help(int argc, char **argv);
 
 static const struct ctl_command commands[] = {
-	{ "status", "", "show the daemon's and the engine's state", NULL, cmd_status, NULL },
+	{ "status", "", "show the daemon's and the engine's state", status_opts, cmd_status,
+	  NULL },
 	{ "init", "", "initialize the engine (a preset, config.json or model)",
 	  init_opts, cmd_init,
 	  "Without --preset, --config or --model-path: --preset tiny.\n" },
@@ -514,6 +654,12 @@ static const struct ctl_command commands[] = {
 	  "PATH is relative to the daemon's checkpoint root.\n" },
 	{ "pull-weights", "", "stream the weights into a safetensors file", pull_opts, cmd_pull,
 	  NULL },
+	{ "create-adapter", "NAME", "a LoRA adapter over the frozen base (init --frozen-base)",
+	  create_adapter_opts, cmd_create_adapter,
+	  "NAME: 1 to 64 characters of [A-Za-z0-9._-]. status, set-mode, to-device and\n"
+	  "pull-weights take --adapter NAME.\n" },
+	{ "delete-adapter", "NAME", "delete a LoRA adapter and free its state", NULL,
+	  cmd_delete_adapter, NULL },
 	{ "demo", "", "a short SFT + PPO run that checks weights and checkpoints",
 	  ctl_demo_opts, ctl_demo, NULL },
 	{ "help", "[COMMAND]", "list the commands, or show one's usage and options", NULL,

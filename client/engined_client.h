@@ -76,6 +76,23 @@ int ec_load_checkpoint(struct ec_client *c, const Engined__V1__LoadCheckpointReq
 		       Engined__V1__LoadCheckpointResponse **ret, struct ec_status *st);
 int ec_get_status(struct ec_client *c, Engined__V1__GetStatusResponse **ret,
 		  struct ec_status *st);
+
+/* LoRA adapters over a frozen base (InitializeRequest.frozen_base; engine.proto
+ * CreateAdapterRequest). The requests of ForwardBackward, SetMode,
+ * ToDevice and GetPerTensorParam name an adapter in their `adapter` field;
+ * the calls without a request take it as an argument here (NULL or "":
+ * the base model). */
+int ec_create_adapter(struct ec_client *c, const Engined__V1__CreateAdapterRequest *req,
+		      Engined__V1__CreateAdapterResponse **ret, struct ec_status *st);
+int ec_delete_adapter(struct ec_client *c, const char *name, struct ec_status *st);
+int ec_optimizer_step_adapter(struct ec_client *c, const char *adapter,
+			      Engined__V1__OptimizerStepResponse **ret, struct ec_status *st);
+int ec_zero_grad_adapter(struct ec_client *c, const char *adapter, struct ec_status *st);
+int ec_lr_scheduler_step_adapter(struct ec_client *c, const char *adapter,
+				 Engined__V1__LrSchedulerStepResponse **ret, struct ec_status *st);
+/* GetStatus with the adapter's own step, lr, mode, placement, ... */
+int ec_get_status_adapter(struct ec_client *c, const char *adapter,
+			  Engined__V1__GetStatusResponse **ret, struct ec_status *st);
 /* grpc.health.v1.Health/Check; *ret_serving: 1 SERVING, 2 NOT_SERVING. */
 int ec_health_check(struct ec_client *c, const char *service, int *ret_serving,
 		    struct ec_status *st);

@@ -10,6 +10,8 @@
 #include <strings.h>
 #include <sys/stat.h>
 
+#include "engine.h"
+
 #define TOKEN_MIN 16
 #define TOKEN_MAX 1024
 
@@ -18,6 +20,7 @@ struct token {
 	char *secret;      /* owned */
 	size_t len;
 	enum auth_level level;
+	char adapters[AUTH_ADAPTERS_MAX];  /* "" = not limited */
 };
 
 struct auth_tokens {
@@ -71,30 +74,71 @@ static bool ct_equal(const char *a, size_t la, const char *b, size_t lb)
 	return (d == 0) & (la == lb) & (lb > 0);
 }
 
+/* adapters=A,B: each an adapter name (engine.h's characters and length),
+ * none empty. */
+static int parse_adapters(const char *v, int lineno, const char *path, struct token *t,
+			  struct eng_error *err)
+{
+	size_t len = strlen(v);
+
+	if (len == 0 || len >= sizeof(t->adapters))
+		return eng_fail(err, -EINVAL, "%s:%d: adapters= takes 1 to %d characters",
+				path, lineno, AUTH_ADAPTERS_MAX - 1);
+	for (const char *p = v; *p;) {
+		size_t n = strcspn(p, ",");
+
+		if (n == 0 || n > ENGINE_ADAPTER_NAME_MAX || !name_ok(p, n) || p[0] == '.')
+			return eng_fail(err, -EINVAL,
+					"%s:%d: adapters=: '%.*s' is not an adapter name (1-%d "
+					"characters of [A-Za-z0-9_.-], not starting with '.')",
+					path, lineno, (int)n, p, ENGINE_ADAPTER_NAME_MAX);
+		p += n;
+		if (*p == ',' && !*++p)
+			return eng_fail(err, -EINVAL, "%s:%d: adapters=: ends with ','",
+					path, lineno);
+	}
+	memcpy(t->adapters, v, len + 1);
+	return 0;
+}
+
 static int parse_line(char *line, int lineno, const char *path, struct token *t,
 		      struct eng_error *err)
 {
-	char *f[2], *save = NULL, *p, *colon;
-	int n = 0;
+	char *f[3], *save = NULL, *p, *colon;
+	int n = 0, r;
 
 	for (p = strtok_r(line, " \t\r\n", &save); p; p = strtok_r(NULL, " \t\r\n", &save)) {
-		if (n == 2)  /* a third field must never be skipped: it could hide a scope */
-			return eng_fail(err, -EINVAL, "%s:%d: too many fields (expected [NAME:]TOKEN [full|read-only])",
-					path, lineno);
+		if (n == 3)  /* a further field must never be skipped: it could hide a scope */
+			return eng_fail(err, -EINVAL, "%s:%d: too many fields (expected [NAME:]TOKEN "
+					"[full|read-only] [adapters=A,B])", path, lineno);
 		f[n++] = p;
 	}
 	if (n == 0)
 		return 0;  /* blank */
+	/* At most one scope: a third field is adapters=. */
+	if (n == 3 && strncmp(f[1], "adapters=", 9) && strncmp(f[2], "adapters=", 9))
+		return eng_fail(err, -EINVAL, "%s:%d: too many fields (expected "
+				"[NAME:]TOKEN [full|read-only] [adapters=A,B])", path, lineno);
 	memset(t, 0, sizeof(*t));
 	t->level = AUTH_FULL;
-	if (n == 2) {
-		if (!strcmp(f[1], "full"))
+	for (int i = 1; i < n; i++) {
+		if (!strncmp(f[i], "adapters=", 9)) {
+			if (t->adapters[0])
+				return eng_fail(err, -EINVAL, "%s:%d: adapters= given twice",
+						path, lineno);
+			r = parse_adapters(f[i] + 9, lineno, path, t, err);
+			if (r < 0)
+				return r;
+			continue;
+		}
+		if (!strcmp(f[i], "full"))
 			t->level = AUTH_FULL;
-		else if (!strcmp(f[1], "read-only"))
+		else if (!strcmp(f[i], "read-only"))
 			t->level = AUTH_READ;
 		else
-			return eng_fail(err, -EINVAL, "%s:%d: scope '%s' is not full or read-only",
-					path, lineno, f[1]);
+			return eng_fail(err, -EINVAL,
+					"%s:%d: scope '%s' is not full or read-only", path, lineno,
+					f[i]);
 	}
 	colon = strchr(f[0], ':');
 	if (colon) {
@@ -126,7 +170,7 @@ int auth_tokens_load(const char *path, struct auth_tokens **ret, struct eng_erro
 {
 	struct auth_tokens *set;
 	struct stat st;
-	char line[TOKEN_MAX + 2 * AUTH_NAME_MAX + 32];
+	char line[TOKEN_MAX + 2 * AUTH_NAME_MAX + AUTH_ADAPTERS_MAX + 48];
 	FILE *f;
 	int lineno = 0, r = 0;
 
@@ -255,12 +299,40 @@ int auth_reload(struct auth *a, struct eng_error *err)
 
 enum auth_level auth_check(struct auth *a, const char *header, char ret_name[AUTH_NAME_MAX])
 {
+	char adapters[AUTH_ADAPTERS_MAX];
+
+	return auth_check_tenant(a, header, ret_name, adapters);
+}
+
+bool auth_adapter_allowed(const char *adapters, const char *name)
+{
+	size_t len = strlen(name);
+
+	if (!adapters[0])
+		return true;
+	for (const char *p = adapters; *p;) {
+		size_t n = strcspn(p, ",");
+
+		if (n == len && !memcmp(p, name, n))
+			return true;
+		p += n;
+		if (*p == ',')
+			p++;
+	}
+	return false;
+}
+
+enum auth_level auth_check_tenant(struct auth *a, const char *header,
+				  char ret_name[AUTH_NAME_MAX],
+				  char ret_adapters[AUTH_ADAPTERS_MAX])
+{
 	enum auth_level level = AUTH_NONE;
 	const char *tok;
 	size_t len;
 	int match = -1;
 
 	ret_name[0] = '\0';
+	ret_adapters[0] = '\0';
 	if (!a->path)
 		return AUTH_FULL;
 	if (!header || strncasecmp(header, "Bearer ", 7) != 0)
@@ -283,6 +355,8 @@ enum auth_level auth_check(struct auth *a, const char *header, char ret_name[AUT
 		if (match >= 0) {
 			level = a->tokens->v[match].level;
 			snprintf(ret_name, AUTH_NAME_MAX, "%s", a->tokens->v[match].name);
+			snprintf(ret_adapters, AUTH_ADAPTERS_MAX, "%s",
+				 a->tokens->v[match].adapters);
 		}
 	}
 	pthread_rwlock_unlock(&a->lock);

@@ -97,6 +97,11 @@ static const struct key keys[] = {
 	  "offload optimizer state to host when leaving TRAIN, unless Initialize says" },
 	{ "engine", "max_tokens_per_micro_batch", K_I64, F(default_micro_batch_tokens), 0,
 	  1LL << 40, "micro-batch token budget when Initialize gives none; 0: engine default" },
+	{ "lora", "max_adapters", K_INT, F(max_adapters), 0, CONFIG_MAX_ADAPTERS,
+	  "LoRA adapters alive at once (CreateAdapter: RESOURCE_EXHAUSTED above); 0: none" },
+	{ "lora", "max_adapter_bytes", K_SIZE, F(max_adapter_bytes), 0, INT64_MAX / 2,
+	  "state of all live adapters together, 16 bytes per adapter parameter (weights, "
+	  "gradients, two AdamW moments) (CreateAdapter: RESOURCE_EXHAUSTED above)" },
 	{ "tls", "cert", K_PATH, F(tls_cert), 0, 0,
 	  "server certificate chain (PEM); with key: TLS on every TCP address" },
 	{ "tls", "key", K_PATH, F(tls_key), 0, 0,
@@ -106,7 +111,8 @@ static const struct key keys[] = {
 	{ "tls", "require_client_cert", K_BOOL, F(tls_require_client_cert), 0, 0,
 	  "with client_ca: refuse clients without a valid certificate" },
 	{ "auth", "token_file", K_PATH, F(token_file), 0, 0,
-	  "bearer tokens, one a line: [NAME:]TOKEN [full|read-only]; re-read on SIGHUP" },
+	  "bearer tokens, one a line: [NAME:]TOKEN [full|read-only] [adapters=A,B]; re-read on "
+	  "SIGHUP" },
 	{ "auth", "health_exempt", K_BOOL, F(health_exempt), 0, 0,
 	  "answer grpc.health.v1.Health without a token (for load balancers)" },
 	{ "log", "level", K_LEVEL, F(log_level), 0, 0,
@@ -193,6 +199,8 @@ int config_init(struct daemon_config *c)
 	c->metrics_idle_timeout_s = 5;
 	c->share_ttl_ms = 60000;
 	c->max_shares = 16;
+	c->max_adapters = 64;
+	c->max_adapter_bytes = 8LL << 30;
 	return 0;
 }
 

@@ -22,6 +22,7 @@
 #define CONFIG_MAX_LISTEN 8
 #define CONFIG_ERR_MAX 512
 #define CONFIG_UNIX_PATH_MAX 108     /* sizeof(sockaddr_un.sun_path) */
+#define CONFIG_MAX_ADAPTERS 4096     /* [lora] max_adapters' upper bound */
 
 struct daemon_config {
 	/* [server] */
@@ -59,6 +60,10 @@ struct daemon_config {
 	bool optimizer_offload;
 	int64_t default_micro_batch_tokens;  /* 0: engine default */
 
+	/* [lora] */
+	int max_adapters;             /* live LoRA adapters; 0: none */
+	int64_t max_adapter_bytes;    /* their state, 16 bytes a parameter */
+
 	/* [tls] */
 	char *tls_cert;               /* PEM chain; with tls_key enables TLS */
 	char *tls_key;
@@ -90,7 +95,8 @@ struct daemon_config {
 };
 
 /* Defaults: 127.0.0.1:50051, ./var/checkpoints, ./var/models, 1 poller,
- * 512 MiB requests, info level, grace 30 s. Returns -ENOMEM. */
+ * 512 MiB requests, info level, grace 30 s, 64 adapters of 8 GiB in all.
+ * Returns -ENOMEM. */
 int config_init(struct daemon_config *c);
 void config_free(struct daemon_config *c);
 

@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "adapters.h"
 #include "auth.h"
 #include "config.h"
 #include "engine.h"
@@ -67,6 +68,8 @@ struct daemon {
 	/* Engine thread only. */
 	struct engine *engine;
 	int64_t num_tensors;
+	struct adapters adapters;     /* LoRA adapters over engine */
+	struct adapter_status *adapter_work;  /* [cfg.max_adapters]: the next snapshot */
 
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
@@ -85,6 +88,10 @@ struct daemon {
 	int64_t in_flight;            /* lock: engine jobs queued + running */
 	bool engine_done;             /* lock: the engine thread has finished */
 	struct engine_status snap;    /* lock: status after the last job */
+	/* lock: each live adapter's status after the last job, in creation
+	 * order ([cfg.max_adapters], swapped with adapter_work). */
+	struct adapter_status *adapter_snap;
+	int n_adapter_snap;
 	pthread_t engine_thread;
 	bool engine_thread_started;
 
@@ -106,8 +113,14 @@ void daemon_progress(void *ctx, const char *phase, int64_t done, int64_t total,
 /* d->lock held: a job starts (its name static): busy, its sequence
  * number, its start time, no progress yet. */
 void daemon_job_started_locked(struct daemon *d, const char *name);
-/* Refresh the status snapshot from the engine (engine thread). */
+/* Refresh the status snapshot from the engine and its adapters (engine
+ * thread). */
 void daemon_update_snapshot(struct daemon *d);
+/* The engine a call naming adapter `name` runs on (engine thread): the
+ * adapter, or the base model for "". -ENOENT naming the field `adapter`
+ * when there is no such adapter. */
+int daemon_engine_of(struct daemon *d, const char *name, struct engine **ret,
+		     struct eng_error *err);
 
 /* lent.c: the engine's memory lent to gRPC by a zero-copy stream. Lend n
  * slices; gRPC's release callback for one (ctx: the daemon); wait (engine

@@ -207,6 +207,7 @@ void *dispatch_engine_thread(void *arg)
 	 * zero-copy slices first. */
 	daemon_wait_engine_mem(d);
 	save_on_stop(d);
+	adapters_clear(&d->adapters);  /* each adapter before its base */
 	engine_destroy(d->engine);
 	d->engine = NULL;
 	pthread_mutex_lock(&d->lock);
@@ -241,9 +242,10 @@ static int authorize(struct daemon *d, struct job *j, struct rpc_call *call,
 	char name[AUTH_NAME_MAX];
 	enum auth_level lvl;
 
-	lvl = n_hdr > 1 ? AUTH_NONE : auth_check(&d->auth, hdr, name);
+	lvl = n_hdr > 1 ? AUTH_NONE : auth_check_tenant(&d->auth, hdr, name, j->tenant);
 	if (n_hdr > 1)
-		name[0] = '\0';
+		name[0] = j->tenant[0] = '\0';
+	snprintf(j->token, sizeof(j->token), "%s", name);
 	set_identity(j, name, rpc_call_cert_identity(call));
 	if (!auth_enabled(&d->auth) || (m && (m->flags & M_HEALTH) && d->cfg.health_exempt))
 		return 0;
@@ -260,7 +262,37 @@ static int authorize(struct daemon *d, struct job *j, struct rpc_call *call,
 		return eng_fail(err, -EPERM, "authorization: token '%s' is read-only; %s needs a full token",
 				name, method_label(m));
 	}
+	/* A token limited to adapters, on a method that names none: refused
+	 * before the body is read (the rest once it is: authorize_adapter). */
+	if (m && j->tenant[0] && !m->adapter_fd && !(m->flags & M_TENANT_FREE)) {
+		*ret_code = RPC_PERMISSION_DENIED;
+		return eng_fail(err, -EPERM,
+				"adapter: token '%s' is limited to adapters %s; %s acts on the "
+				"base model", name, j->tenant, method_label(m));
+	}
 	return 0;
+}
+
+/* A token limited to adapters (auth.h), once the request is decoded: the
+ * adapter it names must be one of the token's; naming none (the base
+ * model) only for the methods flagged M_TENANT_FREE. -EPERM naming the
+ * adapter. */
+static int authorize_adapter(const struct job *j, struct eng_error *err)
+{
+	const char *name = job_adapter(j);
+	const char *field = j->m->adapter_fd ? j->m->adapter_fd->name : "adapter";
+
+	if (!j->tenant[0] || (name[0] ? auth_adapter_allowed(j->tenant, name) :
+			      (j->m->flags & M_TENANT_FREE) != 0))
+		return 0;
+	if (name[0])
+		return eng_fail(err, -EPERM,
+				"%s: token '%s' may not use adapter '%s' (it is limited to "
+				"adapters %s)", field, j->token, name, j->tenant);
+	return eng_fail(err, -EPERM,
+			"%s: token '%s' is limited to adapters %s; %s without one acts on the "
+			"base model", field, j->token, j->tenant,
+			method_label(j->m));
 }
 
 /* server.max_concurrent_calls; with d->lock held. */
@@ -362,12 +394,26 @@ static void on_request(void *user, struct rpc_call *call, enum rpc_recv_result r
 					  m->req_desc->name, len), &err);
 		return;
 	}
+	r = authorize_adapter(j, &err);
+	if (r < 0) {
+		job_finish(j, r, &err);
+		return;
+	}
 	if (m->validate) {
 		r = m->validate(d, j, &err);
 		if (r < 0) {
 			job_finish(j, r, &err);
 			return;
 		}
+	}
+	/* No adapter has a longer name (nor could the replay table scope
+	 * one): answered before anything is queued. */
+	if (strlen(job_adapter(j)) > ENGINE_ADAPTER_NAME_MAX) {
+		job_finish(j, eng_fail(&err, -ENOENT, "%s: no adapter named '%.*s...' (names "
+				       "have at most %d characters)", m->adapter_fd->name,
+				       ENGINE_ADAPTER_NAME_MAX, job_adapter(j),
+				       ENGINE_ADAPTER_NAME_MAX), &err);
+		return;
 	}
 	/* Exactly once: a duplicate request id gets the original's outcome. */
 	r = replay_begin(d->replay, j, req, len, &verdict, &err);

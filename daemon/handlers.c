@@ -68,6 +68,50 @@ static int parse_contents(char **items, size_t n, const char *field,
 	return 0;
 }
 
+/* OptimizerConfig's fields that are set, over c's (Initialize,
+ * CreateAdapter); the ranges are engine_init_config_check's and
+ * engine_adapter_config_check's. */
+static void optim_from_proto(const Engined__V1__OptimizerConfig *o,
+			     struct engine_optim_config *c)
+{
+	if (PB_HAS(o, lr))
+		c->lr = o->lr;
+	if (PB_HAS(o, beta1))
+		c->beta1 = o->beta1;
+	if (PB_HAS(o, beta2))
+		c->beta2 = o->beta2;
+	if (PB_HAS(o, eps))
+		c->eps = o->eps;
+	if (PB_HAS(o, weight_decay))
+		c->weight_decay = o->weight_decay;
+	if (PB_HAS(o, clip_grad))
+		c->clip_grad = o->clip_grad;
+}
+
+/* LrSchedulerConfig over c (Initialize, CreateAdapter); -EINVAL for an
+ * unknown type. */
+static int sched_from_proto(const Engined__V1__LrSchedulerConfig *s,
+			    struct engine_sched_config *c, struct eng_error *err)
+{
+	if (!s->type[0] || strcmp(s->type, "constant") == 0)
+		c->type = LR_SCHEDULE_CONSTANT;
+	else if (strcmp(s->type, "cosine") == 0)
+		c->type = LR_SCHEDULE_COSINE;
+	else if (strcmp(s->type, "linear") == 0)
+		c->type = LR_SCHEDULE_LINEAR;
+	else
+		return eng_fail(err, -EINVAL,
+				"lr_scheduler.type: unknown '%s' (constant, cosine, linear)",
+				s->type);
+	c->warmup_steps = s->warmup_steps;
+	c->total_steps = s->total_steps;
+	if (PB_HAS(s, min_lr_ratio))
+		c->min_lr_ratio = s->min_lr_ratio;
+	if (PB_HAS(s, num_cycles))
+		c->num_cycles = s->num_cycles;
+	return 0;
+}
+
 /* --- Initialize ---------------------------------------------------------- */
 
 struct init_prep {
@@ -133,42 +177,10 @@ int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err
 	c->seed = q->seed;
 	/* Unset fields keep the defaults; set ones (0 included) go to the one
 	 * validation (engine_init_config_check). */
-	if (q->optimizer) {
-		const Engined__V1__OptimizerConfig *o = q->optimizer;
-
-		if (PB_HAS(o, lr))
-			c->optim.lr = o->lr;
-		if (PB_HAS(o, beta1))
-			c->optim.beta1 = o->beta1;
-		if (PB_HAS(o, beta2))
-			c->optim.beta2 = o->beta2;
-		if (PB_HAS(o, eps))
-			c->optim.eps = o->eps;
-		if (PB_HAS(o, weight_decay))
-			c->optim.weight_decay = o->weight_decay;
-		if (PB_HAS(o, clip_grad))
-			c->optim.clip_grad = o->clip_grad;
-	}
-	if (q->lr_scheduler) {
-		const Engined__V1__LrSchedulerConfig *s = q->lr_scheduler;
-
-		if (!s->type[0] || strcmp(s->type, "constant") == 0)
-			c->sched.type = LR_SCHEDULE_CONSTANT;
-		else if (strcmp(s->type, "cosine") == 0)
-			c->sched.type = LR_SCHEDULE_COSINE;
-		else if (strcmp(s->type, "linear") == 0)
-			c->sched.type = LR_SCHEDULE_LINEAR;
-		else
-			return eng_fail(err, -EINVAL,
-					"lr_scheduler.type: unknown '%s' (constant, cosine, linear)",
-					s->type);
-		c->sched.warmup_steps = s->warmup_steps;
-		c->sched.total_steps = s->total_steps;
-		if (PB_HAS(s, min_lr_ratio))
-			c->sched.min_lr_ratio = s->min_lr_ratio;
-		if (PB_HAS(s, num_cycles))
-			c->sched.num_cycles = s->num_cycles;
-	}
+	if (q->optimizer)
+		optim_from_proto(q->optimizer, &c->optim);
+	if (q->lr_scheduler && (r = sched_from_proto(q->lr_scheduler, &c->sched, err)) < 0)
+		return r;
 	if (q->offload) {
 		c->param_offload = q->offload->param_offload;
 		c->optimizer_offload = q->offload->optimizer_offload;
@@ -198,6 +210,7 @@ int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err
 	}
 	c->threads = d->cfg.threads;
 	c->bf16_matmul = q->bf16_matmul;
+	c->frozen_base = q->frozen_base;
 	r = engine_init_config_check(c, err);
 	if (r < 0)
 		return r;
@@ -249,6 +262,10 @@ int h_run_initialize(struct daemon *d, struct job *j, struct eng_error *err)
 	if (r < 0)
 		return r;
 	daemon_wait_engine_mem(d);
+	/* The old engine's adapters go first, before their base. */
+	for (int i = 0; i < d->adapters.n; i++)
+		replay_forget_scope(d->replay, d->adapters.v[i].name);
+	adapters_clear(&d->adapters);
 	d->engine = e;
 	engine_destroy(old);
 	d->num_tensors = engine_num_params(e);
@@ -294,11 +311,16 @@ int h_run_set_mode(struct daemon *d, struct job *j, struct eng_error *err)
 	enum engine_mode m = ENGINE_MODE_IDLE;
 	int r;
 
+	struct engine *e;
+
 	(void)mode_from_proto(q->mode, &m);
-	r = engine_set_mode(d->engine, m, q->disable_auto_offload, err);
+	r = daemon_engine_of(d, q->adapter, &e, err);
 	if (r < 0)
 		return r;
-	engine_status(d->engine, &st);
+	r = engine_set_mode(e, m, q->disable_auto_offload, err);
+	if (r < 0)
+		return r;
+	engine_status(e, &st);
 	placement_to_proto(&st.placement, &pl);
 	resp.mode = mode_to_proto(st.mode);
 	resp.placement = &pl;
@@ -345,8 +367,12 @@ int h_run_forward_backward(struct daemon *d, struct job *j, struct eng_error *er
 	struct engine_fb_loss fl;
 	int64_t shape_n = n;
 	float *lp = NULL, *ent = NULL, *val = NULL;
+	struct engine *e;
 	int r;
 
+	r = daemon_engine_of(d, q->adapter, &e, err);
+	if (r < 0)
+		return r;
 	memset(&res, 0, sizeof(res));
 	if (q->return_log_probs && !(lp = malloc((size_t)n * sizeof(float))))
 		goto nomem;
@@ -357,7 +383,7 @@ int h_run_forward_backward(struct daemon *d, struct job *j, struct eng_error *er
 	res.log_probs = lp;
 	res.entropy = ent;
 	res.values = val;
-	r = engine_fb_call_run(d->engine, p->call, &res, &fl, err);
+	r = engine_fb_call_run(e, p->call, &res, &fl, err);
 	if (r < 0)
 		goto out;
 
@@ -453,12 +479,17 @@ int h_validate_optimizer_step(struct daemon *d, struct job *j, struct eng_error 
 
 int h_run_optimizer_step(struct daemon *d, struct job *j, struct eng_error *err)
 {
+	const Engined__V1__OptimizerStepRequest *q = (const void *)j->req;
 	Engined__V1__OptimizerStepResponse resp = ENGINED__V1__OPTIMIZER_STEP_RESPONSE__INIT;
 	struct engine_step_result sr;
+	struct engine *e;
 	int r;
 
 	memset(&sr, 0, sizeof(sr));
-	r = engine_optimizer_step_call(d->engine, j->prep, &sr, err);
+	r = daemon_engine_of(d, q->adapter, &e, err);
+	if (r < 0)
+		return r;
+	r = engine_optimizer_step_call(e, j->prep, &sr, err);
 	if (r < 0)
 		return r;
 	j->m_step = true;
@@ -472,19 +503,28 @@ int h_run_optimizer_step(struct daemon *d, struct job *j, struct eng_error *err)
 
 int h_run_zero_grad(struct daemon *d, struct job *j, struct eng_error *err)
 {
+	const Engined__V1__ZeroGradRequest *q = (const void *)j->req;
 	Engined__V1__ZeroGradResponse resp = ENGINED__V1__ZERO_GRAD_RESPONSE__INIT;
-	int r = engine_zero_grad(d->engine, err);
+	struct engine *e;
+	int r = daemon_engine_of(d, q->adapter, &e, err);
 
+	if (r == 0)
+		r = engine_zero_grad(e, err);
 	return r < 0 ? r : job_set_reply(j, &resp.base);
 }
 
 int h_run_lr_scheduler_step(struct daemon *d, struct job *j, struct eng_error *err)
 {
+	const Engined__V1__LrSchedulerStepRequest *q = (const void *)j->req;
 	Engined__V1__LrSchedulerStepResponse resp = ENGINED__V1__LR_SCHEDULER_STEP_RESPONSE__INIT;
+	struct engine *e;
 	double lr = 0;
 	int r;
 
-	r = engine_lr_scheduler_step(d->engine, &lr, err);
+	r = daemon_engine_of(d, q->adapter, &e, err);
+	if (r < 0)
+		return r;
+	r = engine_lr_scheduler_step(e, &lr, err);
 	if (r < 0)
 		return r;
 	resp.lr = lr;
@@ -515,19 +555,23 @@ int h_run_to_device(struct daemon *d, struct job *j, struct eng_error *err)
 	Engined__V1__Placement pl;
 	struct engine_status st;
 	bool to_device = !strcmp(q->device, "cuda") || !strcmp(q->device, "device");
+	struct engine *e;
 	int r;
 
+	r = daemon_engine_of(d, q->adapter, &e, err);
+	if (r < 0)
+		return r;
 	if (!strcmp(q->device, "cuda")) {
-		engine_status(d->engine, &st);
+		engine_status(e, &st);
 		if (!strstr(st.key, "/cuda"))
 			return eng_fail(err, -ENODEV,
 					"device: 'cuda' but the engine is %s", st.key);
 	}
 	daemon_wait_engine_mem(d);
-	r = engine_to(d->engine, to_device, q->model, q->optimizer, q->grad, err);
+	r = engine_to(e, to_device, q->model, q->optimizer, q->grad, err);
 	if (r < 0)
 		return r;
-	engine_status(d->engine, &st);
+	engine_status(e, &st);
 	placement_to_proto(&st.placement, &pl);
 	resp.placement = &pl;
 	return job_set_reply(j, &resp.base);
@@ -710,6 +754,182 @@ int h_run_load_checkpoint(struct daemon *d, struct job *j, struct eng_error *err
 	return job_set_reply(j, &resp.base);
 }
 
+/* --- CreateAdapter / DeleteAdapter ---------------------------------------- */
+
+/* PEFT LoraConfig's default lora_alpha. */
+#define ADAPTER_DEFAULT_ALPHA 8.0
+
+struct adapter_prep {
+	struct engine_adapter_config cfg;
+	struct paths_pin peft;        /* peft_dir pinned beneath the model root, owned */
+};
+
+static void adapter_prep_free(void *p)
+{
+	struct adapter_prep *ap = p;
+
+	if (!ap)
+		return;
+	paths_unpin(&ap->peft);
+	free(ap);
+}
+
+/* target_modules: PEFT module names (or paths ending in one, or
+ * "all-linear") into engine_lora_module_bits' bits. */
+static int targets_from_proto(char **names, size_t n, unsigned *ret, struct eng_error *err)
+{
+	unsigned bits = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		unsigned b = engine_lora_module_bits(names[i]);
+
+		if (!b)
+			return eng_fail(err, -EINVAL,
+					"target_modules[%zu]: unknown module '%s' (q_proj, "
+					"k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, a "
+					"module path ending in one, or all-linear)", i, names[i]);
+		bits |= b;
+	}
+	*ret = bits;
+	return 0;
+}
+
+/* The whole configuration, checked once here (engine_adapter_config_check)
+ * and the PEFT directory pinned; what needs the base (a rank larger than a
+ * target allows, the directory's contents) is the engine's on the run. */
+int h_validate_create_adapter(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	const Engined__V1__CreateAdapterRequest *q = (const void *)j->req;
+	struct engine_init_config defaults;
+	struct engine_adapter_config *c;
+	struct adapter_prep *ap;
+	int r;
+
+	ap = calloc(1, sizeof(*ap));
+	if (!ap)
+		return -ENOMEM;
+	ap->peft.fd = -1;
+	j->prep = ap;
+	j->prep_free = adapter_prep_free;
+	c = &ap->cfg;
+	c->name = q->name;
+	c->rank = q->rank;
+	c->alpha = PB_HAS(q, alpha) ? q->alpha : q->peft_dir[0] ? 0 : ADAPTER_DEFAULT_ALPHA;
+	c->rslora = q->use_rslora;
+	c->seed = q->seed;
+	r = targets_from_proto(q->target_modules, q->n_target_modules, &c->targets, err);
+	if (r < 0)
+		return r;
+	/* A message that is present replaces the base's configuration; its
+	 * unset fields are Initialize's defaults. */
+	engine_init_config_defaults(&defaults);
+	if (q->optimizer) {
+		c->has_optim = true;
+		c->optim = defaults.optim;
+		optim_from_proto(q->optimizer, &c->optim);
+	}
+	if (q->lr_scheduler) {
+		c->has_sched = true;
+		c->sched = defaults.sched;
+		r = sched_from_proto(q->lr_scheduler, &c->sched, err);
+		if (r < 0)
+			return r;
+	}
+	/* The client's path for the check (which only asks whether there is
+	 * one); pinned then, and read on the engine thread through the pin. */
+	c->peft_dir = q->peft_dir[0] ? q->peft_dir : NULL;
+	r = engine_adapter_config_check(c, err);
+	if (r < 0 || !q->peft_dir[0])
+		return r;
+	c->peft_dir = NULL;
+	r = paths_pin(d->cfg.model_root, q->peft_dir, "peft_dir", PIN_DIR, &ap->peft, err);
+	if (r < 0)
+		return r;
+	c->peft_dir = ap->peft.path;
+	return 0;
+}
+
+static void put_targets(unsigned bits, char **ret, size_t *ret_n)
+{
+	size_t n = 0;
+
+	for (int i = 0; i < ENGINE_LORA_MODULES; i++)
+		if (bits & (1u << i))
+			ret[n++] = (char *)engine_lora_module_name(i);
+	*ret_n = n;
+}
+
+int h_run_create_adapter(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	struct adapter_prep *ap = j->prep;
+	Engined__V1__CreateAdapterResponse resp = ENGINED__V1__CREATE_ADAPTER_RESPONSE__INIT;
+	struct engine_adapter_config info;
+	struct engine_status st;
+	char *targets[ENGINE_LORA_MODULES];
+	struct engine *e = NULL;
+	int r;
+
+	/* A taken name or no free slot: refused before anything is built. */
+	r = adapters_may_add(&d->adapters, ap->cfg.name, err);
+	if (r < 0)
+		return r;
+	r = engine_adapter_create(d->engine, &ap->cfg, &e, err);
+	/* A peft_dir error names the file as the client knows it. */
+	if (ap->cfg.peft_dir)
+		r = paths_pin_result(&ap->peft, r, err);
+	if (r < 0)
+		return r;
+	/* Over max_adapter_bytes: measured, then destroyed; nothing changed. */
+	r = adapters_add(&d->adapters, ap->cfg.name, e, err);
+	if (r < 0) {
+		engine_destroy(e);
+		return r;
+	}
+	memset(&info, 0, sizeof(info));
+	(void)engine_adapter_info(e, &info);
+	engine_status(e, &st);
+	log_msg(LOG_LVL_INFO, "adapter %s: rank %lld, alpha %g%s, %lld parameters in %lld tensors",
+		ap->cfg.name, (long long)info.rank, info.alpha, info.rslora ? " (rsLoRA)" : "",
+		(long long)st.num_parameters, (long long)engine_num_params(e));
+	resp.name = (char *)ap->cfg.name;
+	resp.num_parameters = st.num_parameters;
+	resp.num_tensors = engine_num_params(e);
+	resp.rank = info.rank;
+	resp.alpha = info.alpha;
+	resp.use_rslora = info.rslora;
+	put_targets(info.targets, targets, &resp.n_target_modules);
+	resp.target_modules = targets;
+	return job_set_reply(j, &resp.base);
+}
+
+int h_validate_delete_adapter(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	const Engined__V1__DeleteAdapterRequest *q = (const void *)j->req;
+
+	(void)d;
+	if (!q->name[0])
+		return eng_fail(err, -EINVAL, "name: empty (the adapter to delete)");
+	return 0;
+}
+
+int h_run_delete_adapter(struct daemon *d, struct job *j, struct eng_error *err)
+{
+	const Engined__V1__DeleteAdapterRequest *q = (const void *)j->req;
+	Engined__V1__DeleteAdapterResponse resp = ENGINED__V1__DELETE_ADAPTER_RESPONSE__INIT;
+	int r;
+
+	if (!adapters_find(&d->adapters, q->name))
+		return eng_fail(err, -ENOENT, "name: no adapter named '%s'", q->name);
+	/* Its parameters may still be lent to gRPC by a finished stream. */
+	daemon_wait_engine_mem(d);
+	r = adapters_delete(&d->adapters, q->name, "name", err);
+	if (r < 0)
+		return r;
+	replay_forget_scope(d->replay, q->name);
+	log_msg(LOG_LVL_INFO, "adapter %s: deleted", q->name);
+	return job_set_reply(j, &resp.base);
+}
+
 /* --- inline: GetStatus, Health ------------------------------------------- */
 
 static int64_t rss_bytes(void)
@@ -725,39 +945,90 @@ static int64_t rss_bytes(void)
 	return (int64_t)rss * sysconf(_SC_PAGESIZE);
 }
 
+/* The live adapters' names a caller may see (all, or its token's), in
+ * creation order, and the status of `name` ("": none) from the snapshot.
+ * ret_names: one malloc'ed block, NULL when there are none. -ENOENT
+ * naming `adapter` when `name` is not live. */
+static int adapter_view(struct daemon *d, const char *tenant, const char *name,
+			char ***ret_names, size_t *ret_n, struct engine_status *ret_st,
+			struct eng_error *err)
+{
+	const size_t each = sizeof(d->adapter_snap[0].name);
+	char **names = NULL, *buf;
+	size_t n = 0;
+	bool found = !name[0];
+
+	pthread_mutex_lock(&d->lock);
+	if (d->n_adapter_snap > 0)
+		names = malloc((size_t)d->n_adapter_snap * (sizeof(char *) + each));
+	buf = names ? (char *)(names + d->n_adapter_snap) : NULL;
+	for (int i = 0; i < d->n_adapter_snap; i++) {
+		const struct adapter_status *a = &d->adapter_snap[i];
+
+		if (name[0] && !strcmp(a->name, name)) {
+			*ret_st = a->st;
+			found = true;
+		}
+		if (names && auth_adapter_allowed(tenant, a->name)) {
+			names[n] = buf + n * each;
+			memcpy(names[n++], a->name, each);
+		}
+	}
+	pthread_mutex_unlock(&d->lock);
+	*ret_names = names;
+	*ret_n = n;
+	if (!found)
+		return eng_fail(err, -ENOENT, "adapter: no adapter named '%s'", name);
+	return d->n_adapter_snap > 0 && !names ? eng_fail(err, -ENOMEM, "out of memory") : 0;
+}
+
 int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err)
 {
+	const Engined__V1__GetStatusRequest *q = (const void *)j->req;
 	Engined__V1__GetStatusResponse resp = ENGINED__V1__GET_STATUS_RESPONSE__INIT;
 	Engined__V1__Placement pl;
 	Engined__V1__Memory mem = ENGINED__V1__MEMORY__INIT;
 	Engined__V1__DistStatus ds = ENGINED__V1__DIST_STATUS__INIT;
 	Engined__V1__JobProgress prog = ENGINED__V1__JOB_PROGRESS__INIT;
-	struct engine_status st;
+	struct engine_status st, own;
 	struct daemon_job_view jv;
 	char last_id[RPC_REQUEST_ID_MAX + 1];
+	char **names = NULL;
+	size_t n_names = 0;
 	struct timespec now;
 	int64_t queued;
+	int r;
 
 	pthread_mutex_lock(&d->lock);
 	st = d->snap;
 	queued = d->queued;
 	pthread_mutex_unlock(&d->lock);
+	own = st;
+	/* An adapter's own step, schedule, gradients, size, placement, mode
+	 * and request ids; the rest is the daemon's. */
+	r = adapter_view(d, j->tenant, q->adapter, &names, &n_names, &own, err);
+	if (r < 0) {
+		free(names);
+		return r;
+	}
 	daemon_job_view(d, &jv);
 
 	clock_gettime(CLOCK_MONOTONIC, &now);
 	resp.engine_key = st.key;
 	resp.initialized = st.initialized;
-	resp.mode = mode_to_proto(st.mode);
-	placement_to_proto(&st.placement, &pl);
+	resp.mode = mode_to_proto(own.mode);
+	placement_to_proto(&own.placement, &pl);
 	resp.placement = &pl;
-	resp.step = st.step;
-	resp.sched_step = st.sched_step;
-	resp.accumulated_calls = st.accumulated_calls;
-	resp.accumulated_tokens = st.accumulated_tokens;
-	replay_last_applied(d->replay, last_id, sizeof(last_id));
+	resp.step = own.step;
+	resp.sched_step = own.sched_step;
+	resp.accumulated_calls = own.accumulated_calls;
+	resp.accumulated_tokens = own.accumulated_tokens;
+	replay_last_applied(d->replay, q->adapter, last_id, sizeof(last_id));
 	resp.last_request_id = last_id;
-	resp.lr = st.lr;
-	resp.num_parameters = st.num_parameters;
+	resp.lr = own.lr;
+	resp.num_parameters = own.num_parameters;
+	resp.n_adapters = n_names;
+	resp.adapters = names;
 	resp.matmul = st.matmul;
 	mem.device_bytes = (int64_t)st.device_memory;
 	mem.host_bytes = (int64_t)st.host_memory;
@@ -793,5 +1064,7 @@ int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err)
 		prog.elapsed_s = jv.seconds;
 		resp.progress = &prog;
 	}
-	return job_set_reply(j, &resp.base);
+	r = job_set_reply(j, &resp.base);
+	free(names);
+	return r;
 }

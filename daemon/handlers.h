@@ -24,6 +24,10 @@ int h_run_save_checkpoint(struct daemon *d, struct job *j, struct eng_error *err
 int h_validate_load_checkpoint(struct daemon *d, struct job *j, struct eng_error *err);
 int h_run_load_checkpoint(struct daemon *d, struct job *j, struct eng_error *err);
 int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err);
+int h_validate_create_adapter(struct daemon *d, struct job *j, struct eng_error *err);
+int h_run_create_adapter(struct daemon *d, struct job *j, struct eng_error *err);
+int h_validate_delete_adapter(struct daemon *d, struct job *j, struct eng_error *err);
+int h_run_delete_adapter(struct daemon *d, struct job *j, struct eng_error *err);
 
 /* group.c: CreateGroup */
 int h_validate_create_group(struct daemon *d, struct job *j, struct eng_error *err);

@@ -101,6 +101,17 @@ void job_finish(struct job *j, int r, const struct eng_error *err)
 	job_free(j);
 }
 
+const char *job_adapter(const struct job *j)
+{
+	const ProtobufCFieldDescriptor *fd = j->m ? j->m->adapter_fd : NULL;
+	const char *name;
+
+	if (!fd || !j->req)
+		return "";
+	name = *(const char *const *)((const char *)j->req + fd->offset);
+	return name ? name : "";
+}
+
 void job_release(struct job *j)
 {
 	rpc_call_release_request(j->call);

@@ -35,6 +35,10 @@ enum {
 	M_READ_ONLY = 1 << 0,  /* allowed with a read-only token */
 	M_HEALTH = 1 << 1,     /* exempt from tokens with auth.health_exempt */
 	M_REPLAY = 1 << 2,     /* changes state: a request id makes it exactly-once */
+	/* A token limited to adapters (auth.h) may call it without naming
+	 * one: it trains, reads and exports no model state (GetStatus, which
+	 * then lists the token's adapters only; Health; reflection). */
+	M_TENANT_FREE = 1 << 3,
 };
 
 /* One row of the method table (methods.c). The service and method names
@@ -56,10 +60,15 @@ struct method {
 	bool needs_init;              /* the mode rules are the engine's (engine.c) */
 	int (*validate)(struct daemon *d, struct job *j, struct eng_error *err);
 	int (*run)(struct daemon *d, struct job *j, struct eng_error *err);
+	/* The request's string field naming the LoRA adapter the call acts on
+	 * (its tenant for tokens, its request-id space); NULL: the field
+	 * "adapter", when the request has one (CreateAdapter's is "name"). */
+	const char *adapter_field;
 	/* Filled by methods_init. */
 	int id;                       /* index in the table */
 	char path[128];               /* "/engined.v1.TrainingEngine/Initialize" */
 	const ProtobufCMessageDescriptor *req_desc;  /* NULL: client streaming */
+	const ProtobufCFieldDescriptor *adapter_fd;  /* NULL: names no adapter */
 };
 
 struct job {
@@ -74,6 +83,10 @@ struct job {
 	uint8_t *reply;               /* packed reply (malloc), owned */
 	size_t reply_len;
 	char identity[AUTH_NAME_MAX + 300];  /* "token:NAME", "cert:CN" or "-" */
+	/* The caller's token when it is limited to adapters: its name and
+	 * the adapters it may use (auth.h); tenant "" = not limited. */
+	char token[AUTH_NAME_MAX];
+	char tenant[AUTH_ADAPTERS_MAX];
 	bool ran;                     /* the method's run was called */
 	/* Called by job_finish before the reply goes out (the replay table
 	 * records the outcome of a call that carries a request id). */
@@ -107,6 +120,10 @@ void job_release(struct job *j);
  * metrics sample, for calls answered outside job_finish (RUN_OWN). */
 void job_log_rpc(struct metrics *metrics, struct rpc_call *call, const struct method *m,
 		 const char *identity, enum rpc_code code, const char *msg);
+
+/* The adapter the decoded request names (m->adapter_fd): "" for the base
+ * model, for a method that names none and before the request is decoded. */
+const char *job_adapter(const struct job *j);
 
 /* The method's name in logs and metrics. */
 static inline const char *method_label(const struct method *m)

@@ -13,13 +13,31 @@
 void daemon_update_snapshot(struct daemon *d)
 {
 	struct engine_status st;
+	struct adapter_status *as = d->adapter_work;
+	int n = 0;
 
 	memset(&st, 0, sizeof(st));
 	if (d->engine)
 		engine_status(d->engine, &st);
+	if (as)
+		n = adapters_status(&d->adapters, as);
 	pthread_mutex_lock(&d->lock);
 	d->snap = st;
+	d->adapter_work = d->adapter_snap;
+	d->adapter_snap = as;
+	d->n_adapter_snap = n;
 	pthread_mutex_unlock(&d->lock);
+}
+
+int daemon_engine_of(struct daemon *d, const char *name, struct engine **ret,
+		     struct eng_error *err)
+{
+	struct engine *e = name[0] ? adapters_find(&d->adapters, name) : d->engine;
+
+	if (!e)
+		return eng_fail(err, -ENOENT, "adapter: no adapter named '%s'", name);
+	*ret = e;
+	return 0;
 }
 
 static double since(const struct timespec *t0)

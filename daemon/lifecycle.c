@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dispatch.h"
@@ -88,6 +89,17 @@ int daemon_init(struct daemon *d, const struct daemon_config *cfg,
 	r = replay_new(cfg->replay_entries, cfg->replay_bytes, dispatch_replay_requeue, d, &d->replay);
 	if (r < 0) {
 		snprintf(errbuf, errlen, "replay: out of memory");
+		return r;
+	}
+	r = adapters_init(&d->adapters, cfg->max_adapters, cfg->max_adapter_bytes);
+	if (r == 0 && cfg->max_adapters > 0) {
+		d->adapter_snap = calloc((size_t)cfg->max_adapters, sizeof(*d->adapter_snap));
+		d->adapter_work = calloc((size_t)cfg->max_adapters, sizeof(*d->adapter_work));
+		if (!d->adapter_snap || !d->adapter_work)
+			r = -ENOMEM;
+	}
+	if (r < 0) {
+		snprintf(errbuf, errlen, "lora.max_adapters: out of memory");
 		return r;
 	}
 	if (cfg->share_socket) {
@@ -267,6 +279,11 @@ int daemon_reload(struct daemon *d, struct eng_error *err)
 
 void daemon_fini(struct daemon *d)
 {
+	/* The engine thread destroyed the adapters before their base. */
+	adapters_fini(&d->adapters);
+	free(d->adapter_snap);
+	free(d->adapter_work);
+	d->adapter_snap = d->adapter_work = NULL;
 	reflection_free(d->refl);
 	replay_free(d->replay);
 	d->replay = NULL;

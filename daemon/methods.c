@@ -52,30 +52,38 @@ struct method daemon_methods[] = {
 	    h_run_save_checkpoint),
 	ENG("LoadCheckpoint", true, h_validate_load_checkpoint,
 	    h_run_load_checkpoint),
-	{ .service = ENGINE_SVC, .name = "GetStatus", .flags = M_READ_ONLY,
+	{ .service = ENGINE_SVC, .name = "GetStatus", .flags = M_READ_ONLY | M_TENANT_FREE,
 	  .where = RUN_INLINE, .run = h_run_get_status },
 	{ .service = ENGINE_SVC, .name = "CreateGroup", .where = RUN_INLINE,
 	  .validate = h_validate_create_group, .run = h_run_create_group },
 	{ .service = HEALTH_SVC, .name = "Check", .label = "Health.Check",
-	  .flags = M_READ_ONLY | M_HEALTH, .where = RUN_INLINE,
+	  .flags = M_READ_ONLY | M_HEALTH | M_TENANT_FREE, .where = RUN_INLINE,
 	  .run = run_health_check },
 	{ .service = HEALTH_SVC, .name = "Watch", .label = "Health.Watch",
-	  .server_streaming = true, .flags = M_READ_ONLY | M_HEALTH, .where = RUN_OWN,
-	  .run = run_health_watch },
+	  .server_streaming = true, .flags = M_READ_ONLY | M_HEALTH | M_TENANT_FREE,
+	  .where = RUN_OWN, .run = run_health_watch },
 	/* v1alpha and v1 share their messages: v1's descriptor under both
 	 * packages. */
 	{ .service = REFLECTION_SVC, .package = "grpc.reflection.v1alpha",
 	  .name = "ServerReflectionInfo", .label = "Reflection.v1alpha",
-	  .server_streaming = true, .client_streaming = true, .flags = M_READ_ONLY,
-	  .where = RUN_OWN, .run = run_reflection },
+	  .server_streaming = true, .client_streaming = true,
+	  .flags = M_READ_ONLY | M_TENANT_FREE, .where = RUN_OWN, .run = run_reflection },
 	{ .service = REFLECTION_SVC, .name = "ServerReflectionInfo", .label = "Reflection.v1",
-	  .server_streaming = true, .client_streaming = true, .flags = M_READ_ONLY,
-	  .where = RUN_OWN, .run = run_reflection },
+	  .server_streaming = true, .client_streaming = true,
+	  .flags = M_READ_ONLY | M_TENANT_FREE, .where = RUN_OWN, .run = run_reflection },
 	/* Rows are only ever added at the end: a row's index is its metrics
 	 * row and the fuzz seeds' byte 0 (tests/fuzz/make_corpus.py ROWS). */
 	{ .service = ENGINE_SVC, .name = "ShareWeights", .flags = M_READ_ONLY,
 	  .where = RUN_ENGINE, .needs_init = true,
 	  .validate = h_validate_share_weights, .run = h_run_share_weights },
+	/* LoRA adapters: the request's `name` is the adapter (its tenant and
+	 * request-id space). */
+	{ .service = ENGINE_SVC, .name = "CreateAdapter", .flags = M_REPLAY,
+	  .where = RUN_ENGINE, .needs_init = true, .adapter_field = "name",
+	  .validate = h_validate_create_adapter, .run = h_run_create_adapter },
+	{ .service = ENGINE_SVC, .name = "DeleteAdapter", .flags = M_REPLAY,
+	  .where = RUN_ENGINE, .needs_init = true, .adapter_field = "name",
+	  .validate = h_validate_delete_adapter, .run = h_run_delete_adapter },
 };
 #define N_METHODS (int)(sizeof(daemon_methods) / sizeof(daemon_methods[0]))
 const int daemon_n_methods = N_METHODS;
@@ -97,6 +105,20 @@ int methods_init(struct eng_error *err)
 					m->service->name, m->name);
 		m->id = i;
 		m->req_desc = m->client_streaming ? NULL : md->input;
+		m->adapter_fd = NULL;
+		if (m->req_desc) {
+			const char *f = m->adapter_field ? m->adapter_field : "adapter";
+
+			m->adapter_fd = protobuf_c_message_descriptor_get_field_by_name(m->req_desc,
+											f);
+			if (m->adapter_fd && (m->adapter_fd->type != PROTOBUF_C_TYPE_STRING ||
+					      m->adapter_fd->label == PROTOBUF_C_LABEL_REPEATED))
+				return eng_fail(err, -EINVAL, "method table: %s.%s is no string",
+						m->req_desc->name, f);
+			if (!m->adapter_fd && m->adapter_field)
+				return eng_fail(err, -EINVAL, "method table: %s has no field %s",
+						m->req_desc->name, f);
+		}
 		daemon_method_paths[i] = m->path;
 		daemon_method_labels[i] = method_label(m);
 	}

@@ -1,6 +1,8 @@
 /* replay.c — the outcomes of recent request ids (see replay.h). Entries
- * sit in a hash table (by id) and a list in the order they were made; the
- * oldest recorded entries are forgotten first. */
+ * sit in a hash table (by id; an entry is its adapter's and id's) and a
+ * list in the order they were made; the oldest recorded entries are
+ * forgotten first. The last applied id of each adapter is kept beside
+ * them, one row per adapter, until replay_forget_scope. */
 #include "replay.h"
 
 #include <errno.h>
@@ -15,6 +17,7 @@ struct entry {
 	struct entry *older, *newer;  /* age list */
 	struct entry *hnext;          /* hash chain */
 	struct replay *owner;
+	char scope[ENGINE_ADAPTER_NAME_MAX + 1];  /* the adapter; "" = the base */
 	char id[RPC_REQUEST_ID_MAX + 1];
 	int method;
 	uint64_t hash;                /* of the method and the request bytes */
@@ -27,13 +30,20 @@ struct entry {
 	struct job *waiters;          /* duplicates, through job->next */
 };
 
+struct scope_last {
+	char scope[ENGINE_ADAPTER_NAME_MAX + 1];
+	char id[RPC_REQUEST_ID_MAX + 1];
+};
+
 struct replay {
 	pthread_mutex_t lock;
 	struct entry **buckets;
 	size_t nbuckets;              /* a power of two */
 	struct entry *oldest, *newest;
 	int64_t n, bytes, max_entries, max_bytes;
-	char last[RPC_REQUEST_ID_MAX + 1];
+	char last[RPC_REQUEST_ID_MAX + 1];     /* the base's */
+	struct scope_last *scopes;             /* each adapter's */
+	int n_scopes, cap_scopes;
 	void (*requeue)(void *ctx, struct job *j);
 	void *requeue_ctx;
 };
@@ -76,6 +86,7 @@ void replay_free(struct replay *r)
 		free(e);
 	}
 	free(r->buckets);
+	free(r->scopes);
 	pthread_mutex_destroy(&r->lock);
 	free(r);
 }
@@ -85,13 +96,54 @@ static struct entry **slot(struct replay *r, const char *id)
 	return &r->buckets[XXH64(id, strlen(id), 0) & (r->nbuckets - 1)];
 }
 
-static struct entry *find(struct replay *r, const char *id)
+static struct entry *find(struct replay *r, const char *scope, const char *id)
 {
 	struct entry *e;
 
-	for (e = *slot(r, id); e && strcmp(e->id, id); e = e->hnext)
+	for (e = *slot(r, id); e && (strcmp(e->id, id) || strcmp(e->scope, scope));
+	     e = e->hnext)
 		;
 	return e;
+}
+
+/* The row of an adapter's last applied id (lock held); NULL when it has
+ * none and `add` is false or there is no memory for one. */
+static struct scope_last *scope_row(struct replay *r, const char *scope, bool add)
+{
+	struct scope_last *v;
+
+	for (int i = 0; i < r->n_scopes; i++)
+		if (!strcmp(r->scopes[i].scope, scope))
+			return &r->scopes[i];
+	if (!add)
+		return NULL;
+	if (r->n_scopes == r->cap_scopes) {
+		int cap = r->cap_scopes ? 2 * r->cap_scopes : 8;
+
+		v = realloc(r->scopes, (size_t)cap * sizeof(*v));
+		if (!v)
+			return NULL;
+		r->scopes = v;
+		r->cap_scopes = cap;
+	}
+	v = &r->scopes[r->n_scopes++];
+	snprintf(v->scope, sizeof(v->scope), "%s", scope);
+	v->id[0] = '\0';
+	return v;
+}
+
+/* An applied id (lock held): the last of its adapter. */
+static void set_last(struct replay *r, const struct entry *e)
+{
+	struct scope_last *row;
+
+	if (!e->scope[0]) {
+		snprintf(r->last, sizeof(r->last), "%s", e->id);
+		return;
+	}
+	row = scope_row(r, e->scope, true);
+	if (row)  /* else out of memory: GetStatus shows an older id */
+		snprintf(row->id, sizeof(row->id), "%s", e->id);
 }
 
 /* Unlink e from the table and the age list (lock held); the caller frees. */
@@ -216,7 +268,7 @@ static void on_finish(struct job *j, int rc, const struct eng_error *err)
 	e->evicted = rc == 0 && j->reply_len && !reply;  /* no memory to keep it */
 	r->bytes += (int64_t)len;
 	if (rc == 0)
-		snprintf(r->last, sizeof(r->last), "%s", e->id);
+		set_last(r, e);
 	/* The waiters are answered from this copy: the bounds may drop it. */
 	for (; w; w = next) {
 		next = w->next;
@@ -242,6 +294,7 @@ int replay_begin(struct replay *r, struct job *j, const uint8_t *req, size_t len
 		 enum replay_verdict *ret, struct eng_error *err)
 {
 	const char *id = rpc_call_request_id(j->call);
+	const char *scope = job_adapter(j);
 	int count = rpc_call_request_id_count(j->call);
 	struct entry *e;
 	uint64_t h;
@@ -260,9 +313,12 @@ int replay_begin(struct replay *r, struct job *j, const uint8_t *req, size_t len
 		return eng_fail(err, -EINVAL,
 				"engined-request-id: 1 to %d printable ASCII characters, no spaces",
 				RPC_REQUEST_ID_MAX);
+	if (strlen(scope) > ENGINE_ADAPTER_NAME_MAX)  /* the dispatcher refused it */
+		return eng_fail(err, -EINVAL, "adapter: longer than %d characters",
+				ENGINE_ADAPTER_NAME_MAX);
 	h = XXH64(req, len, (uint64_t)j->m->id);
 	pthread_mutex_lock(&r->lock);
-	e = find(r, id);
+	e = find(r, scope, id);
 	if (!e) {
 		e = calloc(1, sizeof(*e));
 		if (!e) {
@@ -270,6 +326,7 @@ int replay_begin(struct replay *r, struct job *j, const uint8_t *req, size_t len
 			return eng_fail(err, -ENOMEM, "replay: out of memory");
 		}
 		snprintf(e->id, sizeof(e->id), "%s", id);
+		snprintf(e->scope, sizeof(e->scope), "%s", scope);
 		e->owner = r;
 		e->method = j->m->id;
 		e->hash = h;
@@ -322,10 +379,24 @@ int replay_begin(struct replay *r, struct job *j, const uint8_t *req, size_t len
 	return 0;
 }
 
-void replay_last_applied(struct replay *r, char *buf, size_t len)
+void replay_last_applied(struct replay *r, const char *scope, char *buf, size_t len)
 {
+	const struct scope_last *row;
+
 	pthread_mutex_lock(&r->lock);
-	snprintf(buf, len, "%s", r->last);
+	row = scope[0] ? scope_row(r, scope, false) : NULL;
+	snprintf(buf, len, "%s", !scope[0] ? r->last : row ? row->id : "");
+	pthread_mutex_unlock(&r->lock);
+}
+
+void replay_forget_scope(struct replay *r, const char *scope)
+{
+	struct scope_last *row;
+
+	pthread_mutex_lock(&r->lock);
+	row = scope_row(r, scope, false);
+	if (row)
+		*row = r->scopes[--r->n_scopes];
 	pthread_mutex_unlock(&r->lock);
 }
 

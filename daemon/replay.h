@@ -12,6 +12,9 @@
  *    (INVALID_ARGUMENT);
  *  - an outcome whose bytes were evicted answers ALREADY_EXISTS ("already
  *    applied").
+ * Each adapter has an id space of its own: an id is looked up with the
+ * adapter its request names (job_adapter: "" for the base model), so the
+ * same id on two adapters names two calls.
  * Only calls that ran are recorded: one refused before running (deadline
  * passed in the queue, cancelled, shutting down, invalid) leaves no entry,
  * so that its retry runs; a duplicate waiting on it runs in its place
@@ -47,9 +50,13 @@ enum replay_verdict {
 int replay_begin(struct replay *r, struct job *j, const uint8_t *req, size_t len,
 		 enum replay_verdict *ret, struct eng_error *err);
 
-/* The last request id whose call ran and succeeded ("" when none), copied
- * into buf. */
-void replay_last_applied(struct replay *r, char *buf, size_t len);
+/* The last request id of adapter `scope` ("": the base model) whose call
+ * ran and succeeded ("" when none), copied into buf. */
+void replay_last_applied(struct replay *r, const char *scope, char *buf, size_t len);
+
+/* An adapter was deleted: forget its last applied id (its recorded
+ * outcomes stay, so a retry of an applied call still gets its outcome). */
+void replay_forget_scope(struct replay *r, const char *scope);
 
 /* Entries and stored reply bytes, for tests and metrics. */
 void replay_usage(struct replay *r, int64_t *ret_entries, int64_t *ret_bytes);

@@ -104,6 +104,7 @@ struct ring {
  * under ring->lock). */
 struct stream {
 	struct daemon *d;
+	struct engine *e;               /* the base model or the adapter streamed */
 	struct rpc_call *call;
 	struct ring *ring;
 	struct param_set set;           /* the tensors, looked up once (params.h) */
@@ -332,7 +333,7 @@ static int fill(struct stream *s, struct slot *sl, struct eng_error *err)
 		const struct piece *p = &sl->pieces[i];
 		const struct param_ref *t = &s->set.t[p->t];
 		int64_t esz = (int64_t)s->set.esz;
-		int r = params_read(s->d->engine, &s->set, t, p->off / esz, p->len / esz,
+		int r = params_read(s->e, &s->set, t, p->off / esz, p->len / esz,
 				    sl->data + p->data_off, err);
 
 		if (r < 0)
@@ -584,13 +585,16 @@ int h_run_get_params(struct daemon *d, struct job *j, struct eng_error *err)
 	/* A multiple of 4: pieces never split an element of any dtype. */
 	s.bucket_bytes = (q->bucket_bytes ? q->bucket_bytes : DEFAULT_BUCKET_BYTES) & ~(int64_t)3;
 
-	r = params_collect(d->engine, q->dtype, q->names, q->n_names, false, &s.set, err);
+	r = daemon_engine_of(d, q->adapter, &s.e, err);
+	if (r < 0)
+		goto out;
+	r = params_collect(s.e, q->dtype, q->names, q->n_names, false, &s.set, err);
 	if (r < 0)
 		goto out;
 	if (!s.set.in_place) {
 		struct eng_error why;
 
-		r = params_use_bf16_copy(d->engine, &s.set, false, NULL, &why, err);
+		r = params_use_bf16_copy(s.e, &s.set, false, NULL, &why, err);
 		if (r < 0)
 			goto out;
 		if (why.code)

@@ -23,13 +23,13 @@
 /* X(errno name, gRPC status, meaning) */
 #define ENG_ERROR_CODES(X) \
 	X(EINVAL, INVALID_ARGUMENT, "a request field is malformed or out of range (the message names it)") \
-	X(ENOENT, NOT_FOUND, "a file, checkpoint, directory or tensor that does not exist") \
+	X(ENOENT, NOT_FOUND, "a file, checkpoint, directory, tensor or LoRA adapter that does not exist") \
 	X(ENOMEM, RESOURCE_EXHAUSTED, "memory for the call could not be reserved; the engine stays usable") \
-	X(E2BIG, RESOURCE_EXHAUSTED, "over a configured limit (request size, concurrent calls, reply size)") \
+	X(E2BIG, RESOURCE_EXHAUSTED, "over a configured limit (request size, concurrent calls, reply size, LoRA adapters' number or bytes)") \
 	X(ENOSPC, RESOURCE_EXHAUSTED, "no space left on the file system (or over a disk quota), or a device resource ran out (e.g. shared memory for a kernel); the message names the path") \
 	X(EMFILE, RESOURCE_EXHAUSTED, "out of file descriptors (the daemon's or the system's limit)") \
 	X(EEXIST, ALREADY_EXISTS, "a request id that was already applied, its reply no longer kept; an adapter name already in use") \
-	X(EPERM, PERMISSION_DENIED, "a path escapes its root, a file in a checkpoint or model directory is a symlink, file permissions refuse, or a read-only token asked for a change") \
+	X(EPERM, PERMISSION_DENIED, "a path escapes its root, a file in a checkpoint or model directory is a symlink, file permissions refuse, a read-only token asked for a change, or a token limited to adapters named another adapter or the base model") \
 	X(EACCES, PERMISSION_DENIED, "no valid credentials (the daemon answers UNAUTHENTICATED for a missing or unknown token)") \
 	X(EBADMSG, DATA_LOSS, "a corrupt or inconsistent file or checkpoint") \
 	X(ENODEV, FAILED_PRECONDITION, "device or engine not built or registered") \

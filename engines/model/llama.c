@@ -623,7 +623,8 @@ static void head_bwd(struct llama_model *m, const struct llama_batch *b, float i
 								     drow_logp + r0, drow_ent + r0,
 								     R, v0, Vc, inv_temp);
 			lin_bwd_in(m, g->dln + r0 * C, z, W, R, Vc, C, v0 ? 1.0f : 0.0f);
-			lin_bwd_w(m, m->g.lm_head + v0 * C, z, g->lnf + r0 * C, R, Vc, C,
+			lin_bwd_w(m, m->frozen ? NULL : m->g.lm_head + v0 * C, z, g->lnf + r0 * C,
+				  R, Vc, C,
 				  r0 == 0);
 		}
 	}

@@ -27,7 +27,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 # The rows of daemon/methods.c's table, in order (fuzz_request's byte 0).
 ROWS = ["Initialize", "SetMode", "ForwardBackward", "OptimizerStep", "ZeroGrad", "LrSchedulerStep",
         "ToDevice", "GetPerTensorParam", "SaveCheckpoint", "LoadCheckpoint", "GetStatus", "CreateGroup",
-        "Health.Check", "Health.Watch", "Reflection.v1alpha", "Reflection.v1", "ShareWeights"]
+        "Health.Check", "Health.Watch", "Reflection.v1alpha", "Reflection.v1", "ShareWeights",
+        "CreateAdapter", "DeleteAdapter"]
 VALUE_MODEL = 0x80
 
 # LOSS_REQUEST_INPUTS of engines/loss/loss.h, in order (fuzz_loss_spec's byte 0).
@@ -164,6 +165,24 @@ def requests(pb):
     req("ShareWeights", pb.ShareWeightsRequest(
         dtype=pb.BFLOAT16, names=["model.norm.weight", "lm_head.weight"], uses=4))
     req("ShareWeights", pb.ShareWeightsRequest(), tag="-all")
+    req("Initialize", pb.InitializeRequest(preset="tiny", frozen_base=True), tag="-frozen")
+    req("CreateAdapter", pb.CreateAdapterRequest(
+        name="tenant-a", rank=8, alpha=16.0, target_modules=["q_proj", "v_proj"], seed=7))
+    req("CreateAdapter", pb.CreateAdapterRequest(
+        name="b.2", rank=4, target_modules=["all-linear"], use_rslora=True,
+        optimizer=pb.OptimizerConfig(lr=1e-3, weight_decay=0.0),
+        lr_scheduler=pb.LrSchedulerConfig(type="linear", warmup_steps=2, total_steps=10)),
+        tag="-full")
+    req("CreateAdapter", pb.CreateAdapterRequest(
+        name="from-peft", peft_dir="tiny",
+        target_modules=["model.layers.0.self_attn.q_proj"]), tag="-peft")
+    req("DeleteAdapter", pb.DeleteAdapterRequest(name="tenant-a"))
+    req("ForwardBackward", pb.ForwardBackwardRequest(
+        input_ids=ids, seq_lens=[3, 5], loss=pb.LossSpec(name="sft"), adapter="tenant-a"),
+        tag="-adapter")
+    req("OptimizerStep", pb.OptimizerStepRequest(lr=1e-2, adapter="tenant-a"), tag="-adapter")
+    req("GetStatus", pb.GetStatusRequest(adapter="tenant-a"), tag="-adapter")
+    req("GetPerTensorParam", pb.GetPerTensorParamRequest(adapter="tenant-a"), tag="-adapter")
 
     def s(field, text):   # a length-delimited string field
         b = text.encode()

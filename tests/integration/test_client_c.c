@@ -438,6 +438,86 @@ START_TEST(test_request_ids)
 }
 END_TEST
 
+/* A LoRA adapter through the C API: created over a frozen base, trained
+ * by name, its own status, deleted. */
+START_TEST(test_adapter)
+{
+	static char q_proj[] = "q_proj";
+	struct ec_client *c = client();
+	Engined__V1__InitializeRequest ir = ENGINED__V1__INITIALIZE_REQUEST__INIT;
+	Engined__V1__InitializeResponse *ires = NULL;
+	Engined__V1__CreateAdapterRequest cr = ENGINED__V1__CREATE_ADAPTER_REQUEST__INIT;
+	Engined__V1__CreateAdapterResponse *cres = NULL;
+	Engined__V1__ForwardBackwardRequest fb = ENGINED__V1__FORWARD_BACKWARD_REQUEST__INIT;
+	Engined__V1__ForwardBackwardResponse *fres = NULL;
+	Engined__V1__OptimizerStepResponse *ores = NULL;
+	Engined__V1__LrSchedulerStepResponse *lres = NULL;
+	Engined__V1__GetStatusResponse *s = NULL;
+	Engined__V1__LossSpec loss = ENGINED__V1__LOSS_SPEC__INIT;
+	Engined__V1__Tensor ids_t = ENGINED__V1__TENSOR__INIT;
+	char *targets[] = { q_proj };
+	int32_t ids[32], lens[2];
+	int64_t shape_n = 32;
+	struct ec_status st;
+
+	ir.preset = "tiny";
+	ir.replace = true;
+	ir.frozen_base = true;
+	ck_assert_int_eq(ec_initialize(c, &ir, &ires, &st), 0);
+	ec_free(ires);
+	cr.name = "c-api";
+	cr.rank = 4;
+	cr.n_target_modules = 1;
+	cr.target_modules = targets;
+	ck_assert_int_eq(ec_create_adapter(c, &cr, &cres, &st), 0);
+	ck_assert_int_eq(cres->num_parameters, 4 * 4 * (128 + 128));
+	ck_assert_int_eq(cres->num_tensors, 8);
+	ck_assert_int_eq((int)cres->n_target_modules, 1);
+	ck_assert_str_eq(cres->target_modules[0], "q_proj");
+	ec_free(cres);
+	cres = NULL;
+	ck_assert_int_eq(ec_create_adapter(c, &cr, &cres, &st), EC_ALREADY_EXISTS);
+	ck_assert_ptr_null(cres);
+
+	fill_batch(ids, lens, 2, 16, 5);
+	ec_tensor_1d(&ids_t, ENGINED__V1__DTYPE__INT32, &shape_n, ids, sizeof(ids));
+	fb.input_ids = &ids_t;
+	fb.n_seq_lens = 2;
+	fb.seq_lens = lens;
+	loss.name = "sft";
+	fb.loss = &loss;
+	fb.adapter = "c-api";
+	ck_assert_int_eq(ec_forward_backward(c, &fb, &fres, &st), 0);
+	ec_free(fres);
+	fb.adapter = "";   /* the frozen base trains nothing itself */
+	ck_assert_int_eq(ec_forward_backward(c, &fb, &fres, &st), EC_FAILED_PRECONDITION);
+	ck_assert_int_eq(ec_optimizer_step_adapter(c, "c-api", &ores, &st), 0);
+	ck_assert_int_eq(ores->step, 1);
+	ec_free(ores);
+	ck_assert_int_eq(ec_lr_scheduler_step_adapter(c, "c-api", &lres, &st), 0);
+	ec_free(lres);
+	ck_assert_int_eq(ec_zero_grad_adapter(c, "c-api", &st), 0);
+	ck_assert_int_eq(ec_zero_grad_adapter(c, "other", &st), EC_NOT_FOUND);
+	ck_assert_ptr_nonnull(strstr(st.message, "adapter: no adapter named 'other'"));
+	ck_assert_int_eq(ec_get_status_adapter(c, "c-api", &s, &st), 0);
+	ck_assert_int_eq(s->step, 1);
+	ck_assert_int_eq(s->sched_step, 1);
+	ck_assert_int_eq(s->num_parameters, 4 * 4 * (128 + 128));
+	ck_assert_int_eq((int)s->n_adapters, 1);
+	ck_assert_str_eq(s->adapters[0], "c-api");
+	ec_free(s);
+	ck_assert_int_eq(ec_get_status(c, &s, &st), 0);
+	ck_assert_int_eq(s->step, 0);
+	ec_free(s);
+	ck_assert_int_eq(ec_delete_adapter(c, "c-api", &st), 0);
+	ck_assert_int_eq(ec_delete_adapter(c, "c-api", &st), EC_NOT_FOUND);
+	ck_assert_int_eq(ec_get_status(c, &s, &st), 0);
+	ck_assert_int_eq((int)s->n_adapters, 0);
+	ec_free(s);
+	ec_close(c);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
 	const char *bin = argc > 1 ? argv[1] : getenv("ENGINED_BIN");
@@ -461,6 +541,7 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, test_stream_cancel);
 	tcase_add_test(tc, test_share);
 	tcase_add_test(tc, test_request_ids);
+	tcase_add_test(tc, test_adapter);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_set_fork_status(sr, CK_NOFORK);

@@ -2,7 +2,7 @@
 command's usage and options), usage errors (a bad number names its option,
 unknown options and stray arguments: exit 2 with a hint), and the
 commands against a real engined (init, set-mode, save, load, status,
-pull-weights).
+pull-weights, create-adapter, delete-adapter).
 
 Run: ENGINED_BIN=... ENGINECTL_BIN=... ENGINED_PROJECT_VERSION=0.1.0
 /usr/bin/python3 -m pytest tests/integration/test_enginectl.py [-k name]
@@ -19,14 +19,19 @@ CTL = os.environ.get("ENGINECTL_BIN", "build/client/enginectl")
 
 # Every command and the options it has today (README.md and the tests use them).
 COMMANDS = {
-    "status": [],
+    "status": ["--adapter NAME"],
     "init": ["--preset NAME", "--config FILE", "--model-path DIR", "--model-type TYPE",
-             "--device DEV", "--seed N", "--lr X", "--bf16-matmul", "--replace"],
-    "set-mode": ["--no-auto-offload"],
-    "to-device": ["--model", "--optimizer", "--grad"],
+             "--device DEV", "--seed N", "--lr X", "--bf16-matmul", "--replace",
+             "--frozen-base"],
+    "set-mode": ["--no-auto-offload", "--adapter NAME"],
+    "to-device": ["--model", "--optimizer", "--grad", "--adapter NAME"],
     "save": ["--step N", "--keep K"],
     "load": [],
-    "pull-weights": ["--out FILE", "--dtype TYPE", "--names A,B,...", "--bucket-bytes N"],
+    "pull-weights": ["--out FILE", "--dtype TYPE", "--names A,B,...", "--bucket-bytes N",
+                     "--adapter NAME"],
+    "create-adapter": ["--rank N", "--alpha X", "--targets A,B,...", "--seed N",
+                       "--peft-dir DIR", "--rslora", "--lr X"],
+    "delete-adapter": [],
     "demo": ["--preset NAME", "--sft-steps N", "--ppo-steps N", "--checkpoint-root DIR"],
     "help": [],
 }
@@ -190,5 +195,46 @@ def test_commands_against_daemon():
         # The daemon's own error: exit 1, CODE: message.
         p = ctl(*base, "load", "missing")
         assert p.returncode == 1 and "enginectl: LoadCheckpoint: NOT_FOUND: " in p.stderr, p
+    finally:
+        assert d.stop() == 0
+
+
+def test_adapter_commands():
+    d = Daemon()
+    out = os.path.join(make_tmp(prefix="enginectl-it-"), "a.safetensors")
+    base = ["--addr", d.addr, "--timeout", "60"]
+    try:
+        p = ctl(*base, "init", "--frozen-base")
+        assert p.returncode == 0, p.stderr
+        p = ctl(*base, "create-adapter", "t1", "--rank", "4", "--alpha", "16",
+                "--targets", "q_proj,down_proj", "--lr", "1e-3")
+        assert p.returncode == 0, p.stderr
+        # tiny: 4 layers x 4 x ((128 + 128) + (384 + 128)) parameters.
+        assert p.stdout == ("created adapter t1: rank 4, alpha 16, targets q_proj,down_proj; "
+                            "12288 parameters in 16 tensors\n"), p.stdout
+        p = ctl(*base, "create-adapter", "t2")
+        assert p.returncode == 0 and "rank 8, alpha 8, targets q_proj,v_proj;" in p.stdout, p
+        p = ctl(*base, "create-adapter", "t2")
+        assert p.returncode == 1 and "CreateAdapter: ALREADY_EXISTS: name:" in p.stderr, p
+        p = ctl(*base, "status")
+        assert p.returncode == 0 and "adapters    t1, t2\n" in p.stdout, p.stdout
+        p = ctl(*base, "status", "--adapter", "t1")
+        assert p.returncode == 0, p.stderr
+        assert "adapter     t1 of language_model/native/cpu, 12288 parameters\n" in p.stdout
+        assert "lr 0.001\n" in p.stdout, p.stdout
+        p = ctl(*base, "set-mode", "train", "--adapter", "t1")
+        assert p.returncode == 0 and p.stdout.startswith("mode train\n"), p
+        p = ctl(*base, "to-device", "cpu", "--adapter", "t1")
+        assert p.returncode == 0, p.stderr
+        p = ctl(*base, "pull-weights", "--out", out, "--adapter", "t1")
+        assert p.returncode == 0 and p.stdout.startswith("received 16 tensors, "), p
+        names = safetensors_names(out)
+        assert "base_model.model.model.layers.3.mlp.down_proj.lora_B.weight" in names, names
+        p = ctl(*base, "status", "--adapter", "zz")
+        assert p.returncode == 1 and "NOT_FOUND: adapter: no adapter named 'zz'" in p.stderr
+        p = ctl(*base, "delete-adapter", "t1")
+        assert p.returncode == 0 and p.stdout == "deleted adapter t1\n", p
+        p = ctl(*base, "delete-adapter", "t1")
+        assert p.returncode == 1 and "DeleteAdapter: NOT_FOUND: name:" in p.stderr, p
     finally:
         assert d.stop() == 0

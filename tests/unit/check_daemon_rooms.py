@@ -23,7 +23,7 @@ LAYERS = {
     # -1: the log, used everywhere
     "log.h": -1,
     # 0: leaves — each knows nothing of the rest of the daemon
-    "config.h": 0, "presets.h": 0, "test_hold.h": 0, "auth.h": 0,
+    "config.h": 0, "presets.h": 0, "test_hold.h": 0, "auth.h": 0, "adapters.h": 0,
     "paths.h": 0, "omp_policy.h": 0, "fb_request.h": 0, "wire_check.h": 0, "rpc/rpc.h": 0, "rpc/tls.h": 0, "ops/metrics.h": 0,
     "export/params.h": 0, "export/share_table.h": 0,
     # 1: one RPC's lifecycle and the reply rules; the share socket (over the share table)

@@ -132,7 +132,7 @@ END_TEST
 
 START_TEST(load_refusals_name_file_and_line)
 {
-	char name64[AUTH_NAME_MAX + 1], longtok[1100], text[1300];
+	char name64[AUTH_NAME_MAX + 1], longtok[1100], text[2400];
 
 	expect_load_error("alice:" TOK_A "\nbob:0123456789abcde\n", 0600, -EINVAL,
 			  ":2: token of 15 characters (16 to 1024 required; e.g. openssl rand "
@@ -149,8 +149,8 @@ START_TEST(load_refusals_name_file_and_line)
 	expect_load_error(text, 0600, -EINVAL,
 			  ":2: token of 1025 characters (16 to 1024 required; e.g. openssl rand "
 			  "-hex 32)");
-	memset(text, 'z', 1250);
-	text[1250] = '\0';
+	memset(text, 'z', 2300);
+	text[2300] = '\0';
 	expect_load_error(text, 0600, -EINVAL, ":1: line too long");
 
 	expect_load_error("b@d:" TOK_A "\n", 0600, -EINVAL,
@@ -168,13 +168,16 @@ START_TEST(load_refusals_name_file_and_line)
 	expect_load_error("x:" TOK_A " FULL\n", 0600, -EINVAL,
 			  ":1: scope 'FULL' is not full or read-only");
 	expect_load_error("x:" TOK_A " read-only # note\n", 0600, -EINVAL,
-			  ":1: too many fields (expected [NAME:]TOKEN [full|read-only])");
+			  ":1: too many fields (expected [NAME:]TOKEN [full|read-only] "
+			  "[adapters=A,B])");
 	/* A third field once made the scope be skipped: a read-only token
 	 * with anything after its scope loaded as a full one. */
 	expect_load_error("ro:" TOK_A " read-only extra\n", 0600, -EINVAL,
-			  ":1: too many fields (expected [NAME:]TOKEN [full|read-only])");
+			  ":1: too many fields (expected [NAME:]TOKEN [full|read-only] "
+			  "[adapters=A,B])");
 	expect_load_error("x:" TOK_A " bogus-scope x\n", 0600, -EINVAL,
-			  ":1: too many fields (expected [NAME:]TOKEN [full|read-only])");
+			  ":1: too many fields (expected [NAME:]TOKEN [full|read-only] "
+			  "[adapters=A,B])");
 	expect_load_error("x:y:" TOK_A "\n", 0600, -EINVAL,
 			  ":1: token has a space, ':' or a control character");
 	expect_load_error("x:" TOK_A "\x01\n", 0600, -EINVAL,
@@ -244,6 +247,76 @@ START_TEST(check_the_header)
 	expect_level(&a, "Bearer ", AUTH_NONE, "");
 	expect_level(&a, "Bearer     ", AUTH_NONE, "");
 	auth_fini(&a);
+}
+END_TEST
+
+/* Tokens limited to adapters: the list as auth_check_tenant hands it out,
+ * what auth_adapter_allowed makes of it, and the file's refusals. */
+START_TEST(tokens_limited_to_adapters)
+{
+	struct auth a;
+	struct eng_error err = {0};
+	char name[AUTH_NAME_MAX], list[AUTH_ADAPTERS_MAX], text[AUTH_ADAPTERS_MAX + 200];
+
+	write_tokens("tokens",
+		     "alice:" TOK_A " adapters=a\n"
+		     "bob:" TOK_B " read-only adapters=b,b-2.x,B_3\n"
+		     "carol:" TOK_C " adapters=c full\n"
+		     "ops:" TOK_D "\n", 0600);
+	ck_assert_int_eq(auth_init(&a, path, &err), 0);
+	memcpy(list, "junk", 5);
+	ck_assert_int_eq(auth_check_tenant(&a, "Bearer " TOK_A, name, list), AUTH_FULL);
+	ck_assert_str_eq(name, "alice");
+	ck_assert_str_eq(list, "a");
+	ck_assert_int_eq(auth_check_tenant(&a, "Bearer " TOK_B, name, list), AUTH_READ);
+	ck_assert_str_eq(list, "b,b-2.x,B_3");
+	ck_assert_int_eq(auth_check_tenant(&a, "Bearer " TOK_C, name, list), AUTH_FULL);
+	ck_assert_str_eq(list, "c");
+	ck_assert_int_eq(auth_check_tenant(&a, "Bearer " TOK_D, name, list), AUTH_FULL);
+	ck_assert_str_eq(list, "");
+	memcpy(list, "junk", 5);
+	ck_assert_int_eq(auth_check_tenant(&a, "Bearer " TOK_E, name, list), AUTH_NONE);
+	ck_assert_str_eq(list, "");
+	expect_level(&a, "Bearer " TOK_B, AUTH_READ, "bob");
+	auth_fini(&a);
+
+	ck_assert(auth_adapter_allowed("", "anything"));
+	ck_assert(auth_adapter_allowed("b,b-2.x,B_3", "b"));
+	ck_assert(auth_adapter_allowed("b,b-2.x,B_3", "b-2.x"));
+	ck_assert(auth_adapter_allowed("b,b-2.x,B_3", "B_3"));
+	ck_assert(!auth_adapter_allowed("b,b-2.x,B_3", "b-2"));
+	ck_assert(!auth_adapter_allowed("b,b-2.x,B_3", "B"));
+	ck_assert(!auth_adapter_allowed("b,b-2.x,B_3", "b,b-2.x"));
+	ck_assert(!auth_adapter_allowed("a", ""));
+	ck_assert(!auth_adapter_allowed("ab", "a"));
+	ck_assert(!auth_adapter_allowed("a", "ab"));
+
+	expect_load_error("x:" TOK_A " adapters=\n", 0600, -EINVAL,
+			  ":1: adapters= takes 1 to 1023 characters");
+	expect_load_error("x:" TOK_A " adapters=a,,b\n", 0600, -EINVAL,
+			  ":1: adapters=: '' is not an adapter name (1-64 characters of "
+			  "[A-Za-z0-9_.-], not starting with '.')");
+	expect_load_error("x:" TOK_A " adapters=a,.b\n", 0600, -EINVAL,
+			  ":1: adapters=: '.b' is not an adapter name (1-64 characters of "
+			  "[A-Za-z0-9_.-], not starting with '.')");
+	expect_load_error("x:" TOK_A " adapters=a/b\n", 0600, -EINVAL,
+			  ":1: adapters=: 'a/b' is not an adapter name (1-64 characters of "
+			  "[A-Za-z0-9_.-], not starting with '.')");
+	expect_load_error("x:" TOK_A " adapters=a,\n", 0600, -EINVAL,
+			  ":1: adapters=: ends with ','");
+	expect_load_error("x:" TOK_A " adapters=a adapters=b\n", 0600, -EINVAL,
+			  ":1: adapters= given twice");
+	expect_load_error("x:" TOK_A " full read-only\n", 0600, -EINVAL,
+			  ":1: too many fields (expected [NAME:]TOKEN [full|read-only] "
+			  "[adapters=A,B])");
+	expect_load_error("x:" TOK_A " adapters=a readonly\n", 0600, -EINVAL,
+			  ":1: scope 'readonly' is not full or read-only");
+	snprintf(text, sizeof(text), "x:" TOK_A " adapters=%065d\n", 0);
+	expect_load_error(text, 0600, -EINVAL,
+			  ":1: adapters=: "
+			  "'00000000000000000000000000000000000000000000000000000000000000000' "
+			  "is not an adapter name (1-64 characters of [A-Za-z0-9_.-], not "
+			  "starting with '.')");
 }
 END_TEST
 
@@ -335,6 +408,7 @@ int main(void)
 	tcase_add_test(tc, load_refusals_name_file_and_line);
 	tcase_add_test(tc, load_missing_and_not_regular);
 	tcase_add_test(tc, check_the_header);
+	tcase_add_test(tc, tokens_limited_to_adapters);
 	tcase_add_test(tc, no_token_file_allows_everything);
 	tcase_add_test(tc, bad_file_at_init_refuses_all);
 	tcase_add_test(tc, reload_keeps_old_tokens_on_a_bad_file);

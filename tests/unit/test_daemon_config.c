@@ -127,6 +127,8 @@ START_TEST(defaults_after_init)
 	ck_assert(!c.param_offload);
 	ck_assert(!c.optimizer_offload);
 	ck_assert_int_eq(c.default_micro_batch_tokens, 0);
+	ck_assert_int_eq(c.max_adapters, 64);
+	ck_assert_int_eq(c.max_adapter_bytes, 8LL << 30);
 	ck_assert_ptr_null(c.tls_cert);
 	ck_assert_ptr_null(c.tls_key);
 	ck_assert_ptr_null(c.tls_client_ca);
@@ -169,7 +171,20 @@ START_TEST(integers_and_their_ranges)
 	ck_assert_int_eq(c.default_micro_batch_tokens, 1LL << 40);
 	set_ok(&c, "engine", "max_tokens_per_micro_batch", "4096");
 	ck_assert_int_eq(c.default_micro_batch_tokens, 4096);
+	set_ok(&c, "lora", "max_adapters", "0");
+	ck_assert_int_eq(c.max_adapters, 0);
+	set_ok(&c, "lora", "max_adapters", "4096");
+	ck_assert_int_eq(c.max_adapters, 4096);
+	set_ok(&c, "lora", "max_adapter_bytes", "512M");
+	ck_assert_int_eq(c.max_adapter_bytes, 512LL << 20);
+	set_ok(&c, "lora", "max_adapter_bytes", "0");
+	ck_assert_int_eq(c.max_adapter_bytes, 0);
 	config_free(&c);
+	expect_set_error("lora", "max_adapters", "4097",
+			 "[lora] max_adapters: '4097' is not an integer in [0, 4096]");
+	expect_set_error("lora", "max_adapter_bytes", "-1",
+			 "[lora] max_adapter_bytes: '-1' is not a size in [0, 4611686018427387903] "
+			 "bytes (suffixes K, M, G)");
 
 	expect_set_error("server", "pollers", "0",
 			 "[server] pollers: '0' is not an integer in [1, 8]");

@@ -74,10 +74,16 @@ def _raw(reply):
     return reply
 
 
-def param_request(dtype="float32", names=None, bucket_bytes=0):
+def param_request(dtype="float32", names=None, bucket_bytes=0, adapter=""):
     dt = DTYPES[dtype] if isinstance(dtype, str) else dtype
     return pb.GetPerTensorParamRequest(dtype=dt, names=list(names or []),
-                                       bucket_bytes=bucket_bytes)
+                                       bucket_bytes=bucket_bytes, adapter=adapter)
+
+
+# PEFT LoraConfig's defaults (r, lora_alpha; target_modules for the Llama
+# family), which create_adapter takes without peft_dir.
+ADAPTER_DEFAULT_RANK = 8
+ADAPTER_DEFAULT_TARGETS = ("q_proj", "v_proj")
 
 
 def share_request(dtype="float32", names=None, uses=1):
@@ -92,16 +98,20 @@ class Api:
     RPC_METHODS = ("initialize", "set_mode", "forward_backward", "optimizer_step",
                    "zero_grad", "lr_scheduler_step", "to_device", "save_checkpoint",
                    "load_checkpoint", "get_status", "create_group", "health", "call_raw",
-                   "share_weights", "request_share")
+                   "share_weights", "request_share", "create_adapter", "delete_adapter")
 
     def initialize(self, *, preset="", hf_config_json="", model_path="",
                    model_type="", backend="", device="", seed=0, optimizer=None,
                    lr_scheduler=None, offload=None, max_tokens_per_micro_batch=0,
-                   dist=None, bf16_matmul=False, replace=False, timeout=None,
-                   request_id=None, progress=None):
+                   dist=None, bf16_matmul=False, replace=False, frozen_base=False,
+                   timeout=None, request_id=None, progress=None):
         """Build the engine. Exactly one of preset, hf_config_json (a dict or
         the JSON text), model_path. replace: required to replace an engine
-        that is already initialized (else FAILED_PRECONDITION). optimizer / lr_scheduler / offload / dist:
+        that is already initialized (else FAILED_PRECONDITION); it deletes
+        the old engine's adapters. frozen_base: the model is a frozen base
+        for LoRA adapters (create_adapter): it keeps no gradients or
+        optimizer state and only scores (forward_only) itself.
+        optimizer / lr_scheduler / offload / dist:
         dicts of the proto fields. progress: a callable(done, total, phase)
         or a tqdm-like object (update(n)) told the tensors built while the
         call runs (_progress.py). Returns an InitializeResult (engine_key,
@@ -112,7 +122,7 @@ class Api:
             preset=preset, hf_config_json=hf_config_json, model_path=model_path,
             model_type=model_type, backend=backend, device=device, seed=seed,
             max_tokens_per_micro_batch=max_tokens_per_micro_batch,
-            bf16_matmul=bf16_matmul, replace=replace)
+            bf16_matmul=bf16_matmul, replace=replace, frozen_base=frozen_base)
         if optimizer:
             req.optimizer.CopyFrom(pb.OptimizerConfig(**optimizer))
         if lr_scheduler:
@@ -124,20 +134,23 @@ class Api:
         return self._rpc("Initialize", req, pb.InitializeResponse,
                          R.InitializeResult.from_proto, timeout, request_id, progress)
 
-    def set_mode(self, mode, disable_auto_offload=False, timeout=None, request_id=None):
+    def set_mode(self, mode, disable_auto_offload=False, timeout=None, request_id=None,
+                 adapter=""):
         """mode: "idle" | "train" | "eval" (or a Mode / pb.Mode value).
-        Returns a SetModeResult (mode, placement)."""
+        adapter: the LoRA adapter whose mode it sets ("": the base model;
+        the same for every method that takes it). Returns a SetModeResult
+        (mode, placement)."""
         m = _MODES[mode] if isinstance(mode, str) else int(mode)
         return self._rpc("SetMode", pb.SetModeRequest(
-            mode=m, disable_auto_offload=disable_auto_offload),
+            mode=m, disable_auto_offload=disable_auto_offload, adapter=adapter),
             pb.SetModeResponse, R.SetModeResult.from_proto, timeout, request_id)
 
     def forward_backward(self, input_ids, seq_lens, *, loss=None, loss_options=None,
                          forward_only=False, temperature=1.0,
                          return_log_probs=False, return_entropy=False,
                          return_values=False, max_tokens_per_micro_batch=0,
-                         target_ids=None, reduce_gradients=False, timeout=None,
-                         request_id=None, **per_token):
+                         target_ids=None, reduce_gradients=False, adapter="",
+                         timeout=None, request_id=None, **per_token):
         """input_ids: int32 [N] (packed); seq_lens: sum N. loss: a name
         ("sft", "ppo", ...) or a dict {"name": ..., option: value}; options
         are stringified. Per-token float32 [N] arrays by keyword: loss_mask,
@@ -148,7 +161,9 @@ class Api:
         (default: the next token). reduce_gradients: in a data-parallel
         group, the last accumulation before optimizer_step: the gradients
         are reduced across the ranks during this call's backward pass
-        (every rank must set it; see engine.proto). request_id: this
+        (every rank must set it; see engine.proto). adapter: the LoRA
+        adapter that runs with the base and whose gradients accumulate
+        ("": the base model alone). request_id: this
         call's id (default: a fresh one). Returns a ForwardBackwardResult: loss, metrics,
         num_micro_batches and the numpy outputs asked for (log_probs,
         entropy, values; None otherwise); r["loss"] works too."""
@@ -161,7 +176,7 @@ class Api:
             temperature=temperature, return_log_probs=return_log_probs,
             return_entropy=return_entropy, return_values=return_values,
             max_tokens_per_micro_batch=max_tokens_per_micro_batch,
-            reduce_gradients=reduce_gradients)
+            reduce_gradients=reduce_gradients, adapter=adapter)
         if target_ids is not None:
             req.target_ids.CopyFrom(
                 tensor(np.asarray(target_ids, dtype=np.int32).reshape(-1), pb.INT32))
@@ -175,32 +190,33 @@ class Api:
         return self._rpc("ForwardBackward", req, pb.ForwardBackwardResponse,
                          R.ForwardBackwardResult.from_proto, timeout, request_id)
 
-    def optimizer_step(self, timeout=None, request_id=None, **params):
-        """Clip, AdamW, zero the gradients. params: this step's lr, beta1,
-        beta2, eps, weight_decay, clip_grad in place of the configured ones
-        (0 is a value: lr=0.0 applies only the weight decay). Returns a
-        StepResult (grad_norm, skipped, lr, step)."""
-        return self._rpc("OptimizerStep", pb.OptimizerStepRequest(**params),
+    def optimizer_step(self, timeout=None, request_id=None, adapter="", **params):
+        """Clip, AdamW, zero the gradients (of `adapter`, "": the base).
+        params: this step's lr, beta1, beta2, eps, weight_decay, clip_grad
+        in place of the configured ones (0 is a value: lr=0.0 applies only
+        the weight decay). Returns a StepResult (grad_norm, skipped, lr,
+        step)."""
+        return self._rpc("OptimizerStep", pb.OptimizerStepRequest(adapter=adapter, **params),
                          pb.OptimizerStepResponse, R.StepResult.from_proto, timeout,
                          request_id)
 
-    def zero_grad(self, timeout=None, request_id=None):
+    def zero_grad(self, timeout=None, request_id=None, adapter=""):
         """Drop the gradients accumulated since the last step. Returns None."""
-        return self._rpc("ZeroGrad", pb.ZeroGradRequest(), pb.ZeroGradResponse, _none,
-                         timeout, request_id)
+        return self._rpc("ZeroGrad", pb.ZeroGradRequest(adapter=adapter), pb.ZeroGradResponse,
+                         _none, timeout, request_id)
 
-    def lr_scheduler_step(self, timeout=None, request_id=None):
+    def lr_scheduler_step(self, timeout=None, request_id=None, adapter=""):
         """Advance the schedule. Returns the new lr: an LrResult (a float)."""
-        return self._rpc("LrSchedulerStep", pb.LrSchedulerStepRequest(),
+        return self._rpc("LrSchedulerStep", pb.LrSchedulerStepRequest(adapter=adapter),
                          pb.LrSchedulerStepResponse, R.LrResult.from_proto, timeout,
                          request_id)
 
     def to_device(self, device, model=True, optimizer=True, grad=True, timeout=None,
-                  request_id=None):
+                  request_id=None, adapter=""):
         """device: "cpu"/"host" (offload) or "cuda"/"device". Returns the
         Placement after the move."""
         return self._rpc("ToDevice", pb.ToDeviceRequest(
-            device=device, model=model, optimizer=optimizer, grad=grad),
+            device=device, model=model, optimizer=optimizer, grad=grad, adapter=adapter),
             pb.ToDeviceResponse, _placement, timeout, request_id)
 
     def save_checkpoint(self, path, global_step=0, max_to_keep=0, contents=None,
@@ -253,10 +269,49 @@ class Api:
         return self._rpc("ShareWeights", share_request(dtype, names, uses),
                          pb.ShareWeightsResponse, R.ShareTicket.from_proto, timeout)
 
-    def get_status(self, timeout=None):
-        """Returns a Status (every GetStatusResponse field)."""
-        return self._rpc("GetStatus", pb.GetStatusRequest(), pb.GetStatusResponse,
-                         R.Status.from_proto, timeout)
+    def get_status(self, timeout=None, adapter=""):
+        """Returns a Status (every GetStatusResponse field; .adapters: the
+        live adapters' names). adapter: step, lr, placement, mode and the
+        rest of the engine's own fields are that adapter's."""
+        return self._rpc("GetStatus", pb.GetStatusRequest(adapter=adapter),
+                         pb.GetStatusResponse, R.Status.from_proto, timeout)
+
+    def create_adapter(self, name, rank=None, alpha=None, target_modules=None, seed=0,
+                       peft_dir=None, use_rslora=False, optimizer=None, lr_scheduler=None,
+                       timeout=None, request_id=None):
+        """A LoRA adapter over the frozen base (initialize(...,
+        frozen_base=True)), used by passing adapter=name to the other
+        methods. Without peft_dir, PEFT LoraConfig's defaults: rank 8,
+        alpha 8, target_modules ("q_proj", "v_proj"); target_modules are
+        PEFT module names (q_proj ... down_proj), module paths ending in
+        one, or "all-linear". peft_dir: a PEFT adapter directory under the
+        daemon's model root to start from (rank, alpha, target_modules
+        then default to the file's; given ones must match it).
+        use_rslora: scale alpha / sqrt(rank). optimizer / lr_scheduler:
+        the adapter's own (dicts of the proto fields; None: the base
+        engine's). Returns a CreateAdapterResult."""
+        if isinstance(target_modules, str):
+            target_modules = [target_modules]
+        if rank is None:
+            rank = 0 if peft_dir else ADAPTER_DEFAULT_RANK
+        if target_modules is None:
+            target_modules = () if peft_dir else ADAPTER_DEFAULT_TARGETS
+        req = pb.CreateAdapterRequest(name=name, rank=rank, target_modules=list(target_modules),
+                                      seed=seed, peft_dir=peft_dir or "",
+                                      use_rslora=use_rslora)
+        if alpha is not None:
+            req.alpha = alpha
+        if optimizer is not None:
+            req.optimizer.CopyFrom(pb.OptimizerConfig(**optimizer))
+        if lr_scheduler is not None:
+            req.lr_scheduler.CopyFrom(pb.LrSchedulerConfig(**lr_scheduler))
+        return self._rpc("CreateAdapter", req, pb.CreateAdapterResponse,
+                         R.CreateAdapterResult.from_proto, timeout, request_id)
+
+    def delete_adapter(self, name, timeout=None, request_id=None):
+        """Delete the adapter and free its state. Returns None."""
+        return self._rpc("DeleteAdapter", pb.DeleteAdapterRequest(name=name),
+                         pb.DeleteAdapterResponse, _none, timeout, request_id)
 
     def create_group(self, world_size, device="", timeout=None):
         """On rank 0's daemon: a new data-parallel group of world_size

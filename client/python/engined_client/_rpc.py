@@ -16,7 +16,8 @@ import grpc
 REQUEST_ID_KEY = "engined-request-id"
 STATE_CHANGING = frozenset({
     "Initialize", "SetMode", "ForwardBackward", "OptimizerStep", "ZeroGrad",
-    "LrSchedulerStep", "ToDevice", "SaveCheckpoint", "LoadCheckpoint"})
+    "LrSchedulerStep", "ToDevice", "SaveCheckpoint", "LoadCheckpoint", "CreateAdapter",
+    "DeleteAdapter"})
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 SERVICE = "/engined.v1.TrainingEngine/"

@@ -121,26 +121,28 @@ class AsyncEngineClient(Api):
     # --- weights ----------------------------------------------------------
 
     def get_per_tensor_param(self, dtype="float32", names=None, bucket_bytes=0,
-                             timeout=None, split=False):
+                             timeout=None, split=False, adapter=""):
         """The raw stream of ParamBucket messages: a grpc.aio call (`async
         for`; .cancel() stops it). split: as EngineClient's."""
         f = self.channel.unary_stream(
             SERVICE + "GetPerTensorParam", request_serializer=lambda m: m.SerializeToString(),
             response_deserializer=parse_bucket if split else pb.ParamBucket.FromString)
-        return f(param_request(dtype, names, bucket_bytes), timeout=self._timeout(timeout),
+        return f(param_request(dtype, names, bucket_bytes, adapter),
+                 timeout=self._timeout(timeout),
                  metadata=self._auth or None)
 
     async def stream_weights(self, dtype="float32", names=None, bucket_bytes=0,
-                             timeout=None, as_torch=False, progress=None):
+                             timeout=None, as_torch=False, progress=None, adapter=""):
         """Async generator of (name, array): EngineClient.stream_weights
         (bfloat16 as ml_dtypes.bfloat16, uint16 bits without ml_dtypes;
         as_torch for torch tensors). To stop early, close it (`await
         gen.aclose()`, or `async with contextlib.aclosing(gen)`): that
-        cancels the stream at once. progress: as EngineClient's."""
+        cancels the stream at once. progress, adapter: as EngineClient's."""
         asm = Assembler(as_torch)
         rep = Reporter(progress, "GetPerTensorParam") if progress is not None else None
         poller = asyncio.ensure_future(self._poll(rep)) if rep else None
-        call = self.get_per_tensor_param(dtype, names, bucket_bytes, timeout, split=True)
+        call = self.get_per_tensor_param(dtype, names, bucket_bytes, timeout, split=True,
+                                         adapter=adapter)
         try:
             async for bucket in call:
                 for item in asm.feed(bucket):

@@ -179,17 +179,18 @@ class EngineClient(Api):
     # --- weights ----------------------------------------------------------
 
     def get_per_tensor_param(self, dtype="float32", names=None, bucket_bytes=0,
-                             timeout=None, split=False):
+                             timeout=None, split=False, adapter=""):
         """The raw stream of ParamBucket messages (a grpc call iterator;
         .cancel() stops it). split: tensors.RawBucket messages instead,
         whose data is a view of the received bytes (one copy less)."""
         f = self.channel.unary_stream(
             SERVICE + "GetPerTensorParam", request_serializer=lambda m: m.SerializeToString(),
             response_deserializer=parse_bucket if split else pb.ParamBucket.FromString)
-        return f(param_request(dtype, names, bucket_bytes), timeout=self._timeout(timeout))
+        return f(param_request(dtype, names, bucket_bytes, adapter),
+                 timeout=self._timeout(timeout))
 
     def stream_weights(self, dtype="float32", names=None, bucket_bytes=0, timeout=None,
-                       as_torch=False, progress=None):
+                       as_torch=False, progress=None, adapter=""):
         """Yield (name, array) per parameter in Hugging Face naming,
         reassembled from the buckets. dtype: "float32", "bfloat16" or
         "float16". bfloat16 arrays have the dtype ml_dtypes.bfloat16 (the
@@ -199,10 +200,13 @@ class EngineClient(Api):
         as_torch: yield torch tensors (torch.bfloat16 made from the bits,
         no float32 round trip); needs torch. The arrays are writable and
         not shared. Closing the generator early cancels the stream.
-        progress: as initialize's, in bytes sent (phase "send")."""
+        progress: as initialize's, in bytes sent (phase "send").
+        adapter: a LoRA adapter's own tensors (lora_A / lora_B in PEFT's
+        names) instead of the base model's."""
         asm = Assembler(as_torch)
         rep = Reporter(progress, "GetPerTensorParam") if progress is not None else None
-        call = self.get_per_tensor_param(dtype, names, bucket_bytes, timeout, split=True)
+        call = self.get_per_tensor_param(dtype, names, bucket_bytes, timeout, split=True,
+                                         adapter=adapter)
         try:
             with self._polling(rep) if rep else contextlib.nullcontext():
                 for bucket in call:

@@ -15,8 +15,12 @@ unchanged). Both clients return the same types.
   load_checkpoint   -> LoadResult (an int, the global step; also .global_step)
   get_status        -> Status (placement: Placement, memory: Memory,
                        dist: DistStatus or None when the engine runs alone,
-                       progress: JobProgress or None when idle)
+                       progress: JobProgress or None when idle,
+                       adapters: tuple of the live adapters' names)
   create_group      -> CreateGroupResult (group_id: bytes, backend)
+  create_adapter    -> CreateAdapterResult (name, num_parameters, num_tensors,
+                       rank, alpha, target_modules: tuple, use_rslora)
+  delete_adapter    -> None
   request_share     -> ShareTicket (handle: bytes, total_bytes, socket_path,
                        tensors: tuple of SharedTensor, expires_in_s, step)
   share_weights     -> shared.SharedWeights (a mapping of array views, not a
@@ -180,6 +184,23 @@ class CreateGroupResult:
 
 
 @dataclass(frozen=True)
+class CreateAdapterResult:
+    """CreateAdapter: what the adapter was made with (its PEFT directory's
+    values when it came from one) and its own parameters (A and B)."""
+    name: str
+    num_parameters: int
+    num_tensors: int
+    rank: int
+    alpha: float
+    target_modules: tuple
+    use_rslora: bool
+
+    @classmethod
+    def from_proto(cls, m):
+        return _from(cls, m, target_modules=tuple)
+
+
+@dataclass(frozen=True)
 class SharedTensor:
     """One tensor of a share: `bytes` bytes at `offset` of the shared file
     (a multiple of 64); dtype a DType value, shape a tuple."""
@@ -239,11 +260,12 @@ class Status:
     pending_shares: int
     pending_share_bytes: int
     matmul: str
+    adapters: tuple
 
     @classmethod
     def from_proto(cls, m):
         return _from(cls, m, mode=_mode, placement=Placement.from_proto,
-                     memory=Memory.from_proto,
+                     memory=Memory.from_proto, adapters=tuple,
                      dist=lambda d: DistStatus.from_proto(d) if m.HasField("dist") else None,
                      progress=lambda p: (JobProgress.from_proto(p)
                                          if m.HasField("progress") else None))
@@ -365,6 +387,7 @@ REPLY_TYPES = {
     DistStatus: pb.DistStatus,
     JobProgress: pb.JobProgress,
     CreateGroupResult: pb.CreateGroupResponse,
+    CreateAdapterResult: pb.CreateAdapterResponse,
     ShareTicket: pb.ShareWeightsResponse,
     SharedTensor: pb.SharedTensor,
 }
