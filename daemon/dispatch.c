@@ -139,7 +139,7 @@ static void save_on_stop(struct daemon *d)
 	pthread_mutex_lock(&d->lock);
 	daemon_job_started_locked(d, "save_on_stop");
 	pthread_mutex_unlock(&d->lock);
-	r = daemon_save_checkpoint(d, d->cfg.save_on_stop, st.step, 0, CKPT_ALL, &bytes, &err);
+	r = daemon_save_checkpoint(d, d->engine, d->cfg.save_on_stop, st.step, 0, CKPT_ALL, &bytes, &err);
 	pthread_mutex_lock(&d->lock);
 	d->busy = false;
 	d->current_job = NULL;

@@ -674,10 +674,15 @@ int h_run_save_checkpoint(struct daemon *d, struct job *j, struct eng_error *err
 
 	/* Its safe points (between files, before the commit) stop it when the
 	 * client is gone, with nothing saved. */
-	engine_set_cancel(d->engine, fb_call_gone, j->call);
-	r = daemon_save_checkpoint(d, c->rel, q->global_step, q->max_to_keep, c->contents,
+	struct engine *e;
+
+	r = daemon_engine_of(d, q->adapter, &e, err);
+	if (r < 0)
+		return r;
+	engine_set_cancel(e, fb_call_gone, j->call);
+	r = daemon_save_checkpoint(d, e, c->rel, q->global_step, q->max_to_keep, c->contents,
 				   &bytes, err);
-	engine_set_cancel(d->engine, NULL, NULL);
+	engine_set_cancel(e, NULL, NULL);
 	if (r < 0)
 		return r;
 	j->m_saved = true;
@@ -686,9 +691,9 @@ int h_run_save_checkpoint(struct daemon *d, struct job *j, struct eng_error *err
 	return job_set_reply(j, &resp.base);
 }
 
-int daemon_save_checkpoint(struct daemon *d, const char *rel, int64_t global_step,
-			   int max_to_keep, unsigned contents, size_t *ret_bytes,
-			   struct eng_error *err)
+int daemon_save_checkpoint(struct daemon *d, struct engine *e, const char *rel,
+			   int64_t global_step, int max_to_keep, unsigned contents,
+			   size_t *ret_bytes, struct eng_error *err)
 {
 	struct paths_pin pin = { .fd = -1 };
 	int r;
@@ -696,10 +701,10 @@ int daemon_save_checkpoint(struct daemon *d, const char *rel, int64_t global_ste
 	if (group_follower(d, false)) {
 		const char *dir = follower_pin(d, rel, PIN_PARENT_CREATE, &pin);
 
-		engine_set_progress(d->engine, daemon_progress, d);
-		r = engine_save_checkpoint(d->engine, dir, global_step, max_to_keep, contents,
+		engine_set_progress(e, daemon_progress, d);
+		r = engine_save_checkpoint(e, dir, global_step, max_to_keep, contents,
 					   ret_bytes, err);
-		engine_set_progress(d->engine, NULL, NULL);
+		engine_set_progress(e, NULL, NULL);
 		if (dir)
 			r = paths_pin_result(&pin, r, err);
 		paths_unpin(&pin);
@@ -711,10 +716,10 @@ int daemon_save_checkpoint(struct daemon *d, const char *rel, int64_t global_ste
 	r = paths_pin(d->cfg.checkpoint_root, rel, "path", PIN_PARENT_CREATE, &pin, err);
 	if (r < 0)
 		return r;
-	engine_set_progress(d->engine, daemon_progress, d);
-	r = engine_save_checkpoint(d->engine, pin.path, global_step, max_to_keep,
+	engine_set_progress(e, daemon_progress, d);
+	r = engine_save_checkpoint(e, pin.path, global_step, max_to_keep,
 				   contents, ret_bytes, err);
-	engine_set_progress(d->engine, NULL, NULL);
+	engine_set_progress(e, NULL, NULL);
 	r = paths_pin_result(&pin, r, err);
 	paths_unpin(&pin);
 	return r;
@@ -729,23 +734,27 @@ int h_validate_load_checkpoint(struct daemon *d, struct job *j, struct eng_error
 
 int h_run_load_checkpoint(struct daemon *d, struct job *j, struct eng_error *err)
 {
+	const Engined__V1__LoadCheckpointRequest *q = (const void *)j->req;
 	struct ckpt_prep *c = j->prep;
+	struct engine *e;
 	Engined__V1__LoadCheckpointResponse resp = ENGINED__V1__LOAD_CHECKPOINT_RESPONSE__INIT;
 	struct paths_pin pin = { .fd = -1 };
 	int64_t step = 0;
 	const char *dir = pin.path;
 	int r;
 
+	if ((r = daemon_engine_of(d, q->adapter, &e, err)) < 0)
+		return r;
 	if (group_follower(d, false))
 		dir = follower_pin(d, c->rel, PIN_DIR, &pin);
 	else if ((r = paths_pin(d->cfg.checkpoint_root, c->rel, "path", PIN_DIR, &pin, err)) < 0)
 		return r;
 	daemon_wait_engine_mem(d);
-	engine_set_cancel(d->engine, fb_call_gone, j->call);
-	engine_set_progress(d->engine, daemon_progress, d);
-	r = engine_load_checkpoint(d->engine, dir, c->contents, &step, err);
-	engine_set_progress(d->engine, NULL, NULL);
-	engine_set_cancel(d->engine, NULL, NULL);
+	engine_set_cancel(e, fb_call_gone, j->call);
+	engine_set_progress(e, daemon_progress, d);
+	r = engine_load_checkpoint(e, dir, c->contents, &step, err);
+	engine_set_progress(e, NULL, NULL);
+	engine_set_cancel(e, NULL, NULL);
 	r = paths_pin_result(&pin, r, err);
 	paths_unpin(&pin);
 	if (r < 0)

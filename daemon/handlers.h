@@ -33,9 +33,10 @@ int h_run_delete_adapter(struct daemon *d, struct job *j, struct eng_error *err)
 int h_validate_create_group(struct daemon *d, struct job *j, struct eng_error *err);
 int h_run_create_group(struct daemon *d, struct job *j, struct eng_error *err);
 
-/* handlers.c: save a checkpoint to `rel` under the checkpoint root,
- * confined (engine thread): SaveCheckpoint and shutdown.save_on_stop. */
-int daemon_save_checkpoint(struct daemon *d, const char *rel, int64_t global_step,
-			   int max_to_keep, unsigned contents, size_t *ret_bytes,
-			   struct eng_error *err);
+/* handlers.c: save e's checkpoint (the base engine's or an adapter's) to
+ * `rel` under the checkpoint root, confined (engine thread):
+ * SaveCheckpoint and shutdown.save_on_stop. */
+int daemon_save_checkpoint(struct daemon *d, struct engine *e, const char *rel,
+			   int64_t global_step, int max_to_keep, unsigned contents,
+			   size_t *ret_bytes, struct eng_error *err);
 #endif

@@ -588,6 +588,13 @@ int h_run_get_params(struct daemon *d, struct job *j, struct eng_error *err)
 	r = daemon_engine_of(d, q->adapter, &s.e, err);
 	if (r < 0)
 		goto out;
+	if (q->adapter_view && !q->adapter[0]) {
+		r = eng_fail(err, -EINVAL, "adapter_view: needs an adapter");
+		goto out;
+	}
+	if (q->adapter[0] &&
+	    (r = engine_adapter_set_view(s.e, (enum engine_adapter_view)q->adapter_view, err)) < 0)
+		goto out;
 	r = params_collect(s.e, q->dtype, q->names, q->n_names, false, &s.set, err);
 	if (r < 0)
 		goto out;

@@ -14,7 +14,13 @@ peft's model (float32, CPU) as the reference:
     size, so a gradient's fp32 difference becomes a difference of its
     update in proportion to lr: at lr 1e-2 the worst case is 1.5e-6);
   - the base bit for bit unchanged, its own log-probs those of the base
-    model (verl's disable_adapter()).
+    model (verl's disable_adapter());
+  - the merged stream (adapter_view "merged") equal to peft's
+    merge_and_unload() within 1e-6, the base stream ("base") the base
+    under verl's base_layer names;
+  - the adapter's checkpoint a directory that peft.PeftModel.from_pretrained
+    loads, reproducing engined's log-probs within 1e-5, and that
+    LoadCheckpoint restores bit for bit.
 The loss is sum_t w_t log p_t with fixed weights: engined gets dL/dlog_p =
 w as the custom loss's gradients, torch differentiates the same sum.
 
@@ -24,6 +30,7 @@ python (tests/verl/setup_venv.sh); by hand:
     build/venv-verl/bin/python -m pytest -c tests/integration/pytest.ini \\
     tests/verl/test_lora_peft.py
 """
+import copy
 import os
 
 import numpy as np
@@ -163,3 +170,43 @@ def test_adapter_matches_peft(daemon, client, name):
     # the base: bit for bit what it was
     for k, v in client.stream_weights():
         assert np.array_equal(np.asarray(v), base0[k]), k
+
+    # the three streams: merged against peft's merge_and_unload, the base
+    # under verl's names
+    merged_ref = copy.deepcopy(pmodel).merge_and_unload().state_dict()
+    merged = {k: np.asarray(v, np.float64)
+              for k, v in client.stream_weights(adapter="a", adapter_view="merged")}
+    assert sorted(merged) == sorted(k for k in merged_ref if k in base0 or k == "lm_head.weight")
+    dm = max(float(np.max(np.abs(v - merged_ref[k].double().numpy()))) for k, v in merged.items())
+    print("%s: merged stream vs merge_and_unload, max difference %.3g" % (name, dm))
+    assert dm <= 1e-6
+    based = dict(client.stream_weights(adapter="a", adapter_view="base"))
+    for k, v in base0.items():
+        mod = k.rsplit(".", 1)[0]
+        if mod.endswith(("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                         "down_proj")):
+            k = mod + ".base_layer." + k.rsplit(".", 1)[1]
+        assert np.array_equal(np.asarray(based[k]), v), k
+    assert len(based) == len(base0)
+
+    # the adapter's checkpoint: peft loads it; LoadCheckpoint restores it
+    ids, _ = batch(40)
+    lp = np.asarray(client.forward_backward(ids, LENS, forward_only=True,
+                                            return_log_probs=True, adapter="a")["log_probs"])
+    client.save_checkpoint("lora-" + name, global_step=3, adapter="a")
+    path = os.path.join(daemon.ckpt_root, "lora-" + name)
+    base = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.join(daemon.model_root, mdir), dtype=torch.float32)
+    loaded = peft.PeftModel.from_pretrained(base, path).eval()
+    with torch.no_grad():
+        ref = torch_logprobs(loaded, ids).double().numpy()
+    dl = float(np.max(np.abs(lp - ref)))
+    print("%s: peft's model from engined's checkpoint, log-probs %.3g" % (name, dl))
+    assert dl <= 1e-5
+    before = engined_tensors(client, "a")
+    client.forward_backward(ids, LENS, loss="custom", grad_log_probs=w, adapter="a")
+    client.optimizer_step(adapter="a")
+    assert int(client.load_checkpoint("lora-" + name, adapter="a")) == 3
+    after = engined_tensors(client, "a")
+    assert all(np.array_equal(after[k], before[k]) for k in before)
+    assert client.get_status(adapter="a").step == 3

@@ -74,10 +74,18 @@ def _raw(reply):
     return reply
 
 
-def param_request(dtype="float32", names=None, bucket_bytes=0, adapter=""):
+# GetPerTensorParam's adapter_view by name (engine.proto AdapterView).
+ADAPTER_VIEWS = {"adapter": pb.ADAPTER_VIEW_ADAPTER, "base": pb.ADAPTER_VIEW_BASE,
+                 "merged": pb.ADAPTER_VIEW_MERGED}
+
+
+def param_request(dtype="float32", names=None, bucket_bytes=0, adapter="",
+                  adapter_view="adapter"):
     dt = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    view = ADAPTER_VIEWS[adapter_view] if isinstance(adapter_view, str) else adapter_view
     return pb.GetPerTensorParamRequest(dtype=dt, names=list(names or []),
-                                       bucket_bytes=bucket_bytes, adapter=adapter)
+                                       bucket_bytes=bucket_bytes, adapter=adapter,
+                                       adapter_view=view)
 
 
 # PEFT LoraConfig's defaults (r, lora_alpha; target_modules for the Llama
@@ -220,22 +228,24 @@ class Api:
             pb.ToDeviceResponse, _placement, timeout, request_id)
 
     def save_checkpoint(self, path, global_step=0, max_to_keep=0, contents=None,
-                        timeout=None, request_id=None, progress=None):
+                        timeout=None, request_id=None, progress=None, adapter=""):
         """path: relative to the daemon's checkpoint root. contents: any of
         "model", "optimizer", "extra" (empty: all). progress: as
-        initialize's, in tensor bytes written, phase the file. Returns a
-        SaveResult (path as saved, bytes)."""
+        initialize's, in tensor bytes written, phase the file. adapter: a
+        LoRA adapter's checkpoint (a PEFT directory with its optimizer and
+        state). Returns a SaveResult (path as saved, bytes)."""
         return self._rpc("SaveCheckpoint", pb.SaveCheckpointRequest(
             path=path, global_step=global_step, max_to_keep=max_to_keep,
-            contents=list(contents or [])), pb.SaveCheckpointResponse,
+            contents=list(contents or []), adapter=adapter), pb.SaveCheckpointResponse,
             R.SaveResult.from_proto, timeout, request_id, progress)
 
     def load_checkpoint(self, path, contents=None, timeout=None, request_id=None,
-                        progress=None):
-        """progress: as initialize's, in tensor bytes read. Returns the
-        checkpoint's global step: a LoadResult (an int)."""
+                        progress=None, adapter=""):
+        """progress: as initialize's, in tensor bytes read. adapter: into
+        that LoRA adapter. Returns the checkpoint's global step: a
+        LoadResult (an int)."""
         return self._rpc("LoadCheckpoint", pb.LoadCheckpointRequest(
-            path=path, contents=list(contents or [])),
+            path=path, contents=list(contents or []), adapter=adapter),
             pb.LoadCheckpointResponse, R.LoadResult.from_proto, timeout, request_id,
             progress)
 

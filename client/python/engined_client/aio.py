@@ -121,18 +121,20 @@ class AsyncEngineClient(Api):
     # --- weights ----------------------------------------------------------
 
     def get_per_tensor_param(self, dtype="float32", names=None, bucket_bytes=0,
-                             timeout=None, split=False, adapter=""):
+                             timeout=None, split=False, adapter="",
+                             adapter_view="adapter"):
         """The raw stream of ParamBucket messages: a grpc.aio call (`async
         for`; .cancel() stops it). split: as EngineClient's."""
         f = self.channel.unary_stream(
             SERVICE + "GetPerTensorParam", request_serializer=lambda m: m.SerializeToString(),
             response_deserializer=parse_bucket if split else pb.ParamBucket.FromString)
-        return f(param_request(dtype, names, bucket_bytes, adapter),
+        return f(param_request(dtype, names, bucket_bytes, adapter, adapter_view),
                  timeout=self._timeout(timeout),
                  metadata=self._auth or None)
 
     async def stream_weights(self, dtype="float32", names=None, bucket_bytes=0,
-                             timeout=None, as_torch=False, progress=None, adapter=""):
+                             timeout=None, as_torch=False, progress=None, adapter="",
+                             adapter_view="adapter"):
         """Async generator of (name, array): EngineClient.stream_weights
         (bfloat16 as ml_dtypes.bfloat16, uint16 bits without ml_dtypes;
         as_torch for torch tensors). To stop early, close it (`await
@@ -142,7 +144,7 @@ class AsyncEngineClient(Api):
         rep = Reporter(progress, "GetPerTensorParam") if progress is not None else None
         poller = asyncio.ensure_future(self._poll(rep)) if rep else None
         call = self.get_per_tensor_param(dtype, names, bucket_bytes, timeout, split=True,
-                                         adapter=adapter)
+                                         adapter=adapter, adapter_view=adapter_view)
         try:
             async for bucket in call:
                 for item in asm.feed(bucket):

@@ -179,18 +179,20 @@ class EngineClient(Api):
     # --- weights ----------------------------------------------------------
 
     def get_per_tensor_param(self, dtype="float32", names=None, bucket_bytes=0,
-                             timeout=None, split=False, adapter=""):
+                             timeout=None, split=False, adapter="",
+                             adapter_view="adapter"):
         """The raw stream of ParamBucket messages (a grpc call iterator;
         .cancel() stops it). split: tensors.RawBucket messages instead,
         whose data is a view of the received bytes (one copy less)."""
         f = self.channel.unary_stream(
             SERVICE + "GetPerTensorParam", request_serializer=lambda m: m.SerializeToString(),
             response_deserializer=parse_bucket if split else pb.ParamBucket.FromString)
-        return f(param_request(dtype, names, bucket_bytes, adapter),
+        return f(param_request(dtype, names, bucket_bytes, adapter, adapter_view),
                  timeout=self._timeout(timeout))
 
     def stream_weights(self, dtype="float32", names=None, bucket_bytes=0, timeout=None,
-                       as_torch=False, progress=None, adapter=""):
+                       as_torch=False, progress=None, adapter="",
+                       adapter_view="adapter"):
         """Yield (name, array) per parameter in Hugging Face naming,
         reassembled from the buckets. dtype: "float32", "bfloat16" or
         "float16". bfloat16 arrays have the dtype ml_dtypes.bfloat16 (the
@@ -201,12 +203,14 @@ class EngineClient(Api):
         no float32 round trip); needs torch. The arrays are writable and
         not shared. Closing the generator early cancels the stream.
         progress: as initialize's, in bytes sent (phase "send").
-        adapter: a LoRA adapter's own tensors (lora_A / lora_B in PEFT's
-        names) instead of the base model's."""
+        adapter: a LoRA adapter's tensors instead of the base model's, as
+        adapter_view says: "adapter" (its lora_A / lora_B in PEFT's names),
+        "base" (the base under verl's base_layer names) or "merged" (the
+        base with W + scale B A, Hugging Face names)."""
         asm = Assembler(as_torch)
         rep = Reporter(progress, "GetPerTensorParam") if progress is not None else None
         call = self.get_per_tensor_param(dtype, names, bucket_bytes, timeout, split=True,
-                                         adapter=adapter)
+                                         adapter=adapter, adapter_view=adapter_view)
         try:
             with self._polling(rep) if rep else contextlib.nullcontext():
                 for bucket in call:
