@@ -176,13 +176,16 @@ int native_adapter_param(struct engine *e, int64_t i, struct engine_param_view *
 			 struct eng_error *err)
 {
 	struct native *n = native_of(e);
-	const struct param_entry *p = &n->base->table.entries[i];
-	int64_t own = own_score(n, i);
+	const struct param_entry *p;
+	int64_t own;
 	float *s;
 	int rc;
 
+	/* i indexes the adapter's own table in its view, else the base's */
 	if (n->lora->view == ENGINE_ADAPTER_VIEW_ADAPTER)
 		return native_param(e, i, ret, err);
+	p = &n->base->table.entries[i];
+	own = own_score(n, i);
 	if (own >= 0) {
 		rc = native_view(n, FAM_PARAMS, own, ret, err);
 		ret->name = view_name(n, i);
@@ -213,12 +216,13 @@ int native_adapter_param_copy(struct engine *e, int64_t i, enum engine_dtype dty
 			      int64_t start, int64_t count, void *dst, struct eng_error *err)
 {
 	struct native *n = native_of(e);
+	int64_t own;
 	int rc;
 
 	if (n->lora->view == ENGINE_ADAPTER_VIEW_ADAPTER)
 		return native_param_copy(e, i, dtype, start, count, dst, err);
-	if (own_score(n, i) >= 0)
-		return native_param_copy_of(n, own_score(n, i), dtype, start, count, dst, err);
+	if ((own = own_score(n, i)) >= 0)
+		return native_param_copy_of(n, own, dtype, start, count, dst, err);
 	rc = n->lora->view == ENGINE_ADAPTER_VIEW_MERGED ? merged(n, i, err) : 0;
 	if (rc < 0)
 		return rc;
