@@ -391,7 +391,10 @@ static const struct ctl_opt pull_opts[] = {
 	{ "bucket-bytes", required_argument, 'b', "N",
 	  "data bytes per message (default 0: 4 MiB)" },
 	{ "adapter", required_argument, 'A', "NAME",
-	  "a LoRA adapter's own tensors (PEFT's names) instead of the base model's" },
+	  "a LoRA adapter's tensors instead of the base model's, as --view says" },
+	{ "view", required_argument, 'V', "VIEW",
+	  "with --adapter: adapter (its lora_A / lora_B in PEFT's names, the default), "
+	  "base (the base under verl's base_layer names) or merged (W + scale B A)" },
 	{ NULL, 0, 0, NULL, NULL },
 };
 
@@ -425,6 +428,16 @@ static void pull_parse(int argc, char **argv, Engined__V1__GetPerTensorParamRequ
 			req->bucket_bytes = ctl_int_arg("bucket-bytes", optarg, INT64_MIN, INT64_MAX);
 			break;
 		case 'A': req->adapter = optarg; break;
+		case 'V':
+			if (!strcmp(optarg, "adapter"))
+				req->adapter_view = ENGINED__V1__ADAPTER_VIEW__ADAPTER_VIEW_ADAPTER;
+			else if (!strcmp(optarg, "base"))
+				req->adapter_view = ENGINED__V1__ADAPTER_VIEW__ADAPTER_VIEW_BASE;
+			else if (!strcmp(optarg, "merged"))
+				req->adapter_view = ENGINED__V1__ADAPTER_VIEW__ADAPTER_VIEW_MERGED;
+			else
+				ctl_usage_error("--view: '%s' is not adapter, base or merged", optarg);
+			break;
 		}
 	}
 	ctl_positionals(argc, argv, 0, 0, NULL);

@@ -36,19 +36,6 @@ int params_check_request(int dtype, char *const *names, size_t n_names,
 	return 0;
 }
 
-/* Whether the parameters are the engine's own host memory (the CPU device),
- * valid for the whole job and readable from other threads. Otherwise
- * (device memory: CUDA, or the CPU device in discrete mode) slices come
- * through engine_param_copy on the engine thread. All parameters share one
- * family, so the first tells for all. */
-static bool params_on_host(struct engine *e)
-{
-	struct engine_param_view v;
-
-	return engine_num_params(e) > 0 && engine_param_info(e, 0, &v, NULL) == 0 &&
-	       v.host_resident;
-}
-
 static int find_param(struct engine *e, int64_t n, const char *name, int64_t *ret,
 		      struct eng_error *err)
 {
@@ -87,7 +74,7 @@ int params_collect(struct engine *e, int dtype, char *const *names, size_t n_nam
 		    s->dtype == ENGINED__V1__DTYPE__BFLOAT16 ? ENGINE_DTYPE_BF16 :
 		    ENGINE_DTYPE_F16;
 	s->esz = engine_dtype_size(s->edtype);
-	s->on_host = params_on_host(e);
+	s->on_host = engine_num_params(e) > 0;
 	s->t = calloc((size_t)(count ? count : 1), sizeof(*s->t));
 	if (unique && n_names)
 		seen = calloc((size_t)(n ? n : 1), sizeof(*seen));
@@ -123,7 +110,14 @@ int params_collect(struct engine *e, int dtype, char *const *names, size_t n_nam
 		for (int k = 0; k < t->ndim; k++)
 			t->shape[k] = v.shape[k];
 		t->numel = v.numel;
-		t->host = s->on_host ? v.host_data : NULL;
+		t->host = v.host_resident ? v.host_data : NULL;
+		/* on_host: every tensor is the engine's own host memory (the
+		 * CPU device), valid for the whole job and readable from other
+		 * threads. Otherwise (device memory: CUDA, or the CPU device in
+		 * discrete mode; an adapter's merged weights, computed one at a
+		 * time) slices come through engine_param_copy on the engine
+		 * thread. */
+		s->on_host = s->on_host && t->host;
 		t->data = s->edtype == ENGINE_DTYPE_F32 ? (const void *)t->host :
 			   s->edtype == ENGINE_DTYPE_BF16 && t->host ? (const void *)v.host_bf16 :
 			   NULL;

@@ -69,6 +69,7 @@ struct unit {
 
 struct share_job {
 	struct daemon *d;
+	struct engine *e;               /* the base model or the adapter shared */
 	struct param_set set;
 	int64_t *offsets;               /* [set.n] in the file */
 	int64_t total;                  /* the file's size */
@@ -169,7 +170,7 @@ static int write_unit(struct share_job *s, const struct unit *u, uint8_t *buf,
 	if (t->data)
 		return write_all(s->fd, (const uint8_t *)t->data + u->off, u->len, u->file_off,
 				 err);
-	r = params_read(s->d->engine, &s->set, t, u->off / esz, u->len / esz, buf, err);
+	r = params_read(s->e, &s->set, t, u->off / esz, u->len / esz, buf, err);
 	if (r < 0)
 		return r;
 	return write_all(s->fd, buf, u->len, u->file_off, err);
@@ -300,7 +301,7 @@ static int lend(struct share_job *s, struct eng_error *err)
 	const char *odd = NULL;
 	int r;
 
-	r = params_use_bf16_copy(s->d->engine, &s->set, true, &f, &why, err);
+	r = params_use_bf16_copy(s->e, &s->set, true, &f, &why, err);
 	if (why.code)
 		log_msg(LOG_LVL_DEBUG, "share: copying the tensors: %s", why.msg);
 	if (r <= 0)
@@ -399,6 +400,7 @@ int h_run_share_weights(struct daemon *d, struct job *j, struct eng_error *err)
 	const Engined__V1__ShareWeightsRequest *q = (const void *)j->req;
 	static const char *const dtype_names[] = { "?", "float32", "bfloat16", "float16" };
 	struct share_job s;
+	struct engine *e = NULL;
 	struct engine_status st;
 	uint8_t handle[SHARE_HANDLE_BYTES];
 	uint64_t id = 0;
@@ -409,7 +411,14 @@ int h_run_share_weights(struct daemon *d, struct job *j, struct eng_error *err)
 	s.d = d;
 	s.fd = -1;
 	pthread_mutex_init(&s.lock, NULL);
-	r = params_collect(d->engine, q->dtype, q->names, q->n_names, true, &s.set, err);
+	r = daemon_engine_of(d, q->adapter, &e, err);
+	if (r == 0 && q->adapter_view && !q->adapter[0])
+		r = eng_fail(err, -EINVAL, "adapter_view: needs an adapter");
+	if (r == 0 && q->adapter[0])
+		r = engine_adapter_set_view(e, (enum engine_adapter_view)q->adapter_view, err);
+	s.e = e;
+	if (r == 0)
+		r = params_collect(e, q->dtype, q->names, q->n_names, true, &s.set, err);
 	if (r < 0)
 		goto out;
 	lent = lend(&s, err);
@@ -422,7 +431,7 @@ int h_run_share_weights(struct daemon *d, struct job *j, struct eng_error *err)
 		r = write_file(&s, j->call, err);
 	if (r < 0)
 		goto out;
-	engine_status(d->engine, &st);
+	engine_status(e, &st);
 	/* The table owns the descriptor from here, also when this fails. */
 	r = share_table_add(d->shares, s.fd, s.total, q->uses ? q->uses : 1,
 			    share_table_now_ms(), handle, &id, err);

@@ -662,3 +662,47 @@ def test_socket_path_at_start(tmp):
     r = subprocess.run([bin_path, "-o", "server.share_socket=rel.sock"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "must be an absolute path" in r.stderr
+
+
+def test_adapter_views(tmp):
+    """A LoRA adapter's three views (adapter, base, merged) through a share:
+    each the stream of the same view bit for bit, the step the adapter's;
+    the merged weights W + (alpha / r) B A of the other two views (float64
+    reference); adapter_view without an adapter and an unknown adapter
+    refused by field (tokens limited to adapters: test_adapters.py, the
+    same rule for every method that names one)."""
+    d = start(tmp, "lora")
+    try:
+        with EngineClient(d.addr, timeout=60) as cl:
+            cl.initialize(preset="tiny", seed=2, frozen_base=True,
+                          optimizer={"lr": 1e-2, "weight_decay": 0.0})
+            cl.create_adapter("a", rank=4, alpha=8, target_modules="all-linear", seed=3)
+            rng = np.random.default_rng(3)
+            cl.forward_backward(rng.integers(0, 1024, 24).astype(np.int32), [10, 14],
+                                loss="sft", adapter="a")
+            assert cl.optimizer_step(adapter="a").step == 1
+            views = {}
+            for view in ("adapter", "base", "merged"):
+                for dtype in ("float32", "bfloat16"):
+                    ref = [(n, a) for n, a in cl.stream_weights(
+                        dtype=dtype, adapter="a", adapter_view=view)]
+                    with cl.share_weights(dtype=dtype, adapter="a", adapter_view=view) as w:
+                        same(w, ref)
+                        assert w.step == 1
+                views[view] = {n: np.array(a) for n, a in cl.stream_weights(
+                    adapter="a", adapter_view=view)}
+            ad, base, merged = views["adapter"], views["base"], views["merged"]
+            q = "model.layers.1.self_attn.q_proj"
+            assert q + ".base_layer.weight" in base and q + ".weight" in merged
+            pre = "base_model.model." + q
+            A = ad[pre + ".lora_A.weight"].astype(np.float64)
+            B = ad[pre + ".lora_B.weight"].astype(np.float64)
+            assert np.abs(B).max() > 0   # trained: the merge is not the base
+            want = base[q + ".base_layer.weight"].astype(np.float64) + 2.0 * B @ A
+            assert np.abs(merged[q + ".weight"] - want).max() < 1e-6
+            assert np.array_equal(merged["model.norm.weight"], base["model.norm.weight"])
+            expect(SC.INVALID_ARGUMENT, cl.share_weights, adapter_view="merged",
+                   field="adapter_view")
+            expect(SC.NOT_FOUND, cl.share_weights, adapter="nope", field="adapter")
+    finally:
+        assert d.stop() == 0

@@ -94,9 +94,11 @@ ADAPTER_DEFAULT_RANK = 8
 ADAPTER_DEFAULT_TARGETS = ("q_proj", "v_proj")
 
 
-def share_request(dtype="float32", names=None, uses=1):
+def share_request(dtype="float32", names=None, uses=1, adapter="", adapter_view="adapter"):
     dt = DTYPES[dtype] if isinstance(dtype, str) else dtype
-    return pb.ShareWeightsRequest(dtype=dt, names=list(names or []), uses=uses)
+    view = ADAPTER_VIEWS[adapter_view] if isinstance(adapter_view, str) else adapter_view
+    return pb.ShareWeightsRequest(dtype=dt, names=list(names or []), uses=uses,
+                                  adapter=adapter, adapter_view=view)
 
 
 class Api:
@@ -249,7 +251,8 @@ class Api:
             pb.LoadCheckpointResponse, R.LoadResult.from_proto, timeout, request_id,
             progress)
 
-    def share_weights(self, dtype="float32", names=None, as_torch=False, timeout=None):
+    def share_weights(self, dtype="float32", names=None, as_torch=False, timeout=None,
+                      adapter="", adapter_view="adapter"):
         """The weights through shared memory, for a process on the daemon's
         host (README "Same-host weights"; the daemon needs [server]
         share_socket): ShareWeights, then the share picked up over its
@@ -262,21 +265,24 @@ class Api:
         it touches, the share itself is sealed). The memory is the daemon's
         snapshot at the call: later steps do not change it. The pick-up
         blocks on the local socket (well under a millisecond), also in
-        AsyncEngineClient."""
+        AsyncEngineClient. adapter / adapter_view: a LoRA adapter's
+        tensors, as stream_weights'."""
         if as_torch:
             import torch  # noqa: F401  (fail before a share is made for nothing)
-        req = share_request(dtype, names, 1)
+        req = share_request(dtype, names, 1, adapter, adapter_view)
         return self._rpc("ShareWeights", req, pb.ShareWeightsResponse,
                          lambda rep: open_share(R.ShareTicket.from_proto(rep), as_torch),
                          timeout)
 
-    def request_share(self, dtype="float32", names=None, uses=1, timeout=None):
+    def request_share(self, dtype="float32", names=None, uses=1, timeout=None, adapter="",
+                      adapter_view="adapter"):
         """ShareWeights alone: a ShareTicket (picklable) that
         engined_client.open_share(ticket) turns into SharedWeights in any
         process of this host, up to `uses` times (e.g. one per rollout
         worker: one copy of the weights in memory for all) until
         ticket.expires_in_s have passed."""
-        return self._rpc("ShareWeights", share_request(dtype, names, uses),
+        return self._rpc("ShareWeights", share_request(dtype, names, uses, adapter,
+                                                       adapter_view),
                          pb.ShareWeightsResponse, R.ShareTicket.from_proto, timeout)
 
     def get_status(self, timeout=None, adapter=""):

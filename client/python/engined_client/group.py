@@ -431,66 +431,87 @@ class _GroupBase:
         return self._run("OptimizerStep", lambda c, r: c.optimizer_step(
             request_id=rid, **params), _STEP_AGREE, rid)
 
-    def zero_grad(self, timeout=None, request_id=None):
+    def zero_grad(self, timeout=None, request_id=None, adapter=""):
         rid = request_id or new_request_id()
         return self._then(self._run("ZeroGrad", lambda c, r: c.zero_grad(
-            timeout=timeout, request_id=rid), _as_list, rid), _none)
+            timeout=timeout, request_id=rid, adapter=adapter), _as_list, rid), _none)
 
-    def lr_scheduler_step(self, timeout=None, request_id=None):
+    def lr_scheduler_step(self, timeout=None, request_id=None, adapter=""):
         """Returns the new lr (an LrResult); the ranks must agree."""
         rid = request_id or new_request_id()
         return self._run("LrSchedulerStep", lambda c, r: c.lr_scheduler_step(
-            timeout=timeout, request_id=rid), _LR_AGREE, rid)
+            timeout=timeout, request_id=rid, adapter=adapter), _LR_AGREE, rid)
 
-    def set_mode(self, mode, disable_auto_offload=False, timeout=None, request_id=None):
+    def set_mode(self, mode, disable_auto_offload=False, timeout=None, request_id=None,
+                 adapter=""):
         """Returns rank 0's SetModeResult; mode and placement must agree."""
         rid = request_id or new_request_id()
         return self._run("SetMode", lambda c, r: c.set_mode(
-            mode, disable_auto_offload, timeout=timeout, request_id=rid), _MODE_AGREE, rid)
+            mode, disable_auto_offload, timeout=timeout, request_id=rid, adapter=adapter),
+            _MODE_AGREE, rid)
 
     def to_device(self, device, model=True, optimizer=True, grad=True, timeout=None,
-                  request_id=None):
+                  request_id=None, adapter=""):
         """Returns the Placement (the ranks must agree)."""
         rid = request_id or new_request_id()
         return self._run("ToDevice", lambda c, r: c.to_device(
-            device, model, optimizer, grad, timeout=timeout, request_id=rid),
+            device, model, optimizer, grad, timeout=timeout, request_id=rid, adapter=adapter),
             _PLACEMENT_AGREE, rid)
 
     def save_checkpoint(self, path, global_step=0, max_to_keep=0, contents=None,
-                        timeout=None, request_id=None):
+                        timeout=None, request_id=None, adapter=""):
         """Every rank saves, each daemon under its own checkpoint root:
         where the ranks share one root, each writes its optimizer shard
         there; elsewhere rank 0 writes them (docs/DISTRIBUTED.md).
         Returns the SaveResults, one per rank (bytes each rank wrote)."""
         rid = request_id or new_request_id()
         return self._run("SaveCheckpoint", lambda c, r: c.save_checkpoint(
-            path, global_step, max_to_keep, contents, timeout=timeout, request_id=rid),
-            _as_list, rid)
+            path, global_step, max_to_keep, contents, timeout=timeout, request_id=rid,
+            adapter=adapter), _as_list, rid)
 
-    def load_checkpoint(self, path, contents=None, timeout=None, request_id=None):
+    def load_checkpoint(self, path, contents=None, timeout=None, request_id=None,
+                        adapter=""):
         """Every rank loads; returns the global step (the ranks must agree)."""
         rid = request_id or new_request_id()
         return self._run("LoadCheckpoint", lambda c, r: c.load_checkpoint(
-            path, contents, timeout=timeout, request_id=rid), _LOAD_AGREE, rid)
+            path, contents, timeout=timeout, request_id=rid, adapter=adapter), _LOAD_AGREE,
+            rid)
 
-    def get_status(self, timeout=None):
+    def get_status(self, timeout=None, adapter=""):
         """A list of Status, one per rank (rank order)."""
-        return self._run("GetStatus", lambda c, r: c.get_status(timeout=timeout))
+        return self._run("GetStatus", lambda c, r: c.get_status(timeout=timeout,
+                                                                adapter=adapter))
+
+    def create_adapter(self, name, request_id=None, **kwargs):
+        """EngineClient.create_adapter on every rank (the same arguments);
+        returns rank 0's CreateAdapterResult. The methods that take
+        adapter= pass it to every rank."""
+        rid = request_id or new_request_id()
+        return self._run("CreateAdapter", lambda c, r: c.create_adapter(
+            name, request_id=rid, **kwargs), _first, rid)
+
+    def delete_adapter(self, name, timeout=None, request_id=None):
+        rid = request_id or new_request_id()
+        return self._then(self._run("DeleteAdapter", lambda c, r: c.delete_adapter(
+            name, timeout=timeout, request_id=rid), _as_list, rid), _none)
 
     def health(self, service="", timeout=None):
         """A list of health answers ("SERVING", ...), one per rank."""
         return self._run("Health", lambda c, r: c.health(service, timeout=timeout))
 
-    def share_weights(self, dtype="float32", names=None, as_torch=False, timeout=None):
+    def share_weights(self, dtype="float32", names=None, as_torch=False, timeout=None,
+                      adapter="", adapter_view="adapter"):
         """EngineClient.share_weights of rank 0 (whose daemon must run on
         this host); a failure raises GroupError naming rank 0."""
         return self._rank0("ShareWeights", lambda c: c.share_weights(
-            dtype=dtype, names=names, as_torch=as_torch, timeout=timeout))
+            dtype=dtype, names=names, as_torch=as_torch, timeout=timeout, adapter=adapter,
+            adapter_view=adapter_view))
 
 
 GROUP_METHODS = ("initialize", "forward_backward", "optimizer_step", "zero_grad",
                  "lr_scheduler_step", "set_mode", "to_device", "save_checkpoint",
-                 "load_checkpoint", "get_status", "health", "share_weights")
+                 "load_checkpoint", "get_status", "health", "share_weights",
+                 "create_adapter", "delete_adapter")
 
 
 def _none(_results):
@@ -560,13 +581,13 @@ class EngineGroup(_GroupBase):
             raise GroupError(method, {0: e}, self.addresses) from None
 
     def stream_weights(self, dtype="float32", names=None, bucket_bytes=0, timeout=None,
-                       as_torch=False):
+                       as_torch=False, adapter="", adapter_view="adapter"):
         """EngineClient.stream_weights of rank 0 (every rank holds the full
         parameters); a failure raises GroupError naming rank 0."""
         try:
             yield from self.clients[0].stream_weights(
                 dtype=dtype, names=names, bucket_bytes=bucket_bytes, timeout=timeout,
-                as_torch=as_torch)
+                as_torch=as_torch, adapter=adapter, adapter_view=adapter_view)
         except EngineError as e:
             raise GroupError("GetPerTensorParam", {0: e}, self.addresses) from None
 
@@ -611,11 +632,11 @@ class AsyncEngineGroup(_GroupBase):
             raise GroupError(method, {0: e}, self.addresses) from None
 
     async def stream_weights(self, dtype="float32", names=None, bucket_bytes=0,
-                             timeout=None, as_torch=False):
+                             timeout=None, as_torch=False, adapter="", adapter_view="adapter"):
         try:
             async for item in self.clients[0].stream_weights(
                     dtype=dtype, names=names, bucket_bytes=bucket_bytes, timeout=timeout,
-                    as_torch=as_torch):
+                    as_torch=as_torch, adapter=adapter, adapter_view=adapter_view):
                 yield item
         except EngineError as e:
             raise GroupError("GetPerTensorParam", {0: e}, self.addresses) from None
