@@ -27,8 +27,9 @@ HF_CONFIG = {
 }
 
 
-def model_config(tmp, value=False):
-    """verl's HFModelConfig of HF_CONFIG (no tokenizer: token ids only)."""
+def model_config(tmp, value=False, **kw):
+    """verl's HFModelConfig of HF_CONFIG (no tokenizer: token ids only);
+    kw: more of its fields (lora_rank, ...)."""
     d = os.path.join(tmp, "hf-value" if value else "hf-model")
     os.makedirs(d, exist_ok=True)
     cfg = dict(HF_CONFIG)
@@ -38,7 +39,7 @@ def model_config(tmp, value=False):
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg, f)
     return HFModelConfig(path=d, load_tokenizer=False,
-                         override_config={"attn_implementation": "eager"})
+                         override_config={"attn_implementation": "eager"}, **kw)
 
 
 def engine_config(addresses, ckpt_root=None, **kw):

@@ -27,6 +27,9 @@ their meaning; the rest say where the daemons are and what they load:
                     disk, or a shared file system); verl's local_path is
                     sent relative to it. None: verl's paths are sent as
                     they are (then they must be relative).
+  model_local_root  the directory that is the daemons' model root, seen
+                    from here: verl's lora_adapter_path is sent relative to
+                    it (None: sent as it is, then it must be relative).
   replace           replace an engine the daemon already holds (a restarted
                     controller); else Initialize on such a daemon fails
                     FAILED_PRECONDITION. verl's reset() (initialize()
@@ -47,6 +50,7 @@ engine is its own bf16 copy, no copy made) and streams them otherwise;
 "share" always maps them (an error when it cannot); "stream" always
 streams them (GetPerTensorParam).
 """
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -69,6 +73,7 @@ class EnginedEngineConfig(EngineConfig):
     preset: Optional[str] = None
     device: str = "cpu"
     checkpoint_local_root: Optional[str] = None
+    model_local_root: Optional[str] = None
     weight_dtype: str = "bfloat16"
     weight_transport: str = "auto"
     replace: bool = False
@@ -114,3 +119,18 @@ class EnginedEngineConfig(EngineConfig):
                 with open(path, "rb") as f:
                     kw[k] = f.read()
         return kw
+
+
+def daemon_path(path, root, what, root_name):
+    """path as a daemon reads it: relative to root (the daemons' root
+    directory of that kind, seen from here); without a root, path as it
+    is, which must then be relative."""
+    if root is None:
+        if os.path.isabs(path):
+            raise ValueError(f"{what} {path!r}: absolute, but the engine config has no "
+                             f"{root_name} (the directory that is the daemons' root)")
+        return path
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+    if rel == "." or rel.startswith(".."):
+        raise ValueError(f"{what} {path!r} is not under {root_name} {root!r}")
+    return rel

@@ -17,6 +17,12 @@ forward-only call for the outputs, verl's loss with torch autograd here,
 and its gradients back as the "custom" loss. layout.py holds the
 alignment between verl's batches and engined's packed arrays.
 
+LoRA (verl's model config lora_rank > 0, or lora_adapter_path): the
+daemon holds the model as a frozen base and one adapter, ADAPTER, over it
+(lora.py: verl's LoRA keys as CreateAdapter's fields, the weight views);
+every call names the adapter but those inside disable_adapter(), which
+score with the base alone (verl's reference log-probs).
+
 Errors: a daemon's refusal raises EngineError (a grpc.RpcError: code() and
 details() name the field) in the one-daemon-per-rank mode, and GroupError
 (.errors / .codes() per rank) when this process drives an EngineGroup;
@@ -39,7 +45,9 @@ from .._rpc import EngineError
 from ..client import EngineClient
 from ..group import EngineGroup, GroupError
 from . import layout
+from .config import daemon_path
 from .losses import server_loss, verl_metrics
+from .lora import ADAPTER, LoraSpec
 
 _STEP_DIR = re.compile(r"global_step_\d+$")
 _log = logging.getLogger(__name__)
@@ -95,6 +103,17 @@ class EnginedEngine(BaseEngine):
         self._initialized = False
         self._saved_paths = []
         self._share_works = None        # weight_transport "auto": not tried yet
+        self.lora = LoraSpec.of(model_config, engine_config)   # None: no LoRA
+        self._adapter_off = False       # inside disable_adapter()
+        if self.lora is not None and (self.world > 1 or len(addresses) > 1):
+            raise NotImplementedError(
+                "LoRA over a data-parallel group: engined serves a frozen base with "
+                "adapters on one daemon (one address, no torch.distributed world)")
+
+    @property
+    def adapter(self):
+        """The adapter every call names ("": the base model)."""
+        return ADAPTER if self.lora is not None and not self._adapter_off else ""
 
     # --- placement and modes ------------------------------------------------
 
@@ -126,18 +145,25 @@ class EnginedEngine(BaseEngine):
         return _ModeCtx(self, "eval", **kwargs)
 
     def to(self, device, model=True, optimizer=True, grad=True):
+        """With LoRA the base's weights move with model, the adapter's
+        whole state with the flags."""
         super().to(device=device, model=model, optimizer=optimizer, grad=grad)
-        self.daemon.to_device("cpu" if device == "cpu" else "device", model=model,
-                              optimizer=optimizer, grad=grad)
+        where = "cpu" if device == "cpu" else "device"
+        if self.lora is not None and model:
+            self.daemon.to_device(where, model=True, optimizer=False, grad=False)
+        self.daemon.to_device(where, model=model, optimizer=optimizer, grad=grad,
+                              adapter=ADAPTER if self.lora is not None else "")
+
+    def disable_adapter(self):
+        """verl's reference-model context: calls inside it run the base
+        alone (forward-only: the base is frozen, training it is refused)."""
+        return _AdapterOff(self)
 
     # --- building -------------------------------------------------------------
 
     def initialize(self):
         """Initialize (replace=True when called again: verl's reset())."""
         ec, oc = self.engine_config, self.optimizer_config
-        if getattr(self.model_config, "lora_rank", 0):
-            raise NotImplementedError("lora_rank > 0: engined trains all parameters (no LoRA "
-                                      "adapters)")
         kw = dict(model_type=self.model_type, device=ec.device, seed=int(ec.seed),
                   bf16_matmul=ec.dtype == "bfloat16", replace=bool(ec.replace) or self._initialized,
                   offload={"param_offload": bool(ec.param_offload),
@@ -152,10 +178,17 @@ class EnginedEngine(BaseEngine):
             kw["hf_config_json"] = self.model_config.hf_config.to_json_string()
         if oc is not None:
             kw["optimizer"], kw["lr_scheduler"] = optimizer_settings(oc)
+        if self.lora is not None:
+            kw["frozen_base"] = True
         if self.world > 1:
             self._initialize_rank(kw)
         else:
             self.daemon.initialize(dist_timeout_s=ec.collective_timeout_s, **kw)
+        if self.lora is not None:
+            # The adapter's optimizer and schedule are the base engine's
+            # (Initialize's, above).
+            self.lora.created(self.daemon.create_adapter(ADAPTER, **self.lora.create_kwargs(
+                int(ec.seed))))
         self._initialized = True
         if self.is_param_offload_enabled or self.is_optimizer_offload_enabled:
             self.to("cpu", model=self.is_param_offload_enabled,
@@ -177,16 +210,16 @@ class EnginedEngine(BaseEngine):
     # --- optimizer ------------------------------------------------------------
 
     def optimizer_zero_grad(self):
-        self.daemon.zero_grad()
+        self.daemon.zero_grad(adapter=self.adapter)
 
     def optimizer_step(self):
         """Clip, AdamW, zero the gradients; returns the grad norm before
         clipping. A non-finite norm skips the update and drops the
         gradients (verl's rule); the norm is returned as it is."""
-        return float(self.daemon.optimizer_step().grad_norm)
+        return float(self.daemon.optimizer_step(adapter=self.adapter).grad_norm)
 
     def lr_scheduler_step(self):
-        return float(self.daemon.lr_scheduler_step())
+        return float(self.daemon.lr_scheduler_step(adapter=self.adapter))
 
     # --- compute --------------------------------------------------------------
 
@@ -209,7 +242,7 @@ class EnginedEngine(BaseEngine):
                              dp_size=self.get_data_parallel_size())
         temperature = _temperature(data)
         entropy = bool(tu.get_non_tensor_data(data, "calculate_entropy", False))
-        common = dict(temperature=temperature)
+        common = dict(temperature=temperature, adapter=self.adapter)
         if forward_only or loss_function is None:
             return self._forward_only(data, packed, loss_function, entropy, common)
         spec = server_loss(loss_function, data, packed, calculate_entropy=entropy,
@@ -272,19 +305,35 @@ class EnginedEngine(BaseEngine):
 
     # --- weights ----------------------------------------------------------------
 
-    def get_per_tensor_param(self, **kwargs):
-        """(generator of (HF name, torch tensor), None): the full tensors
+    def get_per_tensor_param(self, layered_summon=False, base_sync_done=False, **kwargs):
+        """(generator of (name, torch tensor), peft_config): the tensors
         from the daemon (rank 0 of a group), in weight_dtype, by
         weight_transport: "share" maps them from shared memory (views of
         the daemon's sealed file, released when the generator ends and no
         tensor is held); "stream" streams them lazily (closing the
         generator cancels the stream); "auto" shares when the daemon can
         share with this process and streams otherwise, deciding at the
-        first call (a later failure of a share that worked is raised)."""
+        first call (a later failure of a share that worked is raised).
+        Without LoRA: the full model in HF names, peft_config None. With
+        LoRA, as verl's FSDP engine: lora.merge on, the merged weights in
+        HF names and None; base_sync_done, the adapter alone in PEFT's
+        names and its peft.LoraConfig; else the base under verl's
+        base_layer names and the LoraConfig. layered_summon needs
+        base_sync_done (verl's rule) and changes nothing else here."""
+        if self.lora is None:
+            return self._weights(), None
+        if layered_summon and not base_sync_done:
+            raise ValueError("layered_summon needs base_sync_done: the base model must be "
+                             "loaded in the rollout first (verl's rule)")
+        view = self.lora.view(base_sync_done)
+        gen = self._weights(adapter=ADAPTER, adapter_view=view)
+        return self.lora.renamed(gen, view), self.lora.peft_config(view)
+
+    def _weights(self, **which):
         dtype, how = self.engine_config.weight_dtype, self.engine_config.weight_transport
         if how == "share" or (how == "auto" and self._share_works is not False):
             try:
-                w = self.daemon.share_weights(dtype=dtype, as_torch=True)
+                w = self.daemon.share_weights(dtype=dtype, as_torch=True, **which)
             except (EngineError, GroupError) as e:
                 if how == "share" or self._share_works or not _codes(e) <= _NO_SHARE:
                     raise
@@ -292,8 +341,8 @@ class EnginedEngine(BaseEngine):
                 _log.warning("engined: weights go through the stream: no share (%s)", e)
             else:
                 self._share_works = True
-                return _shared_tensors(w), None
-        return self.daemon.stream_weights(dtype=dtype, as_torch=True), None
+                return _shared_tensors(w)
+        return self.daemon.stream_weights(dtype=dtype, as_torch=True, **which)
 
     def get_per_tensor_param_shard(self, **kwargs):
         raise NotImplementedError(
@@ -310,23 +359,16 @@ class EnginedEngine(BaseEngine):
     # --- checkpoints ------------------------------------------------------------
 
     def _daemon_path(self, local_path):
-        root = self.engine_config.checkpoint_local_root
-        if root is None:
-            if os.path.isabs(local_path):
-                raise ValueError(f"checkpoint path {local_path!r}: absolute, but the engine "
-                                 "config has no checkpoint_local_root (the directory that is "
-                                 "the daemons' checkpoint root)")
-            return local_path
-        rel = os.path.relpath(os.path.abspath(local_path), os.path.abspath(root))
-        if rel == "." or rel.startswith(".."):
-            raise ValueError(f"checkpoint path {local_path!r} is not under "
-                             f"checkpoint_local_root {root!r}")
-        return rel
+        return daemon_path(local_path, self.engine_config.checkpoint_local_root,
+                           "checkpoint path", "checkpoint_local_root")
 
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0,
                         max_ckpt_to_keep=None, **kwargs):
         """The daemon writes the model (HF), optimizer, scheduler, RNG and
-        step at local_path (relative to checkpoint_local_root). Rotation as
+        step at local_path (relative to checkpoint_local_root); with LoRA
+        the adapter's (a PEFT directory, its optimizer and state beside
+        it) and not the frozen base, which never changes: what verl's
+        checkpoint.save_lora_only asks, whatever it says. Rotation as
         verl's: the newest max_ckpt_to_keep of this engine's saves are
         kept. A path ending in global_step_N is rotated by the daemon among
         its siblings; a role directory (global_step_N/actor) by removing
@@ -338,7 +380,8 @@ class EnginedEngine(BaseEngine):
         keep = int(max_ckpt_to_keep or 0)
         by_daemon = bool(_STEP_DIR.search(rel.rstrip("/")))
         self.daemon.save_checkpoint(rel, global_step=int(global_step),
-                                    max_to_keep=keep if by_daemon else 0)
+                                    max_to_keep=keep if by_daemon else 0,
+                                    adapter=ADAPTER if self.lora is not None else "")
         if by_daemon or keep <= 0 or self.rank != 0:
             return
         self._saved_paths = [p for p in self._saved_paths if p != rel] + [rel]
@@ -354,7 +397,8 @@ class EnginedEngine(BaseEngine):
         (del_local_after_load is verl's copy-from-HDFS flag)."""
         if hdfs_path is not None:
             raise NotImplementedError("hdfs_path: the daemon reads from its own disk")
-        return int(self.daemon.load_checkpoint(self._daemon_path(local_path)))
+        return int(self.daemon.load_checkpoint(self._daemon_path(local_path),
+                                               adapter=ADAPTER if self.lora is not None else ""))
 
 
 class EnginedEngineWithLMHead(EnginedEngine):
@@ -379,14 +423,36 @@ class _ModeCtx:
 
     def __enter__(self):
         self.engine.mode = self.mode
-        self.engine.daemon.set_mode(self.mode, disable_auto_offload=self.disable_auto_offload)
+        self._set(self.mode)
         return self
 
     def __exit__(self, exc_type, exc, tb):
         try:
-            self.engine.daemon.set_mode("idle", disable_auto_offload=self.disable_auto_offload)
+            self._set("idle")
         finally:
             self.engine.mode = None
+        return False
+
+    def _set(self, mode):
+        """The base's mode, and with LoRA the adapter's too."""
+        d, off = self.engine.daemon, self.disable_auto_offload
+        d.set_mode(mode, disable_auto_offload=off)
+        if self.engine.lora is not None:
+            d.set_mode(mode, disable_auto_offload=off, adapter=ADAPTER)
+
+
+class _AdapterOff:
+    """EnginedEngine.disable_adapter()'s context (re-entrant)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def __enter__(self):
+        self.was, self.engine._adapter_off = self.engine._adapter_off, True
+        return self
+
+    def __exit__(self, *exc):
+        self.engine._adapter_off = self.was
         return False
 
 
