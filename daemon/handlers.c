@@ -771,6 +771,8 @@ int h_run_load_checkpoint(struct daemon *d, struct job *j, struct eng_error *err
 struct adapter_prep {
 	struct engine_adapter_config cfg;
 	struct paths_pin peft;        /* peft_dir pinned beneath the model root, owned */
+	int pin_rc;                   /* its failure, reported by the run (a group's */
+	struct eng_error pin_err;     /* ranks agree on it: engine_group_agree) */
 };
 
 static void adapter_prep_free(void *p)
@@ -851,11 +853,13 @@ int h_validate_create_adapter(struct daemon *d, struct job *j, struct eng_error 
 	if (r < 0 || !q->peft_dir[0])
 		return r;
 	c->peft_dir = NULL;
-	r = paths_pin(d->cfg.model_root, q->peft_dir, "peft_dir", PIN_DIR, &ap->peft, err);
-	if (r < 0)
-		return r;
-	c->peft_dir = ap->peft.path;
-	return 0;
+	/* A directory this host lacks fails the call on the engine thread,
+	 * where the ranks of a group agree on it. */
+	ap->pin_rc = paths_pin(d->cfg.model_root, q->peft_dir, "peft_dir", PIN_DIR, &ap->peft,
+			       &ap->pin_err);
+	if (ap->pin_rc == 0)
+		c->peft_dir = ap->peft.path;
+	return ap->pin_rc == -ENOMEM ? ap->pin_rc : 0;
 }
 
 static void put_targets(unsigned bits, char **ret, size_t *ret_n)
@@ -878,8 +882,15 @@ int h_run_create_adapter(struct daemon *d, struct job *j, struct eng_error *err)
 	struct engine *e = NULL;
 	int r;
 
-	/* A taken name or no free slot: refused before anything is built. */
-	r = adapters_may_add(&d->adapters, ap->cfg.name, err);
+	/* A peft_dir this host lacks, a taken name or no free slot: refused
+	 * before anything is built (in a group, on every rank). */
+	if (ap->pin_rc < 0) {
+		*err = ap->pin_err;
+		r = ap->pin_rc;
+	} else {
+		r = adapters_may_add(&d->adapters, ap->cfg.name, err);
+	}
+	r = engine_group_agree(d->engine, r, "CreateAdapter", err);
 	if (r < 0)
 		return r;
 	r = engine_adapter_create(d->engine, &ap->cfg, &e, err);
@@ -888,10 +899,15 @@ int h_run_create_adapter(struct daemon *d, struct job *j, struct eng_error *err)
 		r = paths_pin_result(&ap->peft, r, err);
 	if (r < 0)
 		return r;
-	/* Over max_adapter_bytes: measured, then destroyed; nothing changed. */
+	/* Over max_adapter_bytes: measured, then destroyed; nothing changed
+	 * (on any rank of a group). */
 	r = adapters_add(&d->adapters, ap->cfg.name, e, err);
+	r = engine_group_agree(d->engine, r, "CreateAdapter", err);
 	if (r < 0) {
-		engine_destroy(e);
+		if (adapters_find(&d->adapters, ap->cfg.name))
+			(void)adapters_delete(&d->adapters, ap->cfg.name, "name", NULL);
+		else
+			engine_destroy(e);
 		return r;
 	}
 	memset(&info, 0, sizeof(info));

@@ -114,3 +114,10 @@ int engine_adapter_set_view(struct engine *e, enum engine_adapter_view view,
 		return eng_fail(err, -EINVAL, "adapter_view: unknown view %d", (int)view);
 	return ops->adapter_view(e, view, err);
 }
+
+int engine_group_agree(struct engine *e, int rc, const char *what, struct eng_error *err)
+{
+	const struct engine_ops *ops = engine_ops_of(e);
+
+	return ops->group_agree ? ops->group_agree(e, rc, what, err) : rc;
+}

@@ -394,6 +394,8 @@ struct engine_ops {
 	int (*adapter_info)(struct engine *e, struct engine_adapter_config *ret);
 	int (*adapter_view)(struct engine *e, enum engine_adapter_view view,
 			    struct eng_error *err);
+	/* Optional (NULL: the engine is never in a group): engine_group_agree. */
+	int (*group_agree)(struct engine *e, int rc, const char *what, struct eng_error *err);
 };
 
 /* --- registry ----------------------------------------------------------- */
@@ -533,6 +535,15 @@ int engine_adapter_info(struct engine *e, struct engine_adapter_config *ret);
  * -EINVAL when e is no adapter or view is unknown; -ENOMEM. */
 int engine_adapter_set_view(struct engine *e, enum engine_adapter_view view,
 			    struct eng_error *err);
+
+/* In a data-parallel group, every rank's code rc of `what` (a collective
+ * every rank must reach, also after a local failure, so that no rank waits
+ * for a peer that gave up): 0 when all are 0; this rank's own rc (err
+ * already says why); else the first failing peer's code, err naming that
+ * rank. Alone: rc. The daemon's parts of a collective call (CreateAdapter:
+ * its PEFT directory on this host, its slot and bytes bounds) go through
+ * it. */
+int engine_group_agree(struct engine *e, int rc, const char *what, struct eng_error *err);
 
 /* --- data-parallel groups (engine_host.c) -------------------------------- */
 

@@ -241,6 +241,7 @@ int native_adapter_create(struct engine *base, const struct engine_adapter_confi
 	struct native_lora *a;
 	struct native_peft peft = {.dfd = -1};
 	float *host = NULL;
+	bool joined = false;
 	int rc;
 
 	if (!b->frozen)
@@ -285,7 +286,7 @@ int native_adapter_create(struct engine *base, const struct engine_adapter_confi
 				      &n->table, err);
 	if (rc)
 		goto fail;
-	n->group.shard_len = n->group.padded_total = n->table.total;
+	native_dist_adapter_shape(n, b);
 	rc = native_families_alloc(n, err);
 	if (rc)
 		goto fail;
@@ -305,6 +306,11 @@ int native_adapter_create(struct engine *base, const struct engine_adapter_confi
 		free(host);
 	if (rc)
 		goto fail;
+	/* In a group: every rank's verdict, then rank 0's matrices. */
+	joined = true;
+	rc = native_dist_adapter_join(n, 0, err);
+	if (rc)
+		goto fail;
 	a->pass.rank = a->info.rank;
 	a->pass.scale = (float)(a->info.rslora ? a->info.alpha / sqrt((double)a->info.rank)
 					       : a->info.alpha / (double)a->info.rank);
@@ -316,6 +322,13 @@ int native_adapter_create(struct engine *base, const struct engine_adapter_confi
 	*ret_ops = n->value_model ? &adapter_value_ops : &adapter_lm_ops;
 	return 0;
 fail:
+	if (!joined && b->group.dist) {
+		struct eng_error ignored;
+
+		/* The peers learn of this rank's failure instead of waiting. */
+		eng_error_clear(&ignored);
+		(void)native_dist_agree(b, rc, "CreateAdapter", &ignored);
+	}
 	native_peft_close(&peft);
 	adapter_destroy(ad);
 	return rc;

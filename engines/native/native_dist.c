@@ -121,6 +121,52 @@ int native_dist_join(struct native *n, const struct engine_init_config *cfg,
 	return check_same_model(n, err);
 }
 
+void native_dist_adapter_shape(struct native *n, const struct native *base)
+{
+	int64_t W = base->group.dist ? base->group.dist->world_size : 1;
+
+	n->group.dist = base->group.dist;      /* the base's: closed with it */
+	n->group.bucket_bytes = base->group.bucket_bytes;
+	n->group.shard_len = (n->table.total + W - 1) / W;
+	n->group.shard_off = W > 1 ? (int64_t)base->group.dist->rank * n->group.shard_len : 0;
+	n->group.padded_total = n->group.shard_len * W;   /* W <= DIST_MAX_WORLD: no overflow */
+}
+
+int native_dist_adapter_join(struct native *n, int rc, struct eng_error *err)
+{
+	if (!n->group.dist)
+		return rc;
+	rc = native_dist_agree(n, rc, "CreateAdapter", err);
+	if (rc == 0)
+		rc = check_same_model(n, err);
+	if (rc == 0)
+		rc = n->dev->ops->sync(n->dev);
+	/* Not native_dist_sync_params: the base's derived copies (the device's
+	 * param_version) do not change with an adapter. */
+	if (rc == 0)
+		rc = n->group.dist->ops->broadcast(n->group.dist, n->fam[FAM_PARAMS].dev,
+						   n->table.total, DIST_F32, 0, err);
+	return rc;
+}
+
+int native_dist_reduce_now(struct native *n, struct eng_error *err)
+{
+	float *g = n->fam[FAM_GRADS].dev;
+	const struct device_ops *o = n->dev->ops;
+	int64_t off = n->group.shard_off, len = n->group.shard_len;
+	int rc = o->sync(n->dev);
+
+	if (rc == 0)
+		rc = n->group.dist->ops->reduce_scatter(n->group.dist, g + off, g, len, DIST_F32,
+							err);
+	if (rc == 0 && off > 0)
+		rc = o->memset0(n->dev, g, (size_t)off * sizeof(float));
+	if (rc == 0 && off + len < n->group.padded_total)
+		rc = o->memset0(n->dev, g + off + len,
+				(size_t)(n->group.padded_total - off - len) * sizeof(float));
+	return rc < 0 && !err->code ? eng_fail(err, rc, "gradient reduction failed") : rc;
+}
+
 int native_dist_sync_params(struct native *n, struct eng_error *err)
 {
 	int rc;

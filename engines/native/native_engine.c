@@ -126,6 +126,14 @@ void native_status(struct engine *e, struct engine_status *ret)
 	}
 }
 
+static int native_group_agree(struct engine *e, int rc, const char *what,
+			      struct eng_error *err)
+{
+	struct native *n = native_of(e);
+
+	return n->group.dist ? native_dist_agree(n, rc, what, err) : rc;
+}
+
 #define NATIVE_OPS(mt, dv)                                      \
 	{                                                       \
 		.model_type = mt, .backend = "native", .device = dv, \
@@ -148,6 +156,7 @@ void native_status(struct engine *e, struct engine_status *ret)
 		.destroy = native_destroy,                      \
 		.adapter_create = native_adapter_create,        \
 		.adapter_info = native_adapter_info,            \
+		.group_agree = native_group_agree,              \
 	}
 
 const struct engine_ops native_lm_cpu_ops = NATIVE_OPS("language_model", "cpu");

@@ -255,13 +255,23 @@ static void undo_gradients(struct native *n, const float *undo, struct eng_error
 
 /* The last micro-batch's backward pass of a reducing call, with its
  * gradients reduced across the group in buckets as the pass completes
- * them (native_grad_sync.c). Any failure here breaks the group: the
- * peers agreed to reduce. */
-static int reduce_pass(struct native *n, const struct mb_host *h, float inv_temp,
-		       struct eng_error *err)
+ * them (native_grad_sync.c; an adapter's at once after the pass,
+ * native_dist_reduce_now). Any failure here breaks the group: the peers
+ * agreed to reduce. */
+static int reduce_pass(struct native *n, struct llama_model *m, const struct mb_host *h,
+		       float inv_temp, struct eng_error *err)
 {
 	int rc;
 
+	if (n->lora) {
+		/* An adapter's gradients: reduced once the pass is over. */
+		rc = mb_backward(n, m, h, inv_temp, err);
+		if (rc) {
+			n->group.dist->broken = true;   /* the peers are reducing */
+			return rc;
+		}
+		return native_dist_reduce_now(n, err);
+	}
 	native_sync_begin(n);
 	rc = mb_backward(n, &n->model, h, inv_temp, err);
 	if (rc) {
@@ -314,7 +324,7 @@ int native_forward_backward(struct engine *e, const struct engine_batch *b,
 		rc = native_io_reserve(n, max_T, max_B, err);
 	if (rc == 0 && mb_host_alloc(&h, max_T, max_B))
 		rc = eng_fail(err, -ENOMEM, "micro-batch: out of host memory");
-	if (rc == 0 && reducing)
+	if (rc == 0 && reducing && !n->lora)
 		rc = native_sync_prepare(n, err);
 	/* A training call that may stop part-way keeps what undoes it: nothing
 	 * when the gradients are zero now (undo = zero them), else a copy. */
@@ -357,7 +367,7 @@ int native_forward_backward(struct engine *e, const struct engine_batch *b,
 		rc = native_dist_agree(n, 0, "ForwardBackward", err);
 		if (rc == 0) {
 			reduced = true;
-			rc = reduce_pass(n, &h, 1.0f / temp, err);
+			rc = reduce_pass(n, m, &h, 1.0f / temp, err);
 		}
 	}
 	if (reducing && !agreed)

@@ -61,6 +61,18 @@ int native_dist_reduce_grads(struct native *n, struct eng_error *err);
 int native_dist_sum_norm(struct native *n, double *sumsq, struct eng_error *err);
 int native_dist_gather_params(struct native *n, struct eng_error *err);
 void native_dist_leave(struct native *n);
+/* LoRA adapters in a group (docs/LORA.md): an adapter shares its base's
+ * group and has ZeRO-1 slices of its own table. adapter_shape: its shard
+ * geometry from the base's group (alone: the whole table). adapter_join:
+ * every rank's CreateAdapter code rc agreed (so a rank that failed locally
+ * fails the others instead of leaving them waiting), the same adapter on
+ * every rank checked, rank 0's parameters to every rank. reduce_now: a
+ * reducing ForwardBackward's reduction after its backward pass (an
+ * adapter's gradients are small: one reduce-scatter, not buckets during
+ * the pass), leaving the state the bucketed one leaves. */
+void native_dist_adapter_shape(struct native *n, const struct native *base);
+int native_dist_adapter_join(struct native *n, int rc, struct eng_error *err);
+int native_dist_reduce_now(struct native *n, struct eng_error *err);
 /* Every rank's code rc of `what` (an all-gather): 0 when all are 0; this
  * rank's own rc (err already says why); else the first failing peer's
  * code, err naming that rank and that nothing changed. */

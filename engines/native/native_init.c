@@ -209,9 +209,6 @@ int native_initialize(struct engine *e, const struct engine_init_config *cfg,
 	n->default_budget = cfg->max_tokens_per_micro_batch;
 	n->frozen = cfg->frozen_base;
 	n->model.frozen = n->frozen;
-	if (n->frozen && cfg->dist.world_size > 1)
-		return eng_fail(err, -EINVAL,
-				"frozen_base: a frozen base in a data-parallel group is not built yet");
 
 	if (cfg->model_path) {
 		/* The directory as given (the daemon's pinned one); its files

@@ -6,7 +6,8 @@ engined group. Each rank trains one PPO update on its share of the batch,
 once with verl's ppo_loss mapped to the server and once through the
 custom-gradient path, and rank 0 saves both parameter sets (torch.save).
 
-Usage: dp_rank.py RANK WORLD INIT_FILE ADDRESSES(comma) OUT SEED
+Usage: dp_rank.py RANK WORLD INIT_FILE ADDRESSES(comma) OUT SEED LORA(0|1)
+(LORA 1: lora_rank 8, the adapter's tensors saved)
 """
 import functools
 import sys
@@ -23,8 +24,9 @@ import verl_batches as vb
 
 
 def main():
-    rank, world, init, addresses, out, seed = sys.argv[1:7]
+    rank, world, init, addresses, out, seed, lora = sys.argv[1:8]
     rank, world, seed = int(rank), int(world), int(seed)
+    lora_kw = dict(lora_rank=8, lora_alpha=16) if lora == "1" else {}
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method="file://" + init, rank=rank,
                                          world_size=world)
@@ -32,7 +34,7 @@ def main():
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         eng = EngineRegistry.new(
-            model_type="language_model", backend="engined", model_config=vb.model_config(tmp),
+            model_type="language_model", backend="engined", model_config=vb.model_config(tmp, **lora_kw),
             engine_config=vb.engine_config(addresses.split(","), collective_timeout_s=60),
             optimizer_config=vb.optimizer_config(), checkpoint_config=CheckpointConfig())
         assert eng.get_data_parallel_size() == world and eng.get_data_parallel_rank() == rank
@@ -42,7 +44,7 @@ def main():
             data = vb.rollout_batch(seed, bsz=6, part=(rank, world))
             with eng.train_mode():
                 r = eng.train_batch(data, fn)
-            gen, _ = eng.get_per_tensor_param()
+            gen, _ = eng.get_per_tensor_param(base_sync_done=True)
             results[path] = {k: v.clone() for k, v in gen}
             results[path + "_loss"] = r["loss"][0]
             results[path + "_grad_norm"] = r["metrics"]["grad_norm"]

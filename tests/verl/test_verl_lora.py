@@ -299,13 +299,6 @@ def test_value_model_adapter_trains_its_score_head(daemon):
 
 def test_refusals(daemon):
     with tempfile.TemporaryDirectory() as tmp:
-        with pytest.raises(NotImplementedError, match="data-parallel group"):
-            mc = vb.model_config(tmp, lora_rank=4)
-            EngineRegistry.new(model_type="language_model", backend="engined",
-                               model_config=mc,
-                               engine_config=vb.engine_config([daemon.addr, daemon.addr]),
-                               optimizer_config=vb.optimizer_config(),
-                               checkpoint_config=CheckpointConfig())
         with pytest.raises(ValueError, match="target_modules"):
             lora_engine(daemon, tmp, targets=["lm_head"])
         with pytest.raises(NotImplementedError, match="different layers"):

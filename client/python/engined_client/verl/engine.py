@@ -105,10 +105,6 @@ class EnginedEngine(BaseEngine):
         self._share_works = None        # weight_transport "auto": not tried yet
         self.lora = LoraSpec.of(model_config, engine_config)   # None: no LoRA
         self._adapter_off = False       # inside disable_adapter()
-        if self.lora is not None and (self.world > 1 or len(addresses) > 1):
-            raise NotImplementedError(
-                "LoRA over a data-parallel group: engined serves a frozen base with "
-                "adapters on one daemon (one address, no torch.distributed world)")
 
     @property
     def adapter(self):
