@@ -159,23 +159,33 @@ static int read_config(struct native *n, const struct engine_adapter_config *cfg
 	return 0;
 }
 
-/* Which layer and module a tensor of the file is (and its matrix). */
+/* Which layer and module a tensor of the file is (and its matrix): the
+ * layer read from the name, then the name compared with that layer's
+ * canonical ones (no sign, no leading zeros: exactly lora_tensor_name's). */
 static int parse_name(const struct model_config *cfg, const char *name, int64_t *layer,
 		      int *mod, char *which)
 {
+	static const char prefix[] = "base_model.model.model.layers.";
+	const char *p;
 	char buf[96];
+	int64_t l = 0;
 
-	for (int64_t l = 0; l < cfg->num_layers; l++)
-		for (int m = 0; m < LORA_MODULES; m++)
-			for (int k = 0; k < 2; k++) {
-				lora_tensor_name(buf, sizeof(buf), l, m, "AB"[k]);
-				if (!strcmp(buf, name)) {
-					*layer = l;
-					*mod = m;
-					*which = "AB"[k];
-					return 0;
-				}
+	if (strncmp(name, prefix, sizeof(prefix) - 1))
+		return -1;
+	for (p = name + sizeof(prefix) - 1; *p >= '0' && *p <= '9' && l < cfg->num_layers; p++)
+		l = l * 10 + (*p - '0');
+	if (l >= cfg->num_layers)
+		return -1;
+	for (int m = 0; m < LORA_MODULES; m++)
+		for (int k = 0; k < 2; k++) {
+			lora_tensor_name(buf, sizeof(buf), l, m, "AB"[k]);
+			if (!strcmp(buf, name)) {
+				*layer = l;
+				*mod = m;
+				*which = "AB"[k];
+				return 0;
 			}
+		}
 	return -1;
 }
 
