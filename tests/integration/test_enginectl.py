@@ -28,7 +28,7 @@ COMMANDS = {
     "save": ["--step N", "--keep K"],
     "load": [],
     "pull-weights": ["--out FILE", "--dtype TYPE", "--names A,B,...", "--bucket-bytes N",
-                     "--adapter NAME"],
+                     "--adapter NAME", "--view VIEW"],
     "create-adapter": ["--rank N", "--alpha X", "--targets A,B,...", "--seed N",
                        "--peft-dir DIR", "--rslora", "--lr X"],
     "delete-adapter": [],
