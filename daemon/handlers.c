@@ -859,7 +859,11 @@ int h_validate_create_adapter(struct daemon *d, struct job *j, struct eng_error 
 			       &ap->pin_err);
 	if (ap->pin_rc == 0)
 		c->peft_dir = ap->peft.path;
-	return ap->pin_rc == -ENOMEM ? ap->pin_rc : 0;
+	if (ap->pin_rc == -ENOMEM) {
+		*err = ap->pin_err;    /* this host's trouble, not the request's */
+		return ap->pin_rc;
+	}
+	return 0;
 }
 
 static void put_targets(unsigned bits, char **ret, size_t *ret_n)
