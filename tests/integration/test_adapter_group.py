@@ -103,7 +103,12 @@ def test_group_adapter_equals_one_daemon(dist_daemons, reduce):
             d = np.concatenate([np.abs(w[k] - want[k]).ravel() for k in want])
             print("world %d reduce %s rank %d: max |adapter - one daemon| %.3g, %d of %d "
                   "above 1e-6" % (world, reduce, r, d.max(), int((d > 1e-6).sum()), d.size))
-            assert int((d > 1e-6).sum()) <= max(3, d.size // 10000), r
+            # The group tests' rule (test_engine_group.py), with room for
+            # LoRA: A's first gradients come through B ~ lr (B starts at
+            # 0), so more of them lie near AdamW's eps (seen: up to 8 of
+            # 77824 with 3 ranks on the AVX2 kernels, up to 5.1e-6); a
+            # wrong reduction would move most elements by ~lr.
+            assert int((d > 1e-6).sum()) <= d.size // 1000, r
             assert d.max() <= 0.1 * 3 * INIT["optimizer"]["lr"], r
             assert max_diff(weights(c.stream_weights()), base0) == 0.0, r
         # ZeRO-1 over the adapter's table: each rank steps its slice of it.
