@@ -111,6 +111,25 @@ enum matmul_precision {
 	                  const int32_t *cu_seqlens, int64_t B, int64_t T,                  \
 	                  int64_t H, int64_t KV, int64_t D, float scale))                   \
                                                                                             \
+	/* A paged key/value cache (engines/model/kv_cache.h): one layer's keys             \
+	 * and values, each [nblocks, block, KV, D]. kv_write: k[T,KV,D] and                \
+	 * v[T,KV,D] into slots[T] (slot = block index x block + offset;                    \
+	 * distinct slots). */                                                              \
+	X(kv_write, (struct device *dev, float *kcache, float *vcache,                      \
+	             const float *k, const float *v, const int32_t *slots,                  \
+	             int64_t T, int64_t KV, int64_t D))                                     \
+	/* Token t, at position pos[t] of a sequence whose blocks are listed at             \
+	 * tables + table_off[t] (position j in block tables[table_off[t] +                 \
+	 * j / block], at offset j % block; the caller's table covers 0 ..                  \
+	 * pos[t]), attends to positions 0 .. pos[t] (written first, its own                \
+	 * included): out[T,H,D] = softmax(scale q k^T) v, q[T,H,D], head h                 \
+	 * reading kv head h / (H/KV). */                                                   \
+	X(attention_paged, (struct device *dev, float *out, const float *q,                 \
+	                    const float *kcache, const float *vcache,                       \
+	                    const int32_t *tables, const int32_t *table_off,                \
+	                    const int32_t *pos, int64_t T, int64_t H, int64_t KV,           \
+	                    int64_t D, int64_t block, float scale))                         \
+                                                                                            \
 	/* out[T,F] = silu(gate) * up. */                                                   \
 	X(swiglu_fwd, (struct device *dev, float *out, const float *gate,                   \
 	               const float *up, int64_t n))                                         \

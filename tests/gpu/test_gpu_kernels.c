@@ -529,6 +529,96 @@ static void test_attentions(void)
 	test_attention_bf16(one, 1, 2, 1, 128);
 }
 
+/* ---- the paged key/value cache ---- */
+
+/* kv_write into blocks of 16 taken in reverse order, then attention_paged
+ * of every token over its cached positions, on both devices. The cache
+ * contents must be bit-identical (copies); the outputs within the fp32
+ * attention tolerance. */
+static void test_paged(const int32_t *lens, int nseq, int64_t H, int64_t KV, int64_t D)
+{
+	const int64_t B16 = 16;
+	int64_t T = 0, nblocks = 0, ntab = 0, t = 0;
+	float scale = 1.0f / sqrtf((float)D), *q, *k, *v, *a, *b;
+	int32_t *tables, *toff, *slots, *pos;
+	struct pair pq, pk, pv, pkc, pvc, po, ptab, ptoff, pslots, ppos;
+
+	for (int s = 0; s < nseq; s++) {
+		T += lens[s];
+		nblocks += (lens[s] + B16 - 1) / B16;
+	}
+	tables = gt_xmalloc((size_t)nblocks * 4);
+	toff = gt_xmalloc((size_t)T * 4);
+	slots = gt_xmalloc((size_t)T * 4);
+	pos = gt_xmalloc((size_t)T * 4);
+	for (int64_t i = 0; i < nblocks; i++)
+		tables[i] = (int32_t)(nblocks - 1 - i);
+	for (int s = 0; s < nseq; s++) {
+		for (int32_t j = 0; j < lens[s]; j++, t++) {
+			toff[t] = (int32_t)ntab;
+			pos[t] = j;
+			slots[t] = tables[ntab + j / B16] * (int32_t)B16 + j % B16;
+		}
+		ntab += (lens[s] + B16 - 1) / B16;
+	}
+	q = rnd(T * H * D, -2, 2);
+	k = rnd(T * KV * D, -2, 2);
+	v = rnd(T * KV * D, -1, 1);
+	pq = pair_up(q, T * H * D * 4);
+	pk = pair_up(k, T * KV * D * 4);
+	pv = pair_up(v, T * KV * D * 4);
+	pkc = pair_up(NULL, nblocks * B16 * KV * D * 4);
+	pvc = pair_up(NULL, nblocks * B16 * KV * D * 4);
+	po = pair_up(NULL, T * H * D * 4);
+	ptab = pair_up(tables, nblocks * 4);
+	ptoff = pair_up(toff, T * 4);
+	pslots = pair_up(slots, T * 4);
+	ppos = pair_up(pos, T * 4);
+	gt_check(cpu->k->kv_write(cpu, pkc.c, pvc.c, pk.c, pv.c, pslots.c, T, KV, D) == 0 &&
+		 cpu->k->attention_paged(cpu, po.c, pq.c, pkc.c, pvc.c, ptab.c, ptoff.c, ppos.c,
+					 T, H, KV, D, B16, scale) == 0, "cpu paged");
+	gt_check(gpu->k->kv_write(gpu, pkc.g, pvc.g, pk.g, pv.g, pslots.g, T, KV, D) == 0 &&
+		 gpu->k->attention_paged(gpu, po.g, pq.g, pkc.g, pvc.g, ptab.g, ptoff.g, ppos.g,
+					 T, H, KV, D, B16, scale) == 0 && gpu->ops->sync(gpu) == 0,
+		 "cuda paged rc");
+	pair_down(&pkc, &a, &b);
+	gt_check(memcmp(a, b, pkc.bytes) == 0, "kv_write: caches differ");
+	free(a);
+	free(b);
+	pair_down(&po, &a, &b);
+	gt_check(gt_rel_err(b, a, T * H * D, 0) < 5e-5, "attention_paged T=%lld H=%lld KV=%lld "
+		 "D=%lld err %.3g", (long long)T, (long long)H, (long long)KV, (long long)D,
+		 gt_rel_err(b, a, T * H * D, 0));
+	free(a);
+	free(b);
+	pair_free(&pq);
+	pair_free(&pk);
+	pair_free(&pv);
+	pair_free(&pkc);
+	pair_free(&pvc);
+	pair_free(&po);
+	pair_free(&ptab);
+	pair_free(&ptoff);
+	pair_free(&pslots);
+	pair_free(&ppos);
+	free(q);
+	free(k);
+	free(v);
+	free(tables);
+	free(toff);
+	free(slots);
+	free(pos);
+}
+
+static void test_pageds(void)
+{
+	static const int32_t mixed[] = { 1, 7, 16, 17, 130, 1100, 2, 33 };
+
+	test_paged(mixed, 8, 8, 2, 64);
+	test_paged(mixed, 8, 4, 4, 128);
+	test_paged(mixed, 8, 14, 2, 64);
+}
+
 /* ---- log-prob ---- */
 
 static void test_logprob(int64_t R, int64_t V, float inv_temp)
@@ -852,6 +942,7 @@ int main(void)
 	test_rope();
 	test_elementwise();
 	test_attentions();
+	test_pageds();
 	test_logprob(37, 151936, 1.0f);
 	test_logprob(200, 50, 1.0f / 0.7f);
 	test_logprob_chunks(37, 151936, 2048, 1.0f);

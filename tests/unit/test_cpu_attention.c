@@ -1,7 +1,9 @@
 /* test_cpu_attention.c — CPU causal GQA attention over packed sequences:
  * forward against a naive double-precision softmax attention, backward
  * against the naive analytic gradient and central finite differences,
- * sequence isolation, and run-to-run bit-identical backward.
+ * sequence isolation, and run-to-run bit-identical backward; the paged
+ * key/value cache's kernels (kv_write, attention_paged) against the same
+ * reference and attention_fwd.
  *
  * Tolerances (inputs uniform in [-1, 1], fp32 kernel vs double reference):
  *   out, lse:        |err| <= 2e-5 + 1e-4 |want|
@@ -458,6 +460,100 @@ START_TEST(attention_bwd_deterministic)
 }
 END_TEST
 
+/* The paged cache's kernels: every token's keys and values written into
+ * blocks of 16 positions taken in a scrambled order (kv_write), then each
+ * token attending over its sequence's cached positions (attention_paged),
+ * against the double reference (the forward's tolerance) and against
+ * attention_fwd itself (1e-6 of the output's scale: the same sums in
+ * another order). */
+static void check_paged(struct device *dev, const struct cfg *c)
+{
+	const int64_t BLK16 = 16, KV = c->KV, D = c->D, H = c->H;
+	struct prob p;
+	int64_t nblocks = 0, ntab = 0, t = 0;
+	int32_t *tables, *toff, *slots, *pos;
+	float *kc, *vc, *out, *full, *lse;
+	double *q, *k, *v, *want, e;
+
+	prob_init(dev, &p, c);
+	for (int b = 0; b < c->B; b++)
+		nblocks += (c->lens[b] + BLK16 - 1) / BLK16;
+	tables = malloc(sizeof(int32_t) * (nblocks + 1));
+	toff = malloc(sizeof(int32_t) * (p.T + 1));
+	slots = malloc(sizeof(int32_t) * (p.T + 1));
+	pos = malloc(sizeof(int32_t) * (p.T + 1));
+	ck_assert(tables && toff && slots && pos);
+	for (int64_t i = 0; i < nblocks; i++)   /* block i of the list is (7 i + 3) mod n */
+		tables[i] = (int32_t)((7 * i + 3) % nblocks);
+	if (nblocks % 7 == 0)
+		for (int64_t i = 0; i < nblocks; i++)
+			tables[i] = (int32_t)(nblocks - 1 - i);
+	for (int b = 0; b < c->B; b++) {
+		for (int j = 0; j < c->lens[b]; j++, t++) {
+			toff[t] = (int32_t)ntab;
+			pos[t] = j;
+			slots[t] = tables[ntab + j / BLK16] * (int32_t)BLK16 + j % BLK16;
+		}
+		ntab += (c->lens[b] + BLK16 - 1) / BLK16;
+	}
+	kc = tu_falloc(dev, (nblocks + 1) * BLK16 * KV * D);
+	vc = tu_falloc(dev, (nblocks + 1) * BLK16 * KV * D);
+	out = tu_falloc(dev, p.T * H * D);
+	full = tu_falloc(dev, p.T * H * D);
+	lse = tu_falloc(dev, H * p.T);
+	ck_assert_int_eq(dev->k->kv_write(dev, kc, vc, p.k, p.v, slots, p.T, KV, D), 0);
+	ck_assert_int_eq(dev->k->attention_paged(dev, out, p.q, kc, vc, tables, toff, pos, p.T,
+						 H, KV, D, BLK16, p.scale), 0);
+	ck_assert_int_eq(dev->k->attention_fwd(dev, full, lse, p.q, p.k, p.v, p.cu, c->B, p.T,
+					       H, KV, D, p.scale), 0);
+	q = to_double(p.q, p.T * H * D);
+	k = to_double(p.k, p.T * KV * D);
+	v = to_double(p.v, p.T * KV * D);
+	want = malloc(sizeof(double) * (p.T * H * D + 1));
+	ck_assert_ptr_nonnull(want);
+	ref_fwd(&p, q, k, v, NULL, want, NULL);
+	e = tu_err_f(out, want, p.T * H * D, 2e-5, 1e-4);
+	ck_assert_msg(e <= 1.0, "D=%ld paged out err %g", (long)D, e);
+	for (int64_t i = 0; i < p.T * H * D; i++)
+		want[i] = full[i];
+	e = tu_err_f(out, want, p.T * H * D, 1e-6, 0.0);
+	ck_assert_msg(e <= 1.0, "D=%ld paged vs attention_fwd err %g", (long)D, e);
+	free(q);
+	free(k);
+	free(v);
+	free(want);
+	free(tables);
+	free(toff);
+	free(slots);
+	free(pos);
+	dev->ops->free(dev, kc);
+	dev->ops->free(dev, vc);
+	dev->ops->free(dev, out);
+	dev->ops->free(dev, full);
+	dev->ops->free(dev, lse);
+	prob_free(dev, &p);
+}
+
+START_TEST(attention_paged_vs_full)
+{
+	struct device *dev = tu_open(2, MATMUL_FP32);
+	static const int lens_b[] = { 130, 67 };
+	static const int lens_c[] = { 65, 3, 16, 17 };
+	static const struct cfg more[] = {
+		{ 2, lens_b, 2, 1, 64 },
+		{ 4, lens_c, 4, 4, 48 },
+		{ 4, lens_c, 2, 2, 20 },
+		{ 4, lens_c, 2, 1, 128 },
+	};
+
+	tu_seed(12);
+	check_paged(dev, &cfg_main);
+	for (size_t i = 0; i < sizeof(more) / sizeof(more[0]); i++)
+		check_paged(dev, &more[i]);
+	tu_close(dev);
+}
+END_TEST
+
 START_TEST(attention_bad_arguments)
 {
 	struct device *dev = tu_open(2, MATMUL_FP32);
@@ -489,6 +585,7 @@ int main(void)
 	tcase_add_loop_test(tc, attention_finite_differences, 1, 3);
 	tcase_add_loop_test(tc, attention_sequence_isolation, 1, 3);
 	tcase_add_loop_test(tc, attention_bwd_deterministic, 1, 3);
+	tcase_add_test(tc, attention_paged_vs_full);
 	tcase_add_test(tc, attention_bad_arguments);
 	suite_add_tcase(s, tc);
 	tu_run(s, &failed);

@@ -117,18 +117,12 @@ static void fwd_item(struct attn_ctx *c, int64_t it)
 	for (i = 0; i < nq; i++) {
 		float *s = S + i * ldp;
 		const int64_t jmax = q0 + i + 1;      /* keys 0 .. q0 + i */
-		float mx = -INFINITY, sum = 0.0f;
+		float mx = -INFINITY, sum;
 
 #pragma omp simd reduction(max:mx)
 		for (j = 0; j < jmax; j++)
 			mx = s[j] > mx ? s[j] : mx;
-#pragma omp simd reduction(+:sum)
-		for (j = 0; j < jmax; j++) {
-			float e = cpu_expf(s[j] - mx);
-
-			s[j] = e;
-			sum += e;
-		}
+		sum = cpu_exp_shift_sum(s, jmax, mx);
 		for (j = jmax; j < kend; j++)
 			s[j] = 0.0f;
 		inv[i] = 1.0f / sum;

@@ -48,4 +48,21 @@ static inline float cpu_expf(float x)
 	return x != x ? x : y;
 }
 
+/* s[j] = exp(s[j] - mx) for j < n, in place; returns their sum (a softmax
+ * row's numerators and denominator, the one loop of the attention
+ * kernels). */
+static inline float cpu_exp_shift_sum(float *s, int64_t n, float mx)
+{
+	float sum = 0.0f;
+
+#pragma omp simd reduction(+:sum)
+	for (int64_t j = 0; j < n; j++) {
+		float e = cpu_expf(s[j] - mx);
+
+		s[j] = e;
+		sum += e;
+	}
+	return sum;
+}
+
 #endif
