@@ -469,7 +469,14 @@ static void attention_block_fwd(struct llama_model *m, const struct llama_batch 
 	}
 	rope(m, a->q, b->pos, T, H, false);
 	rope(m, a->k, b->pos, T, KV, false);
-	if (!m->rc)
+	if (b->kv && !m->rc)
+		m->rc = m->dev->k->kv_write(m->dev, b->kv->k[l], b->kv->v[l], a->k, a->v,
+					    b->kv->slots, T, KV, D);
+	if (b->kv && !m->rc)
+		m->rc = m->dev->k->attention_paged(m->dev, a->att, a->q, b->kv->k[l], b->kv->v[l],
+						   b->kv->tables, b->kv->table_off, b->pos, T, H,
+						   KV, D, b->kv->block, 1.0f / sqrtf((float)D));
+	else if (!m->rc)
 		m->rc = m->dev->k->attention_fwd(m->dev, a->att, a->lse, a->q, a->k, a->v,
 						 b->cu_seqlens, b->B, T, H, KV, D,
 						 1.0f / sqrtf((float)D));
@@ -537,8 +544,8 @@ int llama_forward(struct llama_model *m, const struct llama_batch *b,
 	struct layer_acts a;
 
 	m->rc = 0;
-	if (b->kv)
-		return -EINVAL;   /* no key/value cache yet */
+	if (b->kv && training)
+		return -EINVAL;   /* a cache is for decoding */
 	if (T > m->cap_tokens || (training && !m->cap_training))
 		return -EINVAL;   /* caller must llama_reserve first */
 	global_acts_at(m, T, training, &g);
@@ -574,7 +581,24 @@ int llama_forward(struct llama_model *m, const struct llama_batch *b,
 		bias_add(m, row_val, own ? m->lora->score_bias : m->w.score_bias, T, 1);
 		return m->rc;
 	}
-	lm_head_fwd(m, b, inv_temp, &g, row_logp, row_ent);
+	if (row_logp)
+		lm_head_fwd(m, b, inv_temp, &g, row_logp, row_ent);
+	return m->rc;
+}
+
+int llama_logits(struct llama_model *m, int64_t T, const int32_t *rows, int64_t R,
+		 float *logits)
+{
+	int64_t C = m->cfg.hidden_size;
+	struct global_acts g;
+
+	if (m->value_model || R < 0 || R > T || T > m->cap_tokens)
+		return -EINVAL;
+	m->rc = 0;
+	global_acts_at(m, T, false, &g);
+	/* The rows gathered into the (free after the forward) dln buffer. */
+	m->rc = m->dev->k->embedding_fwd(m->dev, g.dln, g.lnf, rows, R, C);
+	lin_fwd(m, logits, g.dln, m->w.lm_head, R, m->cfg.vocab_size, C, 0.0f);
 	return m->rc;
 }
 

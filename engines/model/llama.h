@@ -22,11 +22,18 @@
 #include "lora.h"
 #include "params.h"
 
-/* A key/value cache for decoding (docs/HACKING.md, where decoding plugs
- * in): a forward over a batch whose sequences continue cached ones reads
- * the earlier positions' keys and values from it and appends this batch's.
- * Not built yet: llama_forward refuses a batch that names one. */
-struct llama_kv;
+/* A paged key/value cache for decoding (engines/model/kv_cache.h owns its
+ * memory): a forward over a batch that names one writes each token's keys
+ * and values into the token's slot and attends over its sequence's cached
+ * positions 0 .. pos (written first, its own included), so a sequence may
+ * be fed a chunk at a time or a token at a time. All arrays device. */
+struct llama_kv {
+	int64_t block;             /* positions per block */
+	float *const *k, *const *v;/* [L]: a layer's [nblocks, block, KV, D] */
+	const int32_t *tables;     /* the sequences' block lists, end to end */
+	const int32_t *table_off;  /* [T]: where token t's sequence's list starts */
+	const int32_t *slots;      /* [T]: block x block size + offset of pos */
+};
 
 /* One micro-batch, all arrays in device memory. */
 struct llama_batch {
@@ -141,12 +148,20 @@ int llama_reserve(struct llama_model *m, int64_t T, bool training,
 		  struct eng_error *err);
 
 /* Forward. row_logp/row_ent [T] (language model) or row_val [T] (value
- * model), device memory, overwritten. A batch with a cache (kv) is refused:
- * -EINVAL. With training=true the activations are
- * kept for llama_backward of the same batch. */
+ * model), device memory, overwritten. With training=true the activations are
+ * kept for llama_backward of the same batch. A batch with a cache (kv) is
+ * forward-only (training: -EINVAL), its cu_seqlens unused; its row_logp
+ * and row_ent may be NULL (no LM head: llama_logits then reads the final
+ * norm's rows). */
 int llama_forward(struct llama_model *m, const struct llama_batch *b,
 		  float inv_temp, bool training, float *row_logp, float *row_ent,
 		  float *row_val);
+/* After a forward-only llama_forward of T tokens: logits[R, V] (device) =
+ * the LM head at rows[R] (device) of its final norm, raw (no
+ * temperature). A value model: -EINVAL. */
+int llama_logits(struct llama_model *m, int64_t T, const int32_t *rows, int64_t R,
+		 float *logits);
+
 /* Backward from row-aligned upstream gradients (device [T]: drow_logp and
  * drow_ent for language models, drow_val for value models);
  * accumulates into m->g. */
