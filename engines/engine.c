@@ -253,6 +253,117 @@ int engine_forward_backward_checked(struct engine *e, const struct engine_batch 
 	return call_end(e, &c, rc, err);
 }
 
+/* --- generation ---------------------------------------------------------- */
+
+struct engine_sampler {
+	struct engine *e;
+	struct call_ctx c;
+	void *impl;
+};
+
+int engine_sampler_open(struct engine *e, struct engine_sampler **ret, struct eng_error *err)
+{
+	struct engine_sampler *s;
+	int rc;
+
+	if (!e->ops->sampler_open || engine_is_value_model(e))
+		return eng_fail(err, -EALREADY, "Sample: a %s has no language model head to sample",
+				e->ops->model_type);
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return eng_fail(err, -ENOMEM, "Sample: out of host memory");
+	s->e = e;
+	rc = call_begin(e, ENGINE_MODE_EVAL, &s->c, err);
+	if (!rc)
+		rc = e->ops->sampler_open(e, &s->impl, err);
+	if (rc) {
+		(void)call_end(e, &s->c, rc, err);
+		free(s);
+		return rc;
+	}
+	*ret = s;
+	return 0;
+}
+
+int engine_sampler_add(struct engine_sampler *s, const struct engine_sample_params *p,
+		       struct eng_error *err)
+{
+	int rc = engine_sample_params_check(p, err);
+
+	if (!rc && !p->done)
+		rc = eng_fail(err, -EINVAL, "sample: no done callback");
+	return rc ? rc : s->e->ops->sampler_add(s->impl, p, err);
+}
+
+int engine_sampler_step(struct engine_sampler *s, struct eng_error *err)
+{
+	return s->e->ops->sampler_step(s->impl, err);
+}
+
+int64_t engine_sampler_calls(const struct engine_sampler *s)
+{
+	return s->e->ops->sampler_calls(s->impl);
+}
+
+void engine_sampler_close(struct engine_sampler *s)
+{
+	struct eng_error err;
+
+	if (!s)
+		return;
+	s->e->ops->sampler_close(s->impl);
+	eng_error_clear(&err);
+	(void)call_end(s->e, &s->c, 0, &err);
+	free(s);
+}
+
+/* engine_sample's done: the call's end code and message. */
+struct sample_end {
+	int rc;
+	bool ended;
+	struct eng_error *err;
+	int (*emit)(void *ctx, const struct engine_completion *c, struct eng_error *err);
+	void *ctx;
+};
+
+static int sample_emit(void *ctx, const struct engine_completion *c, struct eng_error *err)
+{
+	struct sample_end *end = ctx;
+
+	return end->emit(end->ctx, c, err);
+}
+
+static void sample_done(void *ctx, int rc, const struct eng_error *err)
+{
+	struct sample_end *end = ctx;
+
+	end->ended = true;
+	end->rc = rc;
+	if (rc && err)
+		*end->err = *err;
+}
+
+int engine_sample(struct engine *e, const struct engine_sample_params *p,
+		  struct eng_error *err)
+{
+	struct sample_end end = { .err = err, .emit = p->emit, .ctx = p->emit_ctx };
+	struct engine_sample_params q = *p;
+	struct engine_sampler *s;
+	int rc;
+
+	q.emit = sample_emit;
+	q.done = sample_done;
+	q.emit_ctx = &end;
+	rc = engine_sampler_open(e, &s, err);
+	if (rc)
+		return rc;
+	rc = engine_sampler_add(s, &q, err);
+	while (!rc && !end.ended)
+		rc = engine_sampler_step(s, err);
+	engine_sampler_close(s);
+	return rc ? rc : end.rc;
+}
+
 int engine_optimizer_step(struct engine *e, struct engine_step_result *ret,
 			  struct eng_error *err)
 {

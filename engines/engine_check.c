@@ -109,6 +109,10 @@ int engine_init_config_check(const struct engine_init_config *cfg, struct eng_er
 		return eng_fail(err, -EINVAL, "lm_cache_floats: %lld, must be -1 (never) or in "
 				"[0, %lld]", (long long)cfg->lm_cache_floats,
 				(long long)ENGINE_MAX_LM_CACHE_FLOATS);
+	if (cfg->kv_cache_bytes < 0 || cfg->kv_cache_bytes > ENGINE_MAX_KV_CACHE_BYTES)
+		return eng_fail(err, -EINVAL, "kv_cache_bytes: %lld, must be in [0, %lld] (0: %lld)",
+				(long long)cfg->kv_cache_bytes, (long long)ENGINE_MAX_KV_CACHE_BYTES,
+				(long long)ENGINE_KV_CACHE_DEFAULT);
 	rc = dist_world_size_check("dist.world_size", cfg->dist.world_size, 0, err);
 	if (rc)
 		return rc;
@@ -140,30 +144,87 @@ int engine_init_config_check(const struct engine_init_config *cfg, struct eng_er
 	return 0;
 }
 
-int engine_batch_check(const struct engine_batch *b, struct eng_error *err)
+/* Packed sequences (input_ids, seq_lens) and a micro-batch budget: the
+ * rules ForwardBackward and Sample share. */
+static int packed_check(const int32_t *ids, int64_t n, const int32_t *seq_lens,
+			int32_t num, int64_t budget, struct eng_error *err)
 {
 	int rc;
 
-	if (b->n < 1 || !b->input_ids)
+	if (n < 1 || !ids)
 		return eng_fail(err, -EINVAL, "input_ids: required (INT32 [N], N >= 1)");
-	if (b->n > ENGINE_MAX_TOKENS)
+	if (n > ENGINE_MAX_TOKENS)
 		return eng_fail(err, -EINVAL, "input_ids: %lld tokens, at most %lld in one call",
-				(long long)b->n, (long long)ENGINE_MAX_TOKENS);
-	if (b->num_seqs < 1 || !b->seq_lens)
-		return eng_fail(err, -EINVAL, "seq_lens: required (sum = %lld)", (long long)b->n);
-	rc = loss_seq_lens_check(b->seq_lens, b->num_seqs, b->n, err);
+				(long long)n, (long long)ENGINE_MAX_TOKENS);
+	if (num < 1 || !seq_lens)
+		return eng_fail(err, -EINVAL, "seq_lens: required (sum = %lld)", (long long)n);
+	rc = loss_seq_lens_check(seq_lens, num, n, err);
+	if (rc)
+		return rc;
+	if (budget < 0 || budget > ENGINE_MAX_TOKENS)
+		return eng_fail(err, -EINVAL,
+				"max_tokens_per_micro_batch: %lld, must be in [0, %lld] (0: the engine's default)",
+				(long long)budget, (long long)ENGINE_MAX_TOKENS);
+	return 0;
+}
+
+int engine_batch_check(const struct engine_batch *b, struct eng_error *err)
+{
+	int rc = packed_check(b->input_ids, b->n, b->seq_lens, b->num_seqs,
+			      b->max_tokens_per_micro_batch, err);
+
 	if (rc)
 		return rc;
 	if (!isfinite(b->temperature) || b->temperature < 0.0f)
 		return eng_fail(err, -EINVAL, "temperature: must be finite and > 0 (0 = 1)");
-	if (b->max_tokens_per_micro_batch < 0 || b->max_tokens_per_micro_batch > ENGINE_MAX_TOKENS)
-		return eng_fail(err, -EINVAL,
-				"max_tokens_per_micro_batch: %lld, must be in [0, %lld] (0: the engine's default)",
-				(long long)b->max_tokens_per_micro_batch, (long long)ENGINE_MAX_TOKENS);
 	if (!b->forward_only && !b->loss_fn)
 		return eng_fail(err, -EINVAL, "loss.name: a loss is required unless forward_only");
 	if (b->forward_only && b->reduce_gradients)
 		return eng_fail(err, -EINVAL, "reduce_gradients: a forward_only call has no "
 				"gradients to reduce");
+	return 0;
+}
+
+int engine_sample_params_check(const struct engine_sample_params *p, struct eng_error *err)
+{
+	int rc = packed_check(p->input_ids, p->n, p->seq_lens, p->num_prompts,
+			      p->max_tokens_per_micro_batch, err);
+
+	if (rc)
+		return rc;
+	if (p->num_samples < 1 || p->num_samples > ENGINE_SAMPLE_MAX_SAMPLES)
+		return eng_fail(err, -EINVAL, "num_samples: %d, must be in [1, %d] (0 = 1)",
+				p->num_samples, ENGINE_SAMPLE_MAX_SAMPLES);
+	if (p->max_tokens < 1 || p->max_tokens > ENGINE_SAMPLE_MAX_NEW_TOKENS)
+		return eng_fail(err, -EINVAL, "max_tokens: %d, must be in [1, %d]", p->max_tokens,
+				ENGINE_SAMPLE_MAX_NEW_TOKENS);
+	if (!isfinite(p->temperature) || p->temperature < 0.0f)
+		return eng_fail(err, -EINVAL, "temperature: must be finite and >= 0 (0: greedy)");
+	if (p->temperature > 0.0f && !isfinite(1.0f / p->temperature))
+		return eng_fail(err, -EINVAL, "temperature: %g is too small (1/t overflows)",
+				p->temperature);
+	if (p->top_k < 0)
+		return eng_fail(err, -EINVAL, "top_k: %d, must be >= 0 (0: off)", p->top_k);
+	if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+		return eng_fail(err, -EINVAL, "top_p: %g, must be in (0, 1] (unset: 1)", p->top_p);
+	if (p->top_logprobs < 0 || p->top_logprobs > ENGINE_SAMPLE_MAX_TOP_LOGPROBS)
+		return eng_fail(err, -EINVAL, "top_logprobs: %d, must be in [0, %d]",
+				p->top_logprobs, ENGINE_SAMPLE_MAX_TOP_LOGPROBS);
+	if (p->num_stop_ids < 0 || p->num_stop_ids > ENGINE_SAMPLE_MAX_STOPS)
+		return eng_fail(err, -EINVAL, "stop_token_ids: %d, at most %d", p->num_stop_ids,
+				ENGINE_SAMPLE_MAX_STOPS);
+	if (p->num_stop_seqs < 0 || p->num_stop_seqs > ENGINE_SAMPLE_MAX_STOPS)
+		return eng_fail(err, -EINVAL, "stop_sequences: %d, at most %d", p->num_stop_seqs,
+				ENGINE_SAMPLE_MAX_STOPS);
+	for (int32_t i = 0; i < p->num_stop_seqs; i++) {
+		int32_t len = p->stop_seq_off[i + 1] - p->stop_seq_off[i];
+
+		if (len < 1 || len > ENGINE_SAMPLE_MAX_STOP_LEN)
+			return eng_fail(err, -EINVAL,
+					"stop_sequences[%d]: %d tokens, must be 1 to %d", i, len,
+					ENGINE_SAMPLE_MAX_STOP_LEN);
+	}
+	if (!p->emit)
+		return eng_fail(err, -EINVAL, "sample: no emit callback");
 	return 0;
 }

@@ -106,6 +106,9 @@ struct engine_init_config {
 	 * memory budget, counted with the activations. 0 = 256M (1 GiB);
 	 * -1 = never keep them. */
 	int64_t lm_cache_floats;
+	/* Bytes the paged key/value cache of engine_sample may hold at most;
+	 * 0 = ENGINE_KV_CACHE_DEFAULT. */
+	int64_t kv_cache_bytes;
 	/* Polled between tensors while the model is built (random init or
 	 * loading): true stops engine_create with -ECANCELED, nothing kept.
 	 * The daemon passes "the client went away or its deadline passed".
@@ -133,6 +136,8 @@ void engine_init_config_defaults(struct engine_init_config *cfg);
 #define ENGINE_MAX_TOKENS (INT64_C(1) << 30)
 #define ENGINE_MAX_LM_TILE_FLOATS (INT64_C(1) << 32)
 #define ENGINE_MAX_LM_CACHE_FLOATS (INT64_C(1) << 36)
+#define ENGINE_KV_CACHE_DEFAULT (INT64_C(1) << 30)
+#define ENGINE_MAX_KV_CACHE_BYTES (INT64_C(1) << 40)
 
 /* The one validation of an init config: model_type, exactly one model
  * source, optimizer and schedule ranges, micro-batch budget, LM tile and
@@ -344,6 +349,7 @@ enum engine_adapter_view {
 };
 struct engine;  /* opaque */
 struct engine_adapter_config;  /* LoRA adapters, below */
+struct engine_sample_params;   /* generation, below */
 
 struct engine_ops {
 	const char *model_type, *backend, *device;
@@ -394,6 +400,14 @@ struct engine_ops {
 	int (*adapter_info)(struct engine *e, struct engine_adapter_config *ret);
 	int (*adapter_view)(struct engine *e, enum engine_adapter_view view,
 			    struct eng_error *err);
+	/* Optional (NULL: -EALREADY): the engine_sampler_* calls, on the
+	 * implementation's batch object. */
+	int (*sampler_open)(struct engine *e, void **ret, struct eng_error *err);
+	int (*sampler_add)(void *impl, const struct engine_sample_params *p,
+			   struct eng_error *err);
+	int (*sampler_step)(void *impl, struct eng_error *err);
+	int64_t (*sampler_calls)(void *impl);
+	void (*sampler_close)(void *impl);
 	/* Optional (NULL: the engine is never in a group): engine_group_agree. */
 	int (*group_agree)(struct engine *e, int rc, const char *what, struct eng_error *err);
 };
@@ -453,6 +467,106 @@ struct engine_fb_loss {
 int engine_fb_call_run(struct engine *e, struct engine_fb_call *c,
 		       struct engine_fb_result *res, struct engine_fb_loss *ret_loss,
 		       struct eng_error *err);
+
+/* --- generation (engine_sample.c; docs/SAMPLING.md) -------------------- */
+
+/* Bounds of a Sample's sizes from clients. */
+#define ENGINE_SAMPLE_MAX_SAMPLES 1024        /* completions per prompt */
+#define ENGINE_SAMPLE_MAX_NEW_TOKENS (1 << 20)
+#define ENGINE_SAMPLE_MAX_TOP_LOGPROBS 20
+#define ENGINE_SAMPLE_MAX_STOPS 64            /* stop ids; stop sequences */
+#define ENGINE_SAMPLE_MAX_STOP_LEN 64         /* tokens of a stop sequence */
+
+enum engine_finish {
+	ENGINE_FINISH_STOP = 1,      /* a stop token or sequence */
+	ENGINE_FINISH_LENGTH = 2,    /* max_tokens */
+};
+
+/* One finished completion, borrowed for the emit callback. */
+struct engine_completion {
+	int32_t prompt_index, sample_index;
+	int32_t num_tokens;
+	const int32_t *tokens;       /* [num_tokens] */
+	const float *logprobs;       /* [num_tokens] */
+	/* [num_tokens * top_logprobs] each, NULL when top_logprobs is 0 */
+	const int32_t *top_ids;
+	const float *top_logprobs;
+	/* [prompt length] on sample 0 when asked, else NULL */
+	const float *prompt_logprobs;
+	int32_t prompt_len;
+	enum engine_finish finish;
+	int64_t weights_version;     /* the optimizer steps behind the weights */
+};
+
+/* What SampleRequest says (its fields' meanings, docs/SAMPLING.md). */
+struct engine_sample_params {
+	const int32_t *input_ids;    /* [n] packed prompts */
+	int64_t n;
+	const int32_t *seq_lens;     /* [num_prompts], each >= 1, sum n */
+	int32_t num_prompts;
+	int32_t num_samples;         /* >= 1 */
+	int32_t max_tokens;          /* >= 1 */
+	float temperature;           /* 0: greedy; else > 0 */
+	int32_t top_k;               /* 0: off */
+	float top_p;                 /* (0, 1]; 1: off */
+	uint64_t seed;
+	const int32_t *stop_ids;     /* [num_stop_ids] */
+	int32_t num_stop_ids;
+	/* Stop sequence i: stop_seq_tokens[stop_seq_off[i] .. stop_seq_off[i+1]) */
+	const int32_t *stop_seq_tokens;
+	const int32_t *stop_seq_off; /* [num_stop_seqs + 1] */
+	int32_t num_stop_seqs;
+	int32_t top_logprobs;        /* 0 .. ENGINE_SAMPLE_MAX_TOP_LOGPROBS */
+	bool prompt_logprobs;
+	int64_t max_tokens_per_micro_batch;  /* prefill chunk; 0: engine default */
+	/* Each completion as it finishes; a nonzero return ends the call with
+	 * that code (err set by the callback). */
+	int (*emit)(void *ctx, const struct engine_completion *c, struct eng_error *err);
+	/* Called once when the call ends, from engine_sampler_step or _close:
+	 * rc 0 once its last completion is out, else why it ended (err). The
+	 * params may be freed from then on. */
+	void (*done)(void *ctx, int rc, const struct eng_error *err);
+	void *emit_ctx;              /* emit's and done's */
+	/* Polled before each step: true ends the call (-ECANCELED) and frees
+	 * its cache at once. NULL: never. */
+	bool (*cancelled)(void *ctx);
+	void *cancel_ctx;
+};
+
+/* The rules on params alone (ranges, sizes, stop lists), checked
+ * arithmetic: -EINVAL naming the field as SampleRequest does. */
+int engine_sample_params_check(const struct engine_sample_params *p, struct eng_error *err);
+
+/* A running batch of Sample calls over one engine (or adapter), which
+ * share every decode step (continuous batching): calls join at any step,
+ * and each completion of each call is emitted as it finishes. The weights
+ * must not change while it is open (the daemon runs nothing else on the
+ * engine meanwhile). Open: the paged key/value cache of kv_cache_bytes is
+ * made, the mode entered for the batch (EVAL when IDLE). A language model
+ * only (a value model: -EALREADY); -E2BIG when the cache holds no block;
+ * -EALREADY when the model is not on the device; -ENOMEM. */
+struct engine_sampler;
+int engine_sampler_open(struct engine *e, struct engine_sampler **ret, struct eng_error *err);
+/* Join a call: engine_sample_params_check's rules, token ids inside the
+ * vocabulary (-EINVAL), a prompt that alone could never fit the cache
+ * (-E2BIG naming kv_cache_bytes), -ENOMEM; on failure nothing joined and
+ * done is not called. Its prompts are admitted in order of arrival, after
+ * those of the calls before it, as the cache has room. */
+int engine_sampler_add(struct engine_sampler *s, const struct engine_sample_params *p,
+		       struct eng_error *err);
+/* One step: cancelled calls ended, prompts admitted and prefilled, every
+ * running completion advanced by one token. A failure of the engine's own
+ * (memory, the device) ends every call (done with it) and is returned. */
+int engine_sampler_step(struct engine_sampler *s, struct eng_error *err);
+/* Calls in the batch that have not ended. */
+int64_t engine_sampler_calls(const struct engine_sampler *s);
+/* End what remains (done with -ECANCELED), free the cache, leave the mode
+ * entered at open. Accepts NULL. */
+void engine_sampler_close(struct engine_sampler *s);
+
+/* One call alone: open, add, step until it ends, close; its end code. */
+int engine_sample(struct engine *e, const struct engine_sample_params *p,
+		  struct eng_error *err);
 
 /* --- LoRA adapters over a frozen base (engine_adapter.c; docs/LORA.md) --- */
 

@@ -25,7 +25,7 @@
 	X(EINVAL, INVALID_ARGUMENT, "a request field is malformed or out of range (the message names it)") \
 	X(ENOENT, NOT_FOUND, "a file, checkpoint, directory, tensor or LoRA adapter that does not exist") \
 	X(ENOMEM, RESOURCE_EXHAUSTED, "memory for the call could not be reserved; the engine stays usable") \
-	X(E2BIG, RESOURCE_EXHAUSTED, "over a configured limit (request size, concurrent calls, reply size, LoRA adapters' number or bytes)") \
+	X(E2BIG, RESOURCE_EXHAUSTED, "over a configured limit (request size, concurrent calls, reply size, LoRA adapters' number or bytes, a Sample's key/value cache)") \
 	X(ENOSPC, RESOURCE_EXHAUSTED, "no space left on the file system (or over a disk quota), or a device resource ran out (e.g. shared memory for a kernel); the message names the path") \
 	X(EMFILE, RESOURCE_EXHAUSTED, "out of file descriptors (the daemon's or the system's limit)") \
 	X(EEXIST, ALREADY_EXISTS, "a request id that was already applied, its reply no longer kept; an adapter name already in use") \

@@ -206,6 +206,11 @@ int native_adapter_info(struct engine *e, struct engine_adapter_config *ret)
 		.destroy = adapter_destroy,                             \
 		.adapter_info = native_adapter_info,                    \
 		.adapter_view = native_adapter_set_view,                \
+		.sampler_open = native_sampler_open,                    \
+		.sampler_add = native_sampler_add,                      \
+		.sampler_step = native_sampler_step,                    \
+		.sampler_calls = native_sampler_calls,                  \
+		.sampler_close = native_sampler_close,                  \
 	}
 
 static const struct engine_ops adapter_lm_ops = ADAPTER_OPS("language_model");
@@ -273,6 +278,7 @@ int native_adapter_create(struct engine *base, const struct engine_adapter_confi
 	n->seed = cfg->seed;
 	rng_seed(&n->rng, cfg->seed);
 	n->default_budget = b->default_budget;
+	n->kv_cache_bytes = b->kv_cache_bytes;
 	n->io_threads = b->io_threads;
 	a->layer_targets = calloc(n->cfg.num_layers, sizeof(*a->layer_targets));
 	a->layers = calloc(n->cfg.num_layers, sizeof(*a->layers));

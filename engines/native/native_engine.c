@@ -157,6 +157,11 @@ static int native_group_agree(struct engine *e, int rc, const char *what,
 		.adapter_create = native_adapter_create,        \
 		.adapter_info = native_adapter_info,            \
 		.group_agree = native_group_agree,              \
+		.sampler_open = native_sampler_open,            \
+		.sampler_add = native_sampler_add,              \
+		.sampler_step = native_sampler_step,            \
+		.sampler_calls = native_sampler_calls,          \
+		.sampler_close = native_sampler_close,          \
 	}
 
 const struct engine_ops native_lm_cpu_ops = NATIVE_OPS("language_model", "cpu");

@@ -69,6 +69,7 @@ struct native {
 	uint64_t seed;
 	struct rng rng;
 	int64_t default_budget;
+	int64_t kv_cache_bytes;        /* engine_sample's cache at most */
 	int io_threads;                /* safetensors reads (the CPU budget) */
 	struct engine_placement place;
 	int model_fd;                  /* model_path while initializing, else -1 */
@@ -136,6 +137,12 @@ int native_forward_backward(struct engine *e, const struct engine_batch *b,
 int native_optimizer_step(struct engine *e, const struct engine_step_params *p,
 			  struct engine_step_result *ret, struct eng_error *err); /* native_step.c */
 int native_lr_scheduler_step(struct engine *e, double *ret_lr, struct eng_error *err);
+/* native_sample.c: the engine_sampler_* calls (engine.h). */
+int native_sampler_open(struct engine *e, void **ret, struct eng_error *err);
+int native_sampler_add(void *impl, const struct engine_sample_params *p, struct eng_error *err);
+int native_sampler_step(void *impl, struct eng_error *err);
+int64_t native_sampler_calls(void *impl);
+void native_sampler_close(void *impl);
 /* native_params.c */
 int64_t native_num_params(struct engine *e);
 int native_param_info(struct engine *e, int64_t i, struct engine_param_view *ret);
