@@ -70,6 +70,7 @@ struct daemon {
 	int64_t num_tensors;
 	struct adapters adapters;     /* LoRA adapters over engine */
 	struct adapter_status *adapter_work;  /* [cfg.max_adapters]: the next snapshot */
+	struct sample_batch *samples; /* the running Sample calls (sample_batch.h), or NULL */
 
 	pthread_mutex_t lock;
 	pthread_cond_t cond;

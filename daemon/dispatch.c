@@ -26,93 +26,30 @@
 
 #include "clock.h"
 #include "handlers.h"
+#include "job_run.h"
 #include "log.h"
 #include "methods.h"
 #include "reflection.h"
 #include "replay.h"
+#include "sample_batch.h"
 #include "test_hold.h"
 #include "tls.h"
 #include "wire_check.h"
 
-/* The state gate, checked when the job is about to run: an engine that
- * works. Which calls each mode allows is the engine's rule (engine.c). */
-static int gate(struct daemon *d, const struct method *m, struct eng_error *err)
-{
-	const char *failed;
-
-	if (!m->needs_init)
-		return 0;
-	pthread_mutex_lock(&d->lock);
-	failed = d->engine_failed;
-	pthread_mutex_unlock(&d->lock);
-	if (failed)
-		return eng_fail(err, -EIO,
-				"engine: the device failed (%s); engined is exiting to be restarted",
-				failed);
-	if (!d->engine)
-		return eng_fail(err, -EALREADY,
-				"engine: not initialized (call Initialize first)");
-	return 0;
-}
-
-/* Run one job; the status snapshot is refreshed before the reply goes out,
- * so that a GetStatus sent after the reply sees the job's effects. */
+/* Run one job. */
 static void run_job(struct daemon *d, struct job *j)
 {
 	struct eng_error err;
-	double t0 = eng_now_s(), dt;
-	bool newly_failed;
+	double t0 = eng_now_s();
 	int r;
 
 	eng_error_clear(&err);
-	if (rpc_call_cancelled(j->call)) {
-		r = eng_fail(&err, -ECANCELED, "call cancelled before it ran");
-	} else if (rpc_call_expired(j->call)) {
-		r = eng_fail(&err, -ETIMEDOUT,
-			     "deadline passed after %.3f s in the queue; the job did not run",
-			     rpc_call_elapsed(j->call));
-	} else {
-		r = gate(d, j->m, &err);
-		if (r == 0) {
-			test_hold_wait(j->m->name);
-			j->ran = true;
-			r = j->m->run(d, j, &err);
-		}
-	}
-	dt = eng_now_s() - t0;
-	if (r == 0) {
-		if (j->m_tokens > 0)
-			metrics_forward_backward(&d->metrics, j->m_tokens, dt);
-		if (j->m_step)
-			metrics_optimizer_step(&d->metrics, dt, j->m_grad_norm);
-		if (j->m_saved)
-			metrics_checkpoint_saved(&d->metrics);
-	}
-	daemon_update_snapshot(d);
-	pthread_mutex_lock(&d->lock);
-	d->busy = false;
-	d->current_job = NULL;
-	newly_failed = d->snap.failed && !d->engine_failed;
-	if (newly_failed)
-		d->engine_failed = d->snap.failed;
-	pthread_mutex_unlock(&d->lock);
-	if (newly_failed) {
-		/* The reply names the failure; then the process goes down for a
-		 * restart (SIGTERM takes the normal drain path, exit code 1). */
-		eng_error_clear(&err);
-		r = eng_fail(&err, -EIO,
-			     "engine: the device failed (%s); engined is exiting to be restarted",
-			     d->snap.failed);
-		log_msg(LOG_LVL_ERROR, "device failed: %s; exiting for a restart",
-			d->snap.failed);
-	}
-	job_finish(j, r, &err);
-	if (newly_failed)
-		kill(getpid(), SIGTERM);
-	pthread_mutex_lock(&d->lock);
-	d->in_flight--;
-	pthread_mutex_unlock(&d->lock);
+	r = job_run_admit(d, j, &err);
+	if (r == 0)
+		r = j->m->run(d, j, &err);
+	job_run_done(d, j, r, &err, eng_now_s() - t0, true);
 }
+
 
 /* Engine thread, stopping: the checkpoint of shutdown.save_on_stop. */
 static void save_on_stop(struct daemon *d)
@@ -154,6 +91,17 @@ static void save_on_stop(struct daemon *d)
 		(long long)st.step, d->cfg.save_on_stop, bytes, eng_now_s() - t0);
 }
 
+static struct job *pop_locked(struct daemon *d)
+{
+	struct job *j = d->head;
+
+	d->head = j->next;
+	if (!d->head)
+		d->tail = NULL;
+	d->queued--;
+	return j;
+}
+
 void *dispatch_engine_thread(void *arg)
 {
 	struct daemon *d = arg;
@@ -162,21 +110,33 @@ void *dispatch_engine_thread(void *arg)
 
 	for (;;) {
 		pthread_mutex_lock(&d->lock);
-		while (!d->head && !d->stopping)
+		while (!d->head && !d->stopping && !d->samples)
 			pthread_cond_wait(&d->cond, &d->lock);
+		if (d->samples) {
+			/* A batch of Sample calls runs: the next job joins it when it
+			 * is a Sample of the same model, else it waits for the batch
+			 * to drain (first come, first served). */
+			j = d->head && !d->stopping && sample_joins(d, d->head) ? pop_locked(d) : NULL;
+			pthread_mutex_unlock(&d->lock);
+			if (j)
+				sample_job(d, j);
+			if (d->samples)
+				sample_step(d);
+			continue;
+		}
 		if (d->stopping) {
 			pthread_mutex_unlock(&d->lock);
 			break;
 		}
-		j = d->head;
-		d->head = j->next;
-		if (!d->head)
-			d->tail = NULL;
-		d->queued--;
+		j = pop_locked(d);
 		daemon_job_started_locked(d, method_label(j->m));
 		pthread_mutex_unlock(&d->lock);
 
 		streaming = j->m->server_streaming;
+		if (sample_batched(j)) {
+			sample_job(d, j);    /* starts a batch */
+			continue;
+		}
 		run_job(d, j);
 		/* gRPC may still be writing zero-copy slices of the parameters
 		 * after the last send completed: nothing may change them before

@@ -39,11 +39,8 @@ const Engined__V1__Tensor *fb_request_tensor(const Engined__V1__ForwardBackwardR
 	return *(const Engined__V1__Tensor *const *)((const char *)q + f->offset);
 }
 
-/* An INT32 token tensor, 1-D, aligned: input_ids (its length is n; absent
- * or empty: n = 0, which the batch check names) or target_ids (length
- * want, or absent). */
-static int decode_ids(const Engined__V1__Tensor *t, const char *field, int64_t want,
-		      const int32_t **ret, int64_t *ret_n, struct eng_error *err)
+int fb_decode_ids(const Engined__V1__Tensor *t, const char *field, int64_t want,
+		  const int32_t **ret, int64_t *ret_n, struct eng_error *err)
 {
 	int64_t n;
 
@@ -135,9 +132,9 @@ int fb_request_decode(struct fb_prep *p, const Engined__V1__ForwardBackwardReque
 	int64_t tn;
 	int r;
 
-	r = decode_ids(q->input_ids, "input_ids", -1, &b->input_ids, &b->n, err);
+	r = fb_decode_ids(q->input_ids, "input_ids", -1, &b->input_ids, &b->n, err);
 	if (r == 0)
-		r = decode_ids(q->target_ids, "target_ids", b->n, &b->target_ids, &tn, err);
+		r = fb_decode_ids(q->target_ids, "target_ids", b->n, &b->target_ids, &tn, err);
 	if (r < 0)
 		return r;
 	if (q->n_seq_lens > INT32_MAX)

@@ -40,6 +40,13 @@ void fb_prep_free(void *p);
 int fb_request_decode(struct fb_prep *p, const Engined__V1__ForwardBackwardRequest *q,
 		      bool value_model, struct eng_error *err);
 
+/* An INT32 token tensor, 1-D, aligned (ForwardBackward's input_ids and
+ * target_ids, Sample's input_ids): its length in *ret_n (absent or empty:
+ * 0, which the batch check names), want (>= 0) when given. -EINVAL naming
+ * field. */
+int fb_decode_ids(const Engined__V1__Tensor *t, const char *field, int64_t want,
+		  const int32_t **ret, int64_t *ret_n, struct eng_error *err);
+
 /* The tensor field of q named `name` (an engine_fb_input_name), NULL when
  * unset; *ret_found false when the message has no such field. */
 const Engined__V1__Tensor *fb_request_tensor(const Engined__V1__ForwardBackwardRequest *q,

@@ -211,6 +211,7 @@ int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err
 	c->threads = d->cfg.threads;
 	c->bf16_matmul = q->bf16_matmul;
 	c->frozen_base = q->frozen_base;
+	c->kv_cache_bytes = q->kv_cache_bytes;
 	r = engine_init_config_check(c, err);
 	if (r < 0)
 		return r;

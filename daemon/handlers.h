@@ -29,6 +29,13 @@ int h_run_create_adapter(struct daemon *d, struct job *j, struct eng_error *err)
 int h_validate_delete_adapter(struct daemon *d, struct job *j, struct eng_error *err);
 int h_run_delete_adapter(struct daemon *d, struct job *j, struct eng_error *err);
 
+/* sample.c: Sample. The engine thread runs it in a batch (sample_batch.h),
+ * with the parameters validate made (emit's context: the job); run, the
+ * call alone, is the method row's mark. */
+int h_validate_sample(struct daemon *d, struct job *j, struct eng_error *err);
+int h_run_sample(struct daemon *d, struct job *j, struct eng_error *err);
+struct engine_sample_params *h_sample_params(struct job *j);
+
 /* group.c: CreateGroup */
 int h_validate_create_group(struct daemon *d, struct job *j, struct eng_error *err);
 int h_run_create_group(struct daemon *d, struct job *j, struct eng_error *err);

@@ -88,6 +88,7 @@ struct job {
 	char token[AUTH_NAME_MAX];
 	char tenant[AUTH_ADAPTERS_MAX];
 	bool ran;                     /* the method's run was called */
+	double t_start;               /* eng_now_s() when it started (a Sample's) */
 	/* Called by job_finish before the reply goes out (the replay table
 	 * records the outcome of a call that carries a request id). */
 	void (*finish_hook)(struct job *j, int r, const struct eng_error *err);

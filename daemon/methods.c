@@ -84,6 +84,11 @@ struct method daemon_methods[] = {
 	{ .service = ENGINE_SVC, .name = "DeleteAdapter", .flags = M_REPLAY,
 	  .where = RUN_ENGINE, .needs_init = true, .adapter_field = "name",
 	  .validate = h_validate_delete_adapter, .run = h_run_delete_adapter },
+	/* Generation: an engine job (the weights cannot change while it runs);
+	 * it changes no state, so it is not replayed. */
+	{ .service = ENGINE_SVC, .name = "Sample", .server_streaming = true,
+	  .flags = M_READ_ONLY, .where = RUN_ENGINE, .needs_init = true,
+	  .validate = h_validate_sample, .run = h_run_sample },
 };
 #define N_METHODS (int)(sizeof(daemon_methods) / sizeof(daemon_methods[0]))
 const int daemon_n_methods = N_METHODS;

@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 ROWS = ["Initialize", "SetMode", "ForwardBackward", "OptimizerStep", "ZeroGrad", "LrSchedulerStep",
         "ToDevice", "GetPerTensorParam", "SaveCheckpoint", "LoadCheckpoint", "GetStatus", "CreateGroup",
         "Health.Check", "Health.Watch", "Reflection.v1alpha", "Reflection.v1", "ShareWeights",
-        "CreateAdapter", "DeleteAdapter"]
+        "CreateAdapter", "DeleteAdapter", "Sample"]
 VALUE_MODEL = 0x80
 
 # LOSS_REQUEST_INPUTS of engines/loss/loss.h, in order (fuzz_loss_spec's byte 0).
@@ -183,6 +183,13 @@ def requests(pb):
     req("OptimizerStep", pb.OptimizerStepRequest(lr=1e-2, adapter="tenant-a"), tag="-adapter")
     req("GetStatus", pb.GetStatusRequest(adapter="tenant-a"), tag="-adapter")
     req("GetPerTensorParam", pb.GetPerTensorParamRequest(adapter="tenant-a"), tag="-adapter")
+    req("Sample", pb.SampleRequest(input_ids=ids, seq_lens=[3, 5], max_tokens=16))
+    req("Sample", pb.SampleRequest(
+        input_ids=ids, seq_lens=[1, 2, 5], num_samples=4, max_tokens=64, temperature=0.7,
+        top_k=20, top_p=0.9, seed=11, stop_token_ids=[2, 9],
+        stop_sequences=[pb.StopSequence(token_ids=[3, 3]), pb.StopSequence(token_ids=[8])],
+        top_logprobs=5, prompt_logprobs=True, adapter="tenant-a",
+        max_tokens_per_micro_batch=4), tag="-full")
 
     def s(field, text):   # a length-delimited string field
         b = text.encode()

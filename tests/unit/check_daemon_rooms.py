@@ -36,13 +36,14 @@ LAYERS = {
     "daemon.h": 3, "jobs.c": 3, "lent.c": 3,
     # 4: the TrainingEngine handlers; the weight exports
     "handlers.h": 4, "group.c": 4, "export/export.h": 4,
-    # 5: the method table (names the handlers)
-    "methods.h": 5,
+    # 5: the method table (names the handlers); an engine job's start and
+    # end; 5.5: the batch of Sample calls (uses both)
+    "methods.h": 5, "job_run.h": 5, "sample_batch.h": 5.5,
     # 6: the dispatcher and engine thread; 7: the lifecycle; 8: the program
     "dispatch.h": 6, "lifecycle.h": 7, "main.c": 8,
 }
 # A .c file whose header has another name.
-OWN = {"rpc/rpc_grpc.c": "rpc/rpc.h", "group.c": "handlers.h",
+OWN = {"rpc/rpc_grpc.c": "rpc/rpc.h", "group.c": "handlers.h", "sample.c": "handlers.h",
        "export/stream.c": "export/export.h", "export/share.c": "export/export.h",
        "jobs.c": "daemon.h", "lent.c": "daemon.h"}
 GRPC_ROOM = "rpc/"
