@@ -268,6 +268,62 @@ static int call_msg(struct ec_client *c, const ProtobufCServiceDescriptor *svc,
 
 #define ENGINE_SVC &engined__v1__training_engine__descriptor
 
+/* Open a server stream of `svc`'s method `name` with req (no request id:
+ * a stream is never state-changing). *ret_out, when not NULL, is the
+ * method's reply type. On failure *ret and *ret_out are untouched. */
+static int stream_open(struct ec_client *c, const ProtobufCServiceDescriptor *svc,
+		       const char *name, const ProtobufCMessage *req, struct ect_stream **ret,
+		       const ProtobufCMessageDescriptor **ret_out, struct ec_status *st)
+{
+	char path[128], msg[ECT_MSG_MAX] = "";
+	const ProtobufCMethodDescriptor *md = service_method(svc, NULL, name, path, sizeof(path));
+	size_t len = protobuf_c_message_get_packed_size(req);
+	uint8_t *buf;
+	int r;
+
+	if (!md)
+		return set_st(st, EC_INTERNAL, "client: no such method");
+	buf = malloc(len ? len : 1);
+	if (!buf)
+		return set_st(st, EC_RESOURCE_EXHAUSTED, "out of memory");
+	protobuf_c_message_pack(req, buf);
+	r = ect_stream_open(c->ch, path, buf, len, c->timeout_ms, ret, msg);
+	free(buf);
+	if (r)
+		return set_st(st, r, msg);
+	if (ret_out)
+		*ret_out = md->output;
+	return set_st(st, 0, "");
+}
+
+/* The next message of a stream, decoded as `type`: 0 with *ret (the
+ * caller's, ec_free) and *ret_done = 0; 0 with *ret_done = 1 at the end
+ * of a stream that ended OK; a status code when it failed (*ret and
+ * *ret_done untouched). */
+static int stream_next_msg(struct ect_stream *s, const ProtobufCMessageDescriptor *type,
+			   void **ret, int *ret_done, struct ec_status *st)
+{
+	char msg[ECT_MSG_MAX] = "";
+	uint8_t *raw = NULL;
+	size_t len = 0;
+	ProtobufCMessage *m;
+	int r = ect_stream_next(s, &raw, &len, msg);
+
+	if (r == 0) {
+		*ret_done = 1;
+		return set_st(st, 0, "");
+	}
+	if (r != 1)
+		return set_st(st, r, msg);
+	m = protobuf_c_message_unpack(type, NULL, len, raw);
+	free(raw);
+	if (!m)
+		return set_st(st, EC_DATA_LOSS, "cannot decode a message of the stream");
+	*ret = m;
+	*ret_done = 0;
+	return set_st(st, 0, "");
+}
+
 int ec_share_weights(struct ec_client *c, const Engined__V1__ShareWeightsRequest *req,
 		     Engined__V1__ShareWeightsResponse **ret, struct ec_status *st)
 {
@@ -562,27 +618,14 @@ int ec_weights_open(struct ec_client *c, const Engined__V1__GetPerTensorParamReq
 		    struct ec_weights **ret, struct ec_status *st)
 {
 	struct ec_weights *w = calloc(1, sizeof(*w));
-	size_t len = protobuf_c_message_get_packed_size(&req->base);
-	uint8_t *buf = malloc(len ? len : 1);
-	char msg[ECT_MSG_MAX] = "", path[128];
 	int r;
 
-	if (!w || !buf) {
-		free(w);
-		free(buf);
+	if (!w)
 		return set_st(st, EC_RESOURCE_EXHAUSTED, "out of memory");
-	}
-	protobuf_c_message_pack(&req->base, buf);
-	if (!service_method(ENGINE_SVC, NULL, "GetPerTensorParam", path, sizeof(path))) {
-		free(w);
-		free(buf);
-		return set_st(st, EC_INTERNAL, "client: no such method");
-	}
-	r = ect_stream_open(c->ch, path, buf, len, c->timeout_ms, &w->s, msg);
-	free(buf);
+	r = stream_open(c, ENGINE_SVC, "GetPerTensorParam", &req->base, &w->s, NULL, st);
 	if (r) {
 		free(w);
-		return set_st(st, r, msg);
+		return r;
 	}
 	w->c = c;
 	pthread_mutex_lock(&c->wlock);
@@ -742,4 +785,44 @@ void ec_weights_close(struct ec_weights *w)
 	pthread_mutex_unlock(&w->c->wlock);
 	free(w->buf);
 	free(w);
+}
+
+/* --- sampling ------------------------------------------------------------- */
+
+/* Sample's replies are small (a completion's tokens and log-probs): each
+ * is copied out of gRPC's buffers and decoded whole. */
+struct ec_sample {
+	struct ect_stream *s;
+	const ProtobufCMessageDescriptor *type;    /* SampleResponse */
+};
+
+int ec_sample_open(struct ec_client *c, const Engined__V1__SampleRequest *req,
+		   struct ec_sample **ret, struct ec_status *st)
+{
+	struct ec_sample *s = calloc(1, sizeof(*s));
+	int r;
+
+	if (!s)
+		return set_st(st, EC_RESOURCE_EXHAUSTED, "out of memory");
+	r = stream_open(c, ENGINE_SVC, "Sample", &req->base, &s->s, &s->type, st);
+	if (r) {
+		free(s);
+		return r;
+	}
+	*ret = s;
+	return 0;
+}
+
+int ec_sample_next(struct ec_sample *s, Engined__V1__SampleResponse **ret, int *ret_done,
+		   struct ec_status *st)
+{
+	return stream_next_msg(s->s, s->type, (void **)ret, ret_done, st);
+}
+
+void ec_sample_close(struct ec_sample *s)
+{
+	if (!s)
+		return;
+	ect_stream_close(s->s);
+	free(s);
 }

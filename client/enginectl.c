@@ -4,7 +4,7 @@
  *   enginectl help [COMMAND]     enginectl COMMAND --help     enginectl --version
  *
  * The commands (status, init, set-mode, to-device, save, load, pull-weights,
- * create-adapter, delete-adapter, demo, help) are the table `commands`
+ * create-adapter, delete-adapter, sample, demo, help) are the table `commands`
  * below: it dispatches, and `help`
  * prints from it, so every command has its usage and options. Options are
  * parsed with getopt_long from each command's table (enginectl_common.c);
@@ -646,6 +646,251 @@ static int cmd_delete_adapter(int argc, char **argv)
 	return 0;
 }
 
+/* --- sample --------------------------------------------------------------- */
+
+/* A growing array of token ids; exits 1 when out of memory (a one-shot
+ * program). */
+struct ids {
+	int32_t *v;
+	size_t n, cap;
+};
+
+static void ids_push(struct ids *a, int32_t x)
+{
+	if (a->n == a->cap) {
+		size_t cap = a->cap ? a->cap * 2 : 64;
+		int32_t *v = realloc(a->v, cap * sizeof(*v));
+
+		if (!v) {
+			fprintf(stderr, "enginectl: out of memory\n");
+			exit(1);
+		}
+		a->v = v;
+		a->cap = cap;
+	}
+	a->v[a->n++] = x;
+}
+
+/* Append the comma-separated token ids of option `opt` ("1,2,3": every
+ * piece an int32, none empty) to a; returns how many. */
+static size_t parse_ids(const char *opt, const char *s, struct ids *a)
+{
+	size_t n = 0;
+
+	for (;;) {
+		size_t len = strcspn(s, ",");
+		char piece[32];
+
+		if (len >= sizeof(piece))
+			ctl_usage_error("--%s: '%.*s' is not an integer", opt, (int)len, s);
+		memcpy(piece, s, len);
+		piece[len] = '\0';
+		ids_push(a, (int32_t)ctl_int_arg(opt, piece, INT32_MIN, INT32_MAX));
+		n++;
+		if (!s[len])
+			return n;
+		s += len + 1;
+	}
+}
+
+#define MAX_PROMPTS 65536
+#define MAX_STOP_SEQUENCES 256
+
+static const struct ctl_opt sample_opts[] = {
+	{ "prompt", required_argument, 'p', "A,B,...",
+	  "a prompt's token ids (required; repeat for more prompts)" },
+	{ "max-tokens", required_argument, 'm', "N", "new tokens per completion (required)" },
+	{ "num-samples", required_argument, 'n', "K", "completions per prompt (default 1)" },
+	{ "temperature", required_argument, 't', "T",
+	  "0: greedy; else draw from softmax(logits / T) (default 1)" },
+	{ "top-k", required_argument, 'k', "K", "draw from the K likeliest tokens (default 0: off)" },
+	{ "top-p", required_argument, 'P', "P",
+	  "draw from the likeliest tokens up to probability P, (0, 1] (default off)" },
+	{ "seed", required_argument, 's', "N", "seed of the random draws (default 0)" },
+	{ "stop-token", required_argument, 'S', "ID",
+	  "end a completion at this token (repeat for more)" },
+	{ "stop-sequence", required_argument, 'Q', "A,B,...",
+	  "end a completion at these tokens (repeat for more)" },
+	{ "top-logprobs", required_argument, 'L', "K",
+	  "print the K likeliest tokens per position, 0 to 20 (default 0)" },
+	{ "prompt-logprobs", no_argument, 'G', NULL,
+	  "print each prompt's own log-probs (on its sample 0)" },
+	ADAPTER_OPT,
+	{ NULL, 0, 0, NULL, NULL },
+};
+
+struct sample_args {
+	Engined__V1__SampleRequest req;
+	Engined__V1__Tensor input_ids;
+	int64_t n_ids;                          /* input_ids' shape */
+	struct ids ids, stop_ids, stop_seq_ids;
+	int32_t seq_lens[MAX_PROMPTS];
+	/* Each stop sequence's ids are [stop_seq_start[i], + its length) of
+	 * stop_seq_ids, pointed to once all are parsed (the array moves). */
+	Engined__V1__StopSequence stop_seqs[MAX_STOP_SEQUENCES];
+	Engined__V1__StopSequence *stop_seq_ptrs[MAX_STOP_SEQUENCES];
+	size_t stop_seq_start[MAX_STOP_SEQUENCES];
+	bool max_tokens_set;
+};
+
+static void sample_parse(int argc, char **argv, struct sample_args *a)
+{
+	Engined__V1__SampleRequest *req = &a->req;
+	int o;
+
+	engined__v1__sample_request__init(req);
+	while ((o = ctl_getopt(argc, argv)) != -1) {
+		switch (o) {
+		case 'p':
+			if (req->n_seq_lens == MAX_PROMPTS)
+				ctl_usage_error("--prompt: more than %d prompts", MAX_PROMPTS);
+			a->seq_lens[req->n_seq_lens++] = (int32_t)parse_ids("prompt", optarg, &a->ids);
+			break;
+		case 'm':
+			req->max_tokens = (int32_t)ctl_int_arg("max-tokens", optarg, INT32_MIN,
+								INT32_MAX);
+			a->max_tokens_set = true;
+			break;
+		case 'n':
+			req->num_samples = (int32_t)ctl_int_arg("num-samples", optarg, INT32_MIN,
+								 INT32_MAX);
+			break;
+		case 't':
+			PB_SET(req, temperature,
+			       (float)ctl_double_arg("temperature", optarg, -FLT_MAX, FLT_MAX));
+			break;
+		case 'k':
+			req->top_k = (int32_t)ctl_int_arg("top-k", optarg, INT32_MIN, INT32_MAX);
+			break;
+		case 'P':
+			PB_SET(req, top_p, (float)ctl_double_arg("top-p", optarg, -FLT_MAX, FLT_MAX));
+			break;
+		case 's': req->seed = ctl_uint64_arg("seed", optarg); break;
+		case 'S':
+			ids_push(&a->stop_ids, (int32_t)ctl_int_arg("stop-token", optarg, INT32_MIN,
+								    INT32_MAX));
+			break;
+		case 'Q':
+			if (req->n_stop_sequences == MAX_STOP_SEQUENCES)
+				ctl_usage_error("--stop-sequence: more than %d sequences",
+						MAX_STOP_SEQUENCES);
+			a->stop_seq_start[req->n_stop_sequences] = a->stop_seq_ids.n;
+			engined__v1__stop_sequence__init(&a->stop_seqs[req->n_stop_sequences]);
+			a->stop_seqs[req->n_stop_sequences++].n_token_ids =
+				parse_ids("stop-sequence", optarg, &a->stop_seq_ids);
+			break;
+		case 'L':
+			req->top_logprobs = (int32_t)ctl_int_arg("top-logprobs", optarg, INT32_MIN,
+								  INT32_MAX);
+			break;
+		case 'G': req->prompt_logprobs = true; break;
+		case 'A': req->adapter = optarg; break;
+		}
+	}
+	ctl_positionals(argc, argv, 0, 0, NULL);
+	if (!req->n_seq_lens)
+		ctl_usage_error("--prompt A,B,... is required");
+	if (!a->max_tokens_set)
+		ctl_usage_error("--max-tokens N is required");
+	a->n_ids = (int64_t)a->ids.n;
+	ec_tensor_1d(&a->input_ids, ENGINED__V1__DTYPE__INT32, &a->n_ids, a->ids.v,
+		     a->ids.n * sizeof(int32_t));
+	req->input_ids = &a->input_ids;
+	req->seq_lens = a->seq_lens;
+	req->stop_token_ids = a->stop_ids.v;
+	req->n_stop_token_ids = a->stop_ids.n;
+	for (size_t i = 0; i < req->n_stop_sequences; i++) {
+		a->stop_seqs[i].token_ids = a->stop_seq_ids.v + a->stop_seq_start[i];
+		a->stop_seq_ptrs[i] = &a->stop_seqs[i];
+	}
+	req->stop_sequences = a->stop_seq_ptrs;
+}
+
+static const char *finish_name(Engined__V1__FinishReason r)
+{
+	switch (r) {
+	case ENGINED__V1__FINISH_REASON__FINISH_REASON_STOP: return "stop";
+	case ENGINED__V1__FINISH_REASON__FINISH_REASON_LENGTH: return "length";
+	default: return "unspecified";
+	}
+}
+
+/* One completion, one line (the format in the command's help). Returns
+ * 0, or -1 when its top_* fields are not k entries per new token. */
+static int print_completion(const Engined__V1__Completion *c)
+{
+	size_t n = c->n_token_ids, k = n ? c->n_top_token_ids / n : 0;
+
+	if (k * n != c->n_top_token_ids || c->n_top_logprobs != c->n_top_token_ids)
+		return -1;
+	printf("prompt %d sample %d %s:", c->prompt_index, c->sample_index,
+	       finish_name(c->finish_reason));
+	for (size_t i = 0; i < n; i++)
+		printf(" %d", c->token_ids[i]);
+	printf(" logprobs");
+	for (size_t i = 0; i < c->n_logprobs; i++)
+		printf(" %.6g", c->logprobs[i]);
+	if (k) {
+		printf(" top");
+		for (size_t i = 0; i < n; i++)
+			for (size_t j = 0; j < k; j++)
+				printf("%c%d:%.6g", j ? ',' : ' ', c->top_token_ids[i * k + j],
+				       c->top_logprobs[i * k + j]);
+	}
+	if (c->n_prompt_logprobs) {
+		printf(" prompt-logprobs");
+		for (size_t i = 0; i < c->n_prompt_logprobs; i++)
+			printf(" %.6g", c->prompt_logprobs[i]);
+	}
+	printf("\n");
+	return 0;
+}
+
+static int cmd_sample(int argc, char **argv)
+{
+	static struct sample_args a;    /* large: out of the stack */
+	Engined__V1__SampleResponse *resp = NULL;
+	struct ec_sample *s = NULL;
+	struct ec_client *c;
+	struct ec_status st;
+	int64_t version = 0, count = 0;
+	double t0;
+	int done = 0, r;
+
+	sample_parse(argc, argv, &a);
+	c = ctl_connect();
+	t0 = ctl_now();
+	r = ec_sample_open(c, &a.req, &s, &st);
+	while (!r && (r = ec_sample_next(s, &resp, &done, &st)) == 0 && !done) {
+		version = resp->weights_version;
+		for (size_t i = 0; i < resp->n_completions; i++, count++) {
+			if (print_completion(resp->completions[i]) < 0) {
+				st.code = EC_DATA_LOSS;
+				snprintf(st.message, sizeof(st.message),
+					 "completion %lld: top_token_ids / top_logprobs are not "
+					 "k entries per token", (long long)count);
+				r = st.code;
+				break;
+			}
+		}
+		fflush(stdout);         /* each line as its completion arrives */
+		ec_free(resp);
+		if (r)
+			break;
+	}
+	ec_sample_close(s);
+	if (r)
+		ctl_fail("Sample", &st);
+	else
+		printf("done %lld completions, weights_version %lld, %.2f s\n", (long long)count,
+		       (long long)version, ctl_now() - t0);
+	ec_close(c);
+	free(a.ids.v);
+	free(a.stop_ids.v);
+	free(a.stop_seq_ids.v);
+	return r ? 1 : 0;
+}
+
 /* --- the command table, help, main --------------------------------------- */
 
 static int cmd_help(int argc, char **argv);
@@ -673,6 +918,18 @@ static const struct ctl_command commands[] = {
 	  "pull-weights take --adapter NAME.\n" },
 	{ "delete-adapter", "NAME", "delete a LoRA adapter and free its state", NULL,
 	  cmd_delete_adapter, NULL },
+	{ "sample", "", "sample completions of prompts from the current weights", sample_opts,
+	  cmd_sample,
+	  "Prints one line per completion as it finishes (any order; log-probs to 6\n"
+	  "significant digits), then a summary:\n"
+	  "  prompt P sample K REASON: ID ... logprobs LP ...[ top ID:LP,... ...]"
+	  "[ prompt-logprobs LP ...]\n"
+	  "  done N completions, weights_version V, T s\n"
+	  "REASON is stop (a stop token or sequence, printed as the last tokens) or\n"
+	  "length (--max-tokens reached). With --top-logprobs K, `top` has one group\n"
+	  "per new token of K comma-separated ID:LP pairs, best first. With\n"
+	  "--prompt-logprobs, each prompt's sample 0 ends with the prompt's log-probs\n"
+	  "(entry 0 is 0). docs/SAMPLING.md defines every option.\n" },
 	{ "demo", "", "a short SFT + PPO run that checks weights and checkpoints",
 	  ctl_demo_opts, ctl_demo, NULL },
 	{ "help", "[COMMAND]", "list the commands, or show one's usage and options", NULL,

@@ -139,6 +139,26 @@ int64_t ec_weights_messages(const struct ec_weights *w);
  * not fault fresh pages in. */
 void ec_weights_close(struct ec_weights *w);
 
+/* --- sampling: Sample's stream of completions --------------------------- */
+
+/* Completions of packed prompts (engine.proto SampleRequest; the weights
+ * as of the call's start, no training state changed): one SampleResponse
+ * per finished completion (or a few), in the order they finish, not the
+ * prompts'. ec_sample_open sends the request (no request id: not a
+ * state-changing call); the client's timeout covers the whole stream. */
+struct ec_sample;
+
+int ec_sample_open(struct ec_client *c, const Engined__V1__SampleRequest *req,
+		   struct ec_sample **ret, struct ec_status *st);
+/* Returns 0 with the next reply in *ret (the caller's: ec_free) and
+ * *ret_done = 0; 0 with *ret_done = 1 at the end; a status code (> 0)
+ * when the stream failed (the daemon's refusal of the request arrives
+ * here, at the first call). */
+int ec_sample_next(struct ec_sample *s, Engined__V1__SampleResponse **ret, int *ret_done,
+		   struct ec_status *st);
+/* Cancels the call when the stream has not ended. Accepts NULL. */
+void ec_sample_close(struct ec_sample *s);
+
 /* --- same-host weights (ShareWeights) --------------------------------- */
 
 /* The weights in a sealed memfd of the daemon's host (README "Same-host

@@ -21,6 +21,7 @@ import pytest
 
 import engined_client
 from bf16_ref import rne_bits
+from sample_server import HANG as HANG_SERVER, SampleServer
 from engined_client import (AsyncEngineClient, EngineClient, EngineError, ForwardBackwardResult,
                             LoadResult, LrResult, Mode, StepResult, pb, results, tensors)
 from engined_client import _api, _rpc, aio, client as client_mod
@@ -102,6 +103,80 @@ def test_forward_backward_result_is_a_mapping():
     assert "shape=(3,)" in repr(r)
 
 
+def completion_msg(p, k, toks, top_k=0, prompt=0, reason=pb.FINISH_REASON_LENGTH):
+    n = len(toks)
+    return pb.Completion(
+        prompt_index=p, sample_index=k, token_ids=toks,
+        logprobs=[-0.5 * (i + 1) for i in range(n)], finish_reason=reason,
+        top_token_ids=[t + j for t in toks for j in range(top_k)],
+        top_logprobs=[-0.25 * j for _ in toks for j in range(top_k)],
+        prompt_logprobs=[0.0] + [-1.0] * (prompt - 1) if prompt else [])
+
+
+def test_sample_results_from_replies():
+    reps = [pb.SampleResponse(completions=[completion_msg(1, 0, [7, 8], top_k=2, prompt=3)],
+                              weights_version=4),
+            pb.SampleResponse(completions=[completion_msg(0, 1, [5], reason=pb.FINISH_REASON_STOP),
+                                           completion_msg(0, 0, [3, 4, 5])], weights_version=4)]
+    r = results.SampleResult.from_replies(reps)
+    assert r.weights_version == 4
+    assert [(c.prompt_index, c.sample_index) for c in r.completions] == [(0, 0), (0, 1), (1, 0)]
+    a, b, c = r.completions
+    assert a.token_ids == [3, 4, 5] and isinstance(a.token_ids, list)
+    assert a.logprobs.dtype == np.float32 and np.array_equal(a.logprobs, [-0.5, -1.0, -1.5])
+    assert a.finish_reason == "length" and b.finish_reason == "stop"
+    assert a.top_token_ids is None and a.top_logprobs is None and a.prompt_logprobs is None
+    assert c.top_token_ids.dtype == np.int32 and c.top_token_ids.shape == (2, 2)
+    assert np.array_equal(c.top_token_ids, [[7, 8], [8, 9]])
+    assert c.top_logprobs.dtype == np.float32 and np.array_equal(c.top_logprobs,
+                                                                  [[0, -0.25], [0, -0.25]])
+    assert c.prompt_logprobs.dtype == np.float32 and np.array_equal(c.prompt_logprobs,
+                                                                     [0, -1, -1])
+    # Compared by value (arrays by dtype, shape and values), frozen, unhashable.
+    assert r == results.SampleResult.from_replies(reps)
+    assert a != c and a == results.Completion.from_proto(completion_msg(0, 0, [3, 4, 5]))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.token_ids = []
+    with pytest.raises(TypeError):
+        hash(a)
+    # A reason this client does not know stays a number; no replies: nothing.
+    assert results.Completion.from_proto(pb.Completion(finish_reason=7)).finish_reason == 7
+    assert results.SampleResult.from_replies([]) == results.SampleResult([], 0)
+    assert results.SampleResult.from_proto(reps[0]).completions == [r.completions[2]]
+    # top_* not a whole number of entries per token: the reply is broken.
+    bad = pb.Completion(token_ids=[1, 2], logprobs=[0, 0], top_token_ids=[1, 2, 3])
+    with pytest.raises(EngineError) as e:
+        results.Completion.from_proto(bad)
+    assert e.value.code() == SC.DATA_LOSS and "top_token_ids" in e.value.details()
+
+
+def test_sample_request():
+    req = _api.sample_request(np.array([[1, 2], [3, 4]], np.int64), [3, 1], max_tokens=5)
+    assert req.input_ids.dtype == pb.INT32 and list(req.input_ids.shape) == [4]
+    assert np.frombuffer(req.input_ids.data, np.int32).tolist() == [1, 2, 3, 4]
+    assert list(req.seq_lens) == [3, 1] and req.max_tokens == 5 and req.num_samples == 1
+    # None: the oneofs unset (the daemon's defaults); 0 is a value.
+    assert not req.HasField("temperature") and not req.HasField("top_p")
+    req = _api.sample_request([1], [1], max_tokens=1, num_samples=3, temperature=0.0,
+                              top_k=4, top_p=0.9, seed=2**64 - 1, stop_token_ids=np.array([2, 3]),
+                              stop_sequences=[[5, 6], (7,)], top_logprobs=2,
+                              prompt_logprobs=True, adapter="a",
+                              max_tokens_per_micro_batch=64)
+    assert req.HasField("temperature") and req.temperature == 0.0
+    assert req.HasField("top_p") and abs(req.top_p - 0.9) < 1e-6
+    assert (req.num_samples, req.top_k, req.seed, list(req.stop_token_ids)) == (
+        3, 4, 2**64 - 1, [2, 3])
+    assert [list(s.token_ids) for s in req.stop_sequences] == [[5, 6], [7]]
+    assert (req.top_logprobs, req.prompt_logprobs, req.adapter,
+            req.max_tokens_per_micro_batch) == (2, True, "a", 64)
+    # Every field of SampleRequest is an argument of sample and sample_iter.
+    args = set(inspect.signature(_api.sample_request).parameters)
+    assert args == {f.name for f in pb.SampleRequest.DESCRIPTOR.fields}
+    for fn in (EngineClient.sample, EngineClient.sample_iter):
+        assert set(inspect.signature(fn).parameters) == args | {"self", "timeout"}, fn
+    assert "kv_cache_bytes" in inspect.signature(EngineClient.initialize).parameters
+
+
 # --- the two clients' methods ---------------------------------------------------
 
 def test_both_clients_have_every_rpc():
@@ -118,6 +193,9 @@ def test_both_clients_have_every_rpc():
     assert inspect.isasyncgenfunction(AsyncEngineClient.stream_weights)
     assert (inspect.signature(AsyncEngineClient.stream_weights)
             == inspect.signature(EngineClient.stream_weights))
+    assert (inspect.signature(AsyncEngineClient.sample_iter)
+            == inspect.signature(EngineClient.sample_iter))
+    assert "Sample" not in _rpc.STATE_CHANGING  # a read: no request id, no retry
 
 
 def test_request_ids_are_defined_once():
@@ -187,8 +265,69 @@ class FakeChannel:
             return run()
         return call
 
+    def unary_stream(self, path, request_serializer=None, response_deserializer=None,
+                     *_grpc_args, **_grpc_kwargs):
+        """A call whose messages are the script's next entry (a list of
+        reply messages; an exception in it ends the stream with that
+        error; HANG waits until the call is cancelled). grpc's interceptor
+        (the token) passes more arguments, which newer grpcio adds to."""
+        def call(req, timeout=None, metadata=None, **_grpc_options):
+            self.calls.append((path.rsplit("/", 1)[-1], request_serializer(req),
+                               dict(metadata or ())))
+            s = FakeStream(self.script.pop(0), response_deserializer, self.aio)
+            self.streams.append(s)
+            return s
+        return call
+
+    @property
+    def streams(self):
+        return self.__dict__.setdefault("_streams", [])
+
     def close(self):
         pass
+
+
+HANG = object()
+
+
+class FakeStream:
+    """A server stream's call: iterable (sync) or async-iterable, .cancel()."""
+
+    def __init__(self, items, deserialize, aio):
+        self.items = list(items)
+        self.deserialize = deserialize
+        self.aio = aio
+        self.cancelled = False
+        self.sent = 0
+
+    def cancel(self):
+        self.cancelled = True
+        return True
+
+    def _next(self):
+        out = self.items.pop(0)
+        if isinstance(out, Exception):
+            raise out
+        self.sent += 1
+        return self.deserialize(out.SerializeToString())
+
+    def __iter__(self):
+        while self.items and not self.cancelled:
+            if self.items[0] is HANG:
+                raise AssertionError("a sync stream cannot hang")
+            yield self._next()
+
+    async def _aiter(self):
+        while self.items and not self.cancelled:
+            if self.items[0] is HANG:
+                while not self.cancelled:
+                    await asyncio.sleep(0.01)
+                raise asyncio.CancelledError()
+            await asyncio.sleep(0)
+            yield self._next()
+
+    def __aiter__(self):
+        return self._aiter()
 
 
 def run_client(kind, script, fn, **kw):
@@ -279,6 +418,118 @@ def test_async_client_sends_the_token():
     r, ch = run_client("async", [pb.GetStatusResponse(step=5)], lambda c: c.get_status(),
                        token="s3cret")
     assert r.step == 5 and ch.calls[0][2]["authorization"] == "Bearer s3cret"
+
+
+# --- Sample: a server stream ------------------------------------------------------
+
+SAMPLE_REPLIES = [
+    pb.SampleResponse(completions=[completion_msg(1, 0, [9, 9])], weights_version=2),
+    pb.SampleResponse(completions=[completion_msg(0, 1, [4]), completion_msg(0, 0, [5, 6])],
+                      weights_version=2)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sample_reads_the_whole_stream(kind):
+    r, ch = run_client(kind, [SAMPLE_REPLIES], lambda c: c.sample(
+        [1, 2, 3, 4], [3, 1], max_tokens=2, num_samples=2, temperature=0.5, seed=3),
+        retries=3, token="t")
+    assert r == results.SampleResult.from_replies(SAMPLE_REPLIES) and r.weights_version == 2
+    assert [(c.prompt_index, c.sample_index) for c in r.completions] == [(0, 0), (0, 1), (1, 0)]
+    [(method, data, md)] = ch.calls
+    assert method == "Sample" and engined_client.REQUEST_ID_KEY not in md
+    assert md["authorization"] == "Bearer t"
+    req = pb.SampleRequest.FromString(data)
+    assert (list(req.seq_lens), req.max_tokens, req.num_samples, req.temperature,
+            req.seed) == ([3, 1], 2, 2, 0.5, 3)
+    # A stream that fails midway: its status, no retry (a read).
+    e, ch = run_client(kind, [[SAMPLE_REPLIES[0], FakeRpcError(SC.RESOURCE_EXHAUSTED)]],
+                       lambda c: c.sample([1], [1], max_tokens=1), retries=3)
+    assert isinstance(e, EngineError) and e.code() == SC.RESOURCE_EXHAUSTED
+    assert len(ch.calls) == 1
+
+
+def test_sample_iter_yields_as_delivered():
+    ch = FakeChannel([SAMPLE_REPLIES, SAMPLE_REPLIES, [FakeRpcError(SC.INVALID_ARGUMENT)]])
+    c = EngineClient(channel=ch)
+    gen = c.sample_iter([1, 2, 3, 4], [3, 1], max_tokens=2, num_samples=2)
+    assert ch.calls == []            # the call starts at the first item
+    got = list(gen)
+    assert [(x.prompt_index, x.sample_index) for x in got] == [(1, 0), (0, 1), (0, 0)]
+    assert all(isinstance(x, engined_client.Completion) for x in got)
+    # Closed early: the call is cancelled, the rest never read.
+    gen = c.sample_iter([1], [1], max_tokens=2)
+    first = next(gen)
+    assert first.token_ids == [9, 9] and not ch.streams[1].cancelled
+    gen.close()
+    assert ch.streams[1].cancelled and ch.streams[1].sent == 1
+    with pytest.raises(EngineError) as e:
+        next(c.sample_iter([1], [1], max_tokens=2))
+    assert e.value.code() == SC.INVALID_ARGUMENT and ch.streams[2].cancelled
+    # Bad arguments fail at the call, before any stream.
+    with pytest.raises(TypeError):
+        c.sample_iter([1], [1], max_tokens=1, stop_sequences=[5])
+    assert len(ch.calls) == 3
+
+
+def test_async_sample_iter_cancels():
+    async def main():
+        ch = FakeChannel([SAMPLE_REPLIES, [SAMPLE_REPLIES[0], HANG], [SAMPLE_REPLIES[0], HANG]],
+                         aio=True)
+        c = AsyncEngineClient(channel=ch, token="s")
+        got = [x async for x in c.sample_iter([1, 2, 3, 4], [3, 1], max_tokens=2)]
+        assert [(x.prompt_index, x.sample_index) for x in got] == [(1, 0), (0, 1), (0, 0)]
+        assert ch.calls[0][2]["authorization"] == "Bearer s"
+        # aclose() after the first item cancels the call.
+        gen = c.sample_iter([1], [1], max_tokens=2)
+        assert (await gen.__anext__()).token_ids == [9, 9]
+        await gen.aclose()
+        assert ch.streams[1].cancelled
+        # So does cancelling the task waiting for the next item.
+        gen = c.sample_iter([1], [1], max_tokens=2)
+        await gen.__anext__()
+        task = asyncio.ensure_future(gen.__anext__())
+        await asyncio.sleep(0.05)
+        assert not ch.streams[2].cancelled
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert ch.streams[2].cancelled
+    asyncio.run(main())
+
+
+def test_sample_over_a_real_channel():
+    """The same through grpcio's own calls, against a server of Sample alone:
+    closing the iterator early cancels the call on the server too."""
+    script = [SAMPLE_REPLIES, [SAMPLE_REPLIES[0], HANG_SERVER],
+              [SAMPLE_REPLIES[0], (SC.FAILED_PRECONDITION, "no engine")],
+              SAMPLE_REPLIES, [SAMPLE_REPLIES[0], HANG_SERVER]]
+    with SampleServer(script) as srv:
+        with EngineClient(srv.addr, timeout=30) as c:
+            r = c.sample(np.arange(4), [3, 1], max_tokens=2, top_p=0.5, stop_sequences=[[1, 2]])
+            assert r == results.SampleResult.from_replies(SAMPLE_REPLIES)
+            req = srv.requests[0]
+            assert req.HasField("top_p") and not req.HasField("temperature")
+            assert [list(q.token_ids) for q in req.stop_sequences] == [[1, 2]]
+            gen = c.sample_iter([1], [1], max_tokens=2)
+            assert next(gen).token_ids == [9, 9]
+            gen.close()
+            assert srv.cancelled.wait(10)
+            srv.cancelled.clear()
+            with pytest.raises(EngineError) as e:
+                list(c.sample_iter([1], [1], max_tokens=2))
+            assert e.value.code() == SC.FAILED_PRECONDITION and e.value.details() == "no engine"
+
+        async def main():
+            async with AsyncEngineClient(srv.addr, timeout=30) as ac:
+                r = await ac.sample([1, 2, 3, 4], [3, 1], max_tokens=2)
+                assert r.completions == results.SampleResult.from_replies(
+                    SAMPLE_REPLIES).completions
+                gen = ac.sample_iter([1], [1], max_tokens=2)
+                assert (await gen.__anext__()).token_ids == [9, 9]
+                await gen.aclose()
+            assert await asyncio.get_running_loop().run_in_executor(
+                None, srv.cancelled.wait, 10)
+        asyncio.run(main())
 
 
 # --- weights ---------------------------------------------------------------------

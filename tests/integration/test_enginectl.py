@@ -2,7 +2,8 @@
 command's usage and options), usage errors (a bad number names its option,
 unknown options and stray arguments: exit 2 with a hint), and the
 commands against a real engined (init, set-mode, save, load, status,
-pull-weights, create-adapter, delete-adapter).
+pull-weights, create-adapter, delete-adapter); sample against a server of
+Sample alone (sample_server.py): the request it sends and its output.
 
 Run: ENGINED_BIN=... ENGINECTL_BIN=... ENGINED_PROJECT_VERSION=0.1.0
 /usr/bin/python3 -m pytest tests/integration/test_enginectl.py [-k name]
@@ -13,7 +14,11 @@ import re
 import struct
 import subprocess
 
+import grpc
+
 from daemon_fixture import Daemon, make_tmp
+from engined_client import pb
+from sample_server import HANG, SampleServer
 
 CTL = os.environ.get("ENGINECTL_BIN", "build/client/enginectl")
 
@@ -32,6 +37,10 @@ COMMANDS = {
     "create-adapter": ["--rank N", "--alpha X", "--targets A,B,...", "--seed N",
                        "--peft-dir DIR", "--rslora", "--lr X"],
     "delete-adapter": [],
+    "sample": ["--prompt A,B,...", "--max-tokens N", "--num-samples K", "--temperature T",
+               "--top-k K", "--top-p P", "--seed N", "--stop-token ID",
+               "--stop-sequence A,B,...", "--top-logprobs K", "--prompt-logprobs",
+               "--adapter NAME"],
     "demo": ["--preset NAME", "--sft-steps N", "--ppo-steps N", "--checkpoint-root DIR"],
     "help": [],
 }
@@ -127,6 +136,15 @@ def test_bad_numbers():
                 "enginectl: demo: --sft-steps: '-1' is out of range (0 to 1000000)", "demo")
     usage_error(["demo", "--ppo-steps", "four"],
                 "enginectl: demo: --ppo-steps: 'four' is not an integer", "demo")
+    usage_error(["sample", "--prompt", "1,x", "--max-tokens", "2"],
+                "enginectl: sample: --prompt: 'x' is not an integer", "sample")
+    usage_error(["sample", "--prompt", "1,,2", "--max-tokens", "2"],
+                "enginectl: sample: --prompt: '' is not an integer", "sample")
+    usage_error(["sample", "--prompt", "1", "--max-tokens", "2147483648"],
+                "enginectl: sample: --max-tokens: '2147483648' is out of range "
+                "(-2147483648 to 2147483647)", "sample")
+    usage_error(["sample", "--prompt", "1", "--max-tokens", "2", "--temperature", "hot"],
+                "enginectl: sample: --temperature: 'hot' is not a number", "sample")
     usage_error(["--timeout", "soon", "status"],
                 "enginectl: --timeout: 'soon' is not a number", None)
 
@@ -152,6 +170,10 @@ def test_bad_usage():
     usage_error(["pull-weights", "--out", "w", "--dtype", "f64"],
                 "enginectl: pull-weights: --dtype: 'f64' is not f32, bf16 or f16",
                 "pull-weights")
+    usage_error(["sample", "--max-tokens", "4"],
+                "enginectl: sample: --prompt A,B,... is required", "sample")
+    usage_error(["sample", "--prompt", "1,2"],
+                "enginectl: sample: --max-tokens N is required", "sample")
     usage_error(["--frobnicate", "status"], "enginectl: unknown option '--frobnicate'", None)
     usage_error(["frobnicate"], "enginectl: unknown command 'frobnicate'", None)
 
@@ -238,3 +260,69 @@ def test_adapter_commands():
         assert p.returncode == 1 and "DeleteAdapter: NOT_FOUND: name:" in p.stderr, p
     finally:
         assert d.stop() == 0
+
+
+def completion(p, k, toks, reason=pb.FINISH_REASON_LENGTH, **kw):
+    return pb.Completion(prompt_index=p, sample_index=k, token_ids=toks,
+                         logprobs=[-0.5 - i for i in range(len(toks))], finish_reason=reason,
+                         **kw)
+
+
+def test_sample_output():
+    """What `sample` sends and prints, against a server of Sample alone."""
+    top = dict(top_token_ids=[7, 3, 9, 1], top_logprobs=[-0.5, -2.25, -1.5, -3.0])
+    script = [
+        [pb.SampleResponse(completions=[completion(1, 0, [7, 9], **top,
+                                                   prompt_logprobs=[0, -1.25])],
+                           weights_version=3),
+         pb.SampleResponse(completions=[completion(0, 1, [4, 9], pb.FINISH_REASON_STOP, **top),
+                                        completion(0, 0, [5, 6], **top)], weights_version=3)],
+        [pb.SampleResponse(completions=[completion(0, 0, [8])]),
+         (grpc.StatusCode.RESOURCE_EXHAUSTED, "kv cache: too small")],
+        [pb.SampleResponse(completions=[completion(0, 0, [8, 8], top_token_ids=[1, 2, 3])])],
+        [pb.SampleResponse(completions=[completion(0, 0, [8])])],
+    ]
+    with SampleServer(script) as srv:
+        p = ctl("--addr", srv.addr, "--timeout", "60", "sample", "--prompt", "1,2,3",
+                "--prompt", "4,5", "--max-tokens", "2", "--num-samples", "2",
+                "--temperature", "0.5", "--top-k", "5", "--top-p", "0.75", "--seed", "7",
+                "--stop-token", "9", "--stop-token", "10", "--stop-sequence", "3,4",
+                "--stop-sequence", "6", "--top-logprobs", "2", "--prompt-logprobs",
+                "--adapter", "a1")
+        assert p.returncode == 0, p.stderr
+        lines = p.stdout.splitlines()
+        assert lines[:3] == [
+            "prompt 1 sample 0 length: 7 9 logprobs -0.5 -1.5 top 7:-0.5,3:-2.25 9:-1.5,1:-3 "
+            "prompt-logprobs 0 -1.25",
+            "prompt 0 sample 1 stop: 4 9 logprobs -0.5 -1.5 top 7:-0.5,3:-2.25 9:-1.5,1:-3",
+            "prompt 0 sample 0 length: 5 6 logprobs -0.5 -1.5 top 7:-0.5,3:-2.25 9:-1.5,1:-3",
+        ], lines
+        assert re.fullmatch(r"done 3 completions, weights_version 3, \d+\.\d\d s", lines[3])
+        assert len(lines) == 4
+        req = srv.requests[0]
+        assert list(req.seq_lens) == [3, 2] and req.input_ids.dtype == pb.INT32
+        assert list(req.input_ids.shape) == [5]
+        assert struct.unpack("<5i", req.input_ids.data) == (1, 2, 3, 4, 5)
+        assert (req.max_tokens, req.num_samples, req.top_k, req.seed, req.top_logprobs,
+                req.prompt_logprobs, req.adapter) == (2, 2, 5, 7, 2, True, "a1")
+        assert req.HasField("temperature") and req.temperature == 0.5
+        assert req.HasField("top_p") and req.top_p == 0.75
+        assert list(req.stop_token_ids) == [9, 10]
+        assert [list(s.token_ids) for s in req.stop_sequences] == [[3, 4], [6]]
+        # The stream's error after a completion: its line, then CODE: message, exit 1.
+        p = ctl("--addr", srv.addr, "sample", "--prompt", "1", "--max-tokens", "1")
+        assert p.returncode == 1, p
+        assert p.stdout == "prompt 0 sample 0 length: 8 logprobs -0.5\n", p.stdout
+        assert p.stderr == "enginectl: Sample: RESOURCE_EXHAUSTED: kv cache: too small\n"
+        req = srv.requests[1]
+        assert not req.HasField("temperature") and not req.HasField("top_p")
+        assert (req.num_samples, req.top_k, req.seed, list(req.stop_token_ids)) == (0, 0, 0, [])
+        # A reply whose top_* are not k per token is refused.
+        p = ctl("--addr", srv.addr, "sample", "--prompt", "1", "--max-tokens", "2")
+        assert p.returncode == 1 and "Sample: DATA_LOSS: completion 0:" in p.stderr, p
+        # --timeout covers the whole stream.
+        srv.script[0].append(HANG)
+        p = ctl("--addr", srv.addr, "--timeout", "0.5", "sample", "--prompt", "1",
+                "--max-tokens", "1")
+        assert p.returncode == 1 and "Sample: DEADLINE_EXCEEDED" in p.stderr, p
+        assert p.stdout == "prompt 0 sample 0 length: 8 logprobs -0.5\n", p.stdout

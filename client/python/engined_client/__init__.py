@@ -14,9 +14,10 @@ from .custom import forward_backward_custom  # noqa: F401
 from .group import (AsyncEngineGroup, EngineGroup, ForwardBackwardPlan,  # noqa: F401
                     GroupError, GroupForwardBackwardResult, GroupMismatchError,
                     global_loss_options, split_sequences)
-from .results import (ForwardBackwardResult, InitializeResult, LoadResult,  # noqa: F401
-                      LrResult, Memory, Mode, Placement, SaveResult, SetModeResult,
-                      SharedTensor, ShareTicket, Status, StepResult)
+from .results import (Completion, ForwardBackwardResult, InitializeResult,  # noqa: F401
+                      LoadResult, LrResult, Memory, Mode, Placement, SampleResult,
+                      SaveResult, SetModeResult, SharedTensor, ShareTicket, Status,
+                      StepResult)
 from .shared import SharedWeights, open_share  # noqa: F401
 from .tensors import HAVE_ML_DTYPES, tensor, to_numpy, to_torch  # noqa: F401
 
@@ -26,6 +27,7 @@ __all__ = ["EngineClient", "AsyncEngineClient", "EngineError", "pb", "REQUEST_ID
            "global_loss_options", "split_sequences",
            "ForwardBackwardResult", "InitializeResult", "LoadResult", "LrResult",
            "Memory", "Mode", "Placement", "SaveResult", "SetModeResult", "Status",
-           "StepResult", "HAVE_ML_DTYPES", "tensor", "to_numpy", "to_torch",
+           "StepResult", "SampleResult", "Completion", "HAVE_ML_DTYPES", "tensor",
+           "to_numpy", "to_torch",
            "SharedTensor", "ShareTicket", "SharedWeights", "open_share"]
 __version__ = "0.2.0"

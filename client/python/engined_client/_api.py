@@ -2,7 +2,11 @@
 and hands it to the client's _rpc(method, request, reply_class, convert,
 timeout, request_id), which sends it (the request id and retries of
 _rpc.Attempts) and returns convert(reply): EngineClient at once, and
-AsyncEngineClient as a coroutine (aio.py wraps each method in `async def`)."""
+AsyncEngineClient as a coroutine (aio.py wraps each method in `async def`).
+A server stream goes through _rpc_stream(method, request, reply_class,
+convert, timeout) (convert(every reply), the same way) or
+_stream_items(method, request, reply_class, items, timeout) (a generator,
+an async generator in AsyncEngineClient, of what items(reply) lists)."""
 import json
 
 import numpy as np
@@ -20,6 +24,12 @@ _MODES = {"idle": pb.MODE_IDLE, "train": pb.MODE_TRAIN, "eval": pb.MODE_EVAL}
 _PER_TOKEN = tuple(f.name for f in pb.ForwardBackwardRequest.DESCRIPTOR.fields
                    if f.message_type is not None and f.message_type.name == "Tensor"
                    and f.name not in ("input_ids", "target_ids"))
+
+
+def _token_ids(ids):
+    """An INT32 [N] Tensor of token ids: a sequence or a numpy array of
+    ints, flattened."""
+    return tensor(np.asarray(ids, dtype=np.int32).reshape(-1), pb.INT32)
 
 
 def _loss_spec(loss, options):
@@ -101,6 +111,27 @@ def share_request(dtype="float32", names=None, uses=1, adapter="", adapter_view=
                                   adapter=adapter, adapter_view=view)
 
 
+def sample_request(input_ids, seq_lens, *, max_tokens, num_samples=1, temperature=None,
+                   top_k=0, top_p=None, seed=0, stop_token_ids=(), stop_sequences=(),
+                   top_logprobs=0, prompt_logprobs=False, adapter="",
+                   max_tokens_per_micro_batch=0):
+    """The SampleRequest of Api.sample's arguments (None leaves temperature
+    and top_p unset: the daemon's defaults, 1 and off)."""
+    req = pb.SampleRequest(
+        input_ids=_token_ids(input_ids), seq_lens=[int(s) for s in seq_lens],
+        num_samples=num_samples, max_tokens=max_tokens, top_k=top_k, seed=seed,
+        stop_token_ids=[int(t) for t in stop_token_ids],
+        stop_sequences=[pb.StopSequence(token_ids=[int(t) for t in s])
+                        for s in stop_sequences],
+        top_logprobs=top_logprobs, prompt_logprobs=prompt_logprobs, adapter=adapter,
+        max_tokens_per_micro_batch=max_tokens_per_micro_batch)
+    if temperature is not None:
+        req.temperature = temperature
+    if top_p is not None:
+        req.top_p = top_p
+    return req
+
+
 class Api:
     """The methods of engined.v1.TrainingEngine (see EngineClient)."""
 
@@ -108,21 +139,23 @@ class Api:
     RPC_METHODS = ("initialize", "set_mode", "forward_backward", "optimizer_step",
                    "zero_grad", "lr_scheduler_step", "to_device", "save_checkpoint",
                    "load_checkpoint", "get_status", "create_group", "health", "call_raw",
-                   "share_weights", "request_share", "create_adapter", "delete_adapter")
+                   "share_weights", "request_share", "create_adapter", "delete_adapter",
+                   "sample")
 
     def initialize(self, *, preset="", hf_config_json="", model_path="",
                    model_type="", backend="", device="", seed=0, optimizer=None,
                    lr_scheduler=None, offload=None, max_tokens_per_micro_batch=0,
                    dist=None, bf16_matmul=False, replace=False, frozen_base=False,
-                   timeout=None, request_id=None, progress=None):
+                   kv_cache_bytes=0, timeout=None, request_id=None, progress=None):
         """Build the engine. Exactly one of preset, hf_config_json (a dict or
         the JSON text), model_path. replace: required to replace an engine
         that is already initialized (else FAILED_PRECONDITION); it deletes
         the old engine's adapters. frozen_base: the model is a frozen base
         for LoRA adapters (create_adapter): it keeps no gradients or
         optimizer state and only scores (forward_only) itself.
-        optimizer / lr_scheduler / offload / dist:
-        dicts of the proto fields. progress: a callable(done, total, phase)
+        kv_cache_bytes: the most device bytes sample's key/value cache may
+        hold (0: the daemon's default, 1 GiB). optimizer / lr_scheduler /
+        offload / dist: dicts of the proto fields. progress: a callable(done, total, phase)
         or a tqdm-like object (update(n)) told the tensors built while the
         call runs (_progress.py). Returns an InitializeResult (engine_key,
         num_parameters, num_tensors)."""
@@ -132,7 +165,8 @@ class Api:
             preset=preset, hf_config_json=hf_config_json, model_path=model_path,
             model_type=model_type, backend=backend, device=device, seed=seed,
             max_tokens_per_micro_batch=max_tokens_per_micro_batch,
-            bf16_matmul=bf16_matmul, replace=replace, frozen_base=frozen_base)
+            bf16_matmul=bf16_matmul, replace=replace, frozen_base=frozen_base,
+            kv_cache_bytes=kv_cache_bytes)
         if optimizer:
             req.optimizer.CopyFrom(pb.OptimizerConfig(**optimizer))
         if lr_scheduler:
@@ -181,15 +215,14 @@ class Api:
         if unknown:
             raise TypeError("unknown per-token arrays: %s" % ", ".join(sorted(unknown)))
         req = pb.ForwardBackwardRequest(
-            input_ids=tensor(np.asarray(input_ids, dtype=np.int32).reshape(-1), pb.INT32),
+            input_ids=_token_ids(input_ids),
             seq_lens=[int(s) for s in seq_lens], forward_only=forward_only,
             temperature=temperature, return_log_probs=return_log_probs,
             return_entropy=return_entropy, return_values=return_values,
             max_tokens_per_micro_batch=max_tokens_per_micro_batch,
             reduce_gradients=reduce_gradients, adapter=adapter)
         if target_ids is not None:
-            req.target_ids.CopyFrom(
-                tensor(np.asarray(target_ids, dtype=np.int32).reshape(-1), pb.INT32))
+            req.target_ids.CopyFrom(_token_ids(target_ids))
         spec = _loss_spec(loss, loss_options)
         if spec is not None:
             req.loss.CopyFrom(spec)
@@ -328,6 +361,57 @@ class Api:
         """Delete the adapter and free its state. Returns None."""
         return self._rpc("DeleteAdapter", pb.DeleteAdapterRequest(name=name),
                          pb.DeleteAdapterResponse, _none, timeout, request_id)
+
+    def sample(self, input_ids, seq_lens, *, max_tokens, num_samples=1, temperature=None,
+               top_k=0, top_p=None, seed=0, stop_token_ids=(), stop_sequences=(),
+               top_logprobs=0, prompt_logprobs=False, adapter="",
+               max_tokens_per_micro_batch=0, timeout=None):
+        """Completions of packed prompts (the Sample stream, read to its
+        end), from the weights as of the call's start; changes no training
+        state. input_ids: int32 [N], the prompts packed; seq_lens: each
+        prompt's length, sum N. max_tokens: new tokens per completion;
+        num_samples: completions per prompt. temperature: None (1), 0
+        (greedy) or > 0; top_k: 0 (off) or the k most likely tokens; top_p:
+        None (off) or in (0, 1]. seed: with the prompt's and the sample's
+        index, the only source of a completion's randomness.
+        stop_token_ids: tokens that end a completion; stop_sequences: lists
+        of tokens that end it (both kept in the completion).
+        top_logprobs: 0..20 best log-probs per new token; prompt_logprobs:
+        the prompts' own (on sample 0). adapter: the LoRA adapter sampled
+        ("": the base). max_tokens_per_micro_batch: prompt tokens per
+        prefill chunk (0: the engine's budget). timeout: the whole
+        stream's. docs/SAMPLING.md defines each. Returns a SampleResult
+        (completions sorted by (prompt_index, sample_index),
+        weights_version)."""
+        req = sample_request(
+            input_ids, seq_lens, max_tokens=max_tokens, num_samples=num_samples,
+            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+            stop_token_ids=stop_token_ids, stop_sequences=stop_sequences,
+            top_logprobs=top_logprobs, prompt_logprobs=prompt_logprobs, adapter=adapter,
+            max_tokens_per_micro_batch=max_tokens_per_micro_batch)
+        return self._rpc_stream("Sample", req, pb.SampleResponse, R.SampleResult.from_replies,
+                                timeout)
+
+    def sample_iter(self, input_ids, seq_lens, *, max_tokens, num_samples=1,
+                    temperature=None, top_k=0, top_p=None, seed=0, stop_token_ids=(),
+                    stop_sequences=(), top_logprobs=0, prompt_logprobs=False, adapter="",
+                    max_tokens_per_micro_batch=0, timeout=None):
+        """sample's completions one by one as the stream delivers them
+        (each as soon as it is done, in any order): a generator of
+        Completion (an async generator in AsyncEngineClient; the request is
+        built here, the call starts at the first item). To stop early,
+        close it (`gen.close()`, `with contextlib.closing(gen)`; `await
+        gen.aclose()`, `async with contextlib.aclosing(gen)`): that cancels
+        the call at once, as does cancelling the task that awaits an item.
+        Arguments as sample's."""
+        req = sample_request(
+            input_ids, seq_lens, max_tokens=max_tokens, num_samples=num_samples,
+            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+            stop_token_ids=stop_token_ids, stop_sequences=stop_sequences,
+            top_logprobs=top_logprobs, prompt_logprobs=prompt_logprobs, adapter=adapter,
+            max_tokens_per_micro_batch=max_tokens_per_micro_batch)
+        return self._stream_items("Sample", req, pb.SampleResponse, R.Completion.of_reply,
+                                  timeout)
 
     def create_group(self, world_size, device="", timeout=None):
         """On rank 0's daemon: a new data-parallel group of world_size

@@ -29,9 +29,10 @@ from .tensors import Assembler, parse_bucket
 class AsyncEngineClient(Api):
     """An asyncio client; arguments as EngineClient's (channel: a
     grpc.aio.Channel). Every RPC method is a coroutine with EngineClient's
-    signature and result; stream_weights is an async generator and
-    get_per_tensor_param returns the grpc.aio call (async-iterable,
-    .cancel()). Close with `await c.close()` or `async with`."""
+    signature and result; stream_weights is an async generator,
+    sample_iter returns one and get_per_tensor_param returns the grpc.aio
+    call (async-iterable, .cancel()). Close with `await c.close()` or
+    `async with`."""
 
     def __init__(self, target="127.0.0.1:50051", timeout=None,
                  max_message_bytes=1 << 30, options=None, token=None,
@@ -118,6 +119,40 @@ class AsyncEngineClient(Api):
         except grpc.RpcError as e:
             raise wrap(e) from None
 
+    def _stream(self, method, req, deserialize, timeout=None):
+        """A server stream of `method` (no request id, no retry): the
+        grpc.aio call, async-iterable of deserialize(message); .cancel()
+        stops it."""
+        f = self.channel.unary_stream(
+            SERVICE + method, request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=deserialize)
+        return f(req, timeout=self._timeout(timeout), metadata=self._auth or None)
+
+    async def _rpc_stream(self, method, req, resp_cls, convert, timeout=None):
+        """convert(the list of every reply of a server stream)."""
+        call = self._stream(method, req, resp_cls.FromString, timeout)
+        try:
+            return convert([rep async for rep in call])
+        except grpc.RpcError as e:
+            raise wrap(e) from None
+        finally:
+            call.cancel()
+
+    async def _stream_items(self, method, req, resp_cls, items, timeout=None):
+        """An async generator of what items(reply) lists, reply by reply;
+        the call starts at the first item and is cancelled when the
+        generator ends, is closed (aclose) or its awaiting task is
+        cancelled."""
+        call = self._stream(method, req, resp_cls.FromString, timeout)
+        try:
+            async for rep in call:
+                for item in items(rep):
+                    yield item
+        except grpc.RpcError as e:
+            raise wrap(e) from None
+        finally:
+            call.cancel()
+
     # --- weights ----------------------------------------------------------
 
     def get_per_tensor_param(self, dtype="float32", names=None, bucket_bytes=0,
@@ -125,12 +160,9 @@ class AsyncEngineClient(Api):
                              adapter_view="adapter"):
         """The raw stream of ParamBucket messages: a grpc.aio call (`async
         for`; .cancel() stops it). split: as EngineClient's."""
-        f = self.channel.unary_stream(
-            SERVICE + "GetPerTensorParam", request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=parse_bucket if split else pb.ParamBucket.FromString)
-        return f(param_request(dtype, names, bucket_bytes, adapter, adapter_view),
-                 timeout=self._timeout(timeout),
-                 metadata=self._auth or None)
+        return self._stream("GetPerTensorParam",
+                            param_request(dtype, names, bucket_bytes, adapter, adapter_view),
+                            parse_bucket if split else pb.ParamBucket.FromString, timeout)
 
     async def stream_weights(self, dtype="float32", names=None, bucket_bytes=0,
                              timeout=None, as_torch=False, progress=None, adapter="",

@@ -176,6 +176,37 @@ class EngineClient(Api):
         except grpc.RpcError as e:
             raise wrap(e) from None
 
+    def _stream(self, method, req, deserialize, timeout=None):
+        """A server stream of `method` (no request id, no retry): the grpc
+        call, an iterator of deserialize(message); .cancel() stops it."""
+        f = self.channel.unary_stream(
+            SERVICE + method, request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=deserialize)
+        return f(req, timeout=self._timeout(timeout))
+
+    def _rpc_stream(self, method, req, resp_cls, convert, timeout=None):
+        """convert(the list of every reply of a server stream)."""
+        call = self._stream(method, req, resp_cls.FromString, timeout)
+        try:
+            return convert(list(call))
+        except grpc.RpcError as e:
+            raise wrap(e) from None
+        finally:
+            call.cancel()
+
+    def _stream_items(self, method, req, resp_cls, items, timeout=None):
+        """A generator of what items(reply) lists, reply by reply; the call
+        starts at the first next() and is cancelled when the generator
+        ends or is closed."""
+        call = self._stream(method, req, resp_cls.FromString, timeout)
+        try:
+            for rep in call:
+                yield from items(rep)
+        except grpc.RpcError as e:
+            raise wrap(e) from None
+        finally:
+            call.cancel()
+
     # --- weights ----------------------------------------------------------
 
     def get_per_tensor_param(self, dtype="float32", names=None, bucket_bytes=0,
@@ -184,11 +215,9 @@ class EngineClient(Api):
         """The raw stream of ParamBucket messages (a grpc call iterator;
         .cancel() stops it). split: tensors.RawBucket messages instead,
         whose data is a view of the received bytes (one copy less)."""
-        f = self.channel.unary_stream(
-            SERVICE + "GetPerTensorParam", request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=parse_bucket if split else pb.ParamBucket.FromString)
-        return f(param_request(dtype, names, bucket_bytes, adapter, adapter_view),
-                 timeout=self._timeout(timeout))
+        return self._stream("GetPerTensorParam",
+                            param_request(dtype, names, bucket_bytes, adapter, adapter_view),
+                            parse_bucket if split else pb.ParamBucket.FromString, timeout)
 
     def stream_weights(self, dtype="float32", names=None, bucket_bytes=0, timeout=None,
                        as_torch=False, progress=None, adapter="",

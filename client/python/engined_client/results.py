@@ -25,6 +25,9 @@ unchanged). Both clients return the same types.
                        tensors: tuple of SharedTensor, expires_in_s, step)
   share_weights     -> shared.SharedWeights (a mapping of array views, not a
                        reply's fields: its .ticket is the ShareTicket)
+  sample            -> SampleResult (completions: list of Completion sorted by
+                       (prompt_index, sample_index), weights_version)
+  sample_iter       -> Completion after Completion, as the stream delivers them
 
 Results compare with == field by field (arrays by shape, dtype and values),
 so two replies of one request id compare equal.
@@ -33,11 +36,13 @@ import dataclasses
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
+import grpc
 import numpy as np
 
 from ._pb import pb
+from ._rpc import EngineError
 from .tensors import to_numpy
 
 
@@ -371,6 +376,98 @@ class ForwardBackwardResult(Mapping):
 
 _FB_KEYS = tuple(f.name for f in dataclasses.fields(ForwardBackwardResult))
 
+# FinishReason by value: "stop", "length" (the enum's names without their
+# prefix, lowercase; "unspecified" for 0).
+_FINISH = {v.number: v.name[len("FINISH_REASON_"):].lower()
+           for v in pb.FinishReason.DESCRIPTOR.values}
+
+
+def _finish(v):
+    return _FINISH.get(v, int(v))  # a reason this client does not know: the number
+
+
+def _floats(values):
+    return np.array(values, dtype=np.float32)
+
+
+def _per_token(values, dtype, n, field):
+    """A [len(token_ids), k] array of a completion's top_* field (k
+    entries per new token), or None when the field is empty (k = 0)."""
+    if not len(values):
+        return None
+    if n == 0 or len(values) % n:
+        raise EngineError(grpc.StatusCode.DATA_LOSS,
+                          "Completion.%s: %d entries for %d tokens" % (field, len(values), n))
+    return np.array(values, dtype=dtype).reshape(n, len(values) // n)
+
+
+@dataclass(frozen=True, eq=False)
+class Completion:
+    """One completion of Sample (engine.proto Completion): prompt_index
+    (in seq_lens), sample_index (0 .. num_samples - 1), token_ids (the new
+    tokens), logprobs (float32 [n], each new token's log-prob at the
+    call's temperature), finish_reason ("stop": a stop token or sequence,
+    the last tokens; "length": max_tokens reached), top_token_ids (int32
+    [n, top_logprobs]) and top_logprobs (float32 [n, top_logprobs]), best
+    first, None when top_logprobs was 0; prompt_logprobs (float32
+    [prompt length], entry 0 is 0) on each prompt's sample 0 when asked,
+    else None. Compares with == field by field (arrays by dtype, shape and
+    values)."""
+    prompt_index: int
+    sample_index: int
+    token_ids: List[int]
+    logprobs: np.ndarray
+    finish_reason: str
+    top_token_ids: Optional[np.ndarray] = None
+    top_logprobs: Optional[np.ndarray] = None
+    prompt_logprobs: Optional[np.ndarray] = None
+
+    @classmethod
+    def from_proto(cls, m):
+        n = len(m.token_ids)
+        return cls(prompt_index=m.prompt_index, sample_index=m.sample_index,
+                   token_ids=list(m.token_ids), logprobs=_floats(m.logprobs),
+                   finish_reason=_finish(m.finish_reason),
+                   top_token_ids=_per_token(m.top_token_ids, np.int32, n, "top_token_ids"),
+                   top_logprobs=_per_token(m.top_logprobs, np.float32, n, "top_logprobs"),
+                   prompt_logprobs=(_floats(m.prompt_logprobs) if len(m.prompt_logprobs)
+                                    else None))
+
+    @classmethod
+    def of_reply(cls, m):
+        """The completions of one SampleResponse, in its order."""
+        return [cls.from_proto(c) for c in m.completions]
+
+    def __eq__(self, other):
+        if not isinstance(other, Completion):
+            return NotImplemented
+        return all(_equal(getattr(self, f.name), getattr(other, f.name))
+                   for f in dataclasses.fields(self))
+
+    __hash__ = None
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    """Sample, the whole stream: every completion, sorted by
+    (prompt_index, sample_index), and weights_version (the optimizer steps
+    behind the weights sampled)."""
+    completions: List[Completion]
+    weights_version: int
+
+    @classmethod
+    def from_proto(cls, m):
+        return cls.from_replies([m])
+
+    @classmethod
+    def from_replies(cls, replies):
+        """From all the SampleResponse messages of one call (every one
+        carries the same weights_version; 0 when there are none)."""
+        done = [c for m in replies for c in Completion.of_reply(m)]
+        done.sort(key=lambda c: (c.prompt_index, c.sample_index))
+        return cls(completions=done,
+                   weights_version=replies[0].weights_version if replies else 0)
+
 # Each typed result and the reply message it stands for (tests check that
 # every field of the message is there).
 REPLY_TYPES = {
@@ -390,4 +487,6 @@ REPLY_TYPES = {
     CreateAdapterResult: pb.CreateAdapterResponse,
     ShareTicket: pb.ShareWeightsResponse,
     SharedTensor: pb.SharedTensor,
+    SampleResult: pb.SampleResponse,
+    Completion: pb.Completion,
 }
