@@ -471,7 +471,7 @@ int engine_fb_call_run(struct engine *e, struct engine_fb_call *c,
 /* --- generation (engine_sample.c; docs/SAMPLING.md) -------------------- */
 
 /* Bounds of a Sample's sizes from clients. */
-#define ENGINE_SAMPLE_MAX_SAMPLES 1024        /* completions per prompt */
+#define ENGINE_SAMPLE_MAX_SAMPLES 65536       /* completions per prompt */
 #define ENGINE_SAMPLE_MAX_NEW_TOKENS (1 << 20)
 #define ENGINE_SAMPLE_MAX_TOP_LOGPROBS 20
 #define ENGINE_SAMPLE_MAX_STOPS 64            /* stop ids; stop sequences */

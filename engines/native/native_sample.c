@@ -20,6 +20,7 @@
 #include "native_sample.h"
 
 #include <errno.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -68,7 +69,8 @@ struct call {
 struct native_sampler {
 	struct native *n;
 	struct sample_pass pass;
-	struct sampler_work *w;
+	struct sampler_work **w;     /* [threads]: one a thread of the draws */
+	int threads;
 	int64_t reserved;            /* blocks of the admitted prompts */
 	int64_t version;             /* the weights' optimizer steps */
 	struct call *calls, **tail;  /* in order of arrival */
@@ -224,16 +226,23 @@ static void finish(struct native_sampler *s, struct seq *q, enum engine_finish w
 		end_call(s, c, 0, NULL);
 }
 
-/* Draw q's next token from logits z[V]; true when q is then complete. */
-static bool draw(struct native_sampler *s, struct seq *q, const float *z,
-		 enum engine_finish *why)
+/* Draw q's next token from logits z[V] into its arrays (with w: any
+ * thread, one completion each). */
+static void pick(const struct native_sampler *s, struct seq *q, const float *z,
+		 struct sampler_work *w)
 {
-	const struct engine_sample_params *p = q->call->p;
-	int32_t k = p->top_logprobs, i = q->ntok;
+	int32_t k = q->call->p->top_logprobs, i = q->ntok;
 
-	sampler_pick(&q->call->sp, z, s->pass.V, rng_uniform(&q->rng), s->w, &q->tokens[i],
+	sampler_pick(&q->call->sp, z, s->pass.V, rng_uniform(&q->rng), w, &q->tokens[i],
 		     &q->logp[i], k ? q->top_ids + (int64_t)i * k : NULL,
 		     k ? q->top_lp + (int64_t)i * k : NULL);
+}
+
+/* Take the token pick drew; true when q is then complete. */
+static bool advance(struct seq *q, enum engine_finish *why)
+{
+	const struct engine_sample_params *p = q->call->p;
+
 	q->ntok++;
 	if (stopped(p, q)) {
 		*why = ENGINE_FINISH_STOP;
@@ -278,7 +287,7 @@ static int fork_samples(struct native_sampler *s, struct call *c, int32_t i, con
 		if (rc) {
 			pr->live--;
 			seq_free(s, q);
-		} else if (draw(s, q, z, &why)) {
+		} else if (pick(s, q, z, s->w[0]), advance(q, &why)) {
 			finish(s, q, why);
 		} else {
 			s->run[s->nrun++] = q;
@@ -402,7 +411,18 @@ static int decode_step(struct native_sampler *s, struct eng_error *err)
 			int64_t R = T - r0 < sp->lrows ? T - r0 : sp->lrows;
 
 			rc = sample_logits(sp, T, r0, R, err);
-			for (int64_t r = 0; r < R && !rc; r++) {
+			if (rc)
+				break;
+			/* The draws in parallel (each completion its own stream), then
+			 * the ends in row order. */
+#pragma omp parallel for num_threads(s->threads) schedule(dynamic, 1)
+			for (int64_t r = 0; r < R; r++) {
+				struct seq *q = grp[s->src[r0 + r]];
+
+				if (q)
+					pick(s, q, sp->h_logits + r * sp->V, s->w[omp_get_thread_num()]);
+			}
+			for (int64_t r = 0; r < R; r++) {
 				int64_t at = s->src[r0 + r];
 				struct seq *q = grp[at];
 				enum engine_finish why;
@@ -410,7 +430,7 @@ static int decode_step(struct native_sampler *s, struct eng_error *err)
 				if (!q)
 					continue;   /* ended by an earlier emit's failure */
 				q->len++;
-				if (draw(s, q, sp->h_logits + r * sp->V, &why)) {
+				if (advance(q, &why)) {
 					grp[at] = NULL;
 					finish(s, q, why);
 				}
@@ -496,6 +516,7 @@ int native_sampler_add(void *impl, const struct engine_sample_params *p,
 {
 	struct native_sampler *s = impl;
 	int64_t V = s->pass.V, off = 0, limit = s->pass.kv.nblocks;
+	int64_t ctx = s->n->cfg.max_position_embeddings;
 	struct call *c;
 
 	for (int64_t t = 0; t < p->n; t++)
@@ -527,17 +548,26 @@ int native_sampler_add(void *impl, const struct engine_sample_params *p,
 		pr->off = off;
 		pr->len = p->seq_lens[i];
 		off += pr->len;
+		if ((int64_t)pr->len + p->max_tokens > ctx) {
+			call_free(c);
+			return eng_fail(err, -EINVAL,
+					"max_tokens: prompt %d has %d tokens, and %d more pass the "
+					"model's context of %lld positions (max_position_embeddings)",
+					i, pr->len, p->max_tokens, (long long)ctx);
+		}
 		if (!prompt_need(p, s->pass.kv.block, pr->len, &pr->need) || pr->need > limit) {
 			int64_t bb = kv_cache_block_bytes(&s->n->cfg, s->pass.kv.block);
 
 			call_free(c);
 			return eng_fail(err, -E2BIG,
 					"Sample: prompt %d (%d tokens) with num_samples %d and "
-					"max_tokens %d needs more key/value cache than the engine "
-					"holds (kv_cache_bytes %lld: %lld blocks of %lld positions, "
-					"%lld bytes each)", i, pr->len, p->num_samples, p->max_tokens,
-					(long long)s->n->kv_cache_bytes, (long long)limit,
-					(long long)s->pass.kv.block, (long long)bb);
+					"max_tokens %d needs up to %lld key/value cache blocks "
+					"(%.1f MiB); the cache holds %lld (kv_cache_bytes %lld, "
+					"%lld bytes a block of %lld positions)", i, pr->len,
+					p->num_samples, p->max_tokens, (long long)pr->need,
+					(double)pr->need * (double)bb / (1 << 20), (long long)limit,
+					(long long)s->n->kv_cache_bytes, (long long)bb,
+					(long long)s->pass.kv.block);
 		}
 	}
 	c->p = p;
@@ -585,7 +615,9 @@ void native_sampler_close(void *impl)
 	free(s->run);
 	free(s->src);
 	free(s->last);
-	sampler_work_free(s->w);
+	for (int i = 0; s->w && i < s->threads; i++)
+		sampler_work_free(s->w[i]);
+	free(s->w);
 	sample_pass_close(&s->pass);
 	free(s);
 }
@@ -621,8 +653,12 @@ int native_sampler_open(struct engine *e, void **ret, struct eng_error *err)
 	s->run = malloc((size_t)nblocks * sizeof(*s->run));
 	s->src = malloc((size_t)s->pass.cap * sizeof(*s->src));
 	s->last = malloc((size_t)s->pass.cap * sizeof(*s->last));
-	s->w = sampler_work_new(s->pass.V);
-	if (!s->run || !s->src || !s->last || !s->w) {
+	s->threads = omp_get_max_threads();
+	s->w = calloc((size_t)s->threads, sizeof(*s->w));
+	for (int i = 0; s->w && i < s->threads; i++)
+		if (!(s->w[i] = sampler_work_new(s->pass.V)))
+			break;
+	if (!s->run || !s->src || !s->last || !s->w || !s->w[s->threads - 1]) {
 		native_sampler_close(s);
 		return eng_fail(err, -ENOMEM, "Sample: out of host memory");
 	}

@@ -129,52 +129,80 @@ def test_seed_alone_or_busy(client):
                for k, c in by_key(busy).items())
 
 
-# scipy.stats.chi2.ppf(0.999, df) for df = 19 and 4: the 0.1% tails
-CHI2_999 = {19: 43.820, 4: 18.467}
+def chi2_critical(df, z=3.0902):
+    """The chi-square quantile of df degrees of freedom at the normal
+    quantile z (3.0902: p = 0.999), by Wilson and Hilferty's cube-root
+    approximation (within 0.5% of scipy.stats.chi2.ppf for df >= 3)."""
+    h = 2.0 / (9.0 * df)
+    return df * (1.0 - h + z * np.sqrt(h)) ** 3
 
 
-def chi2(counts, probs):
+def chi2_test(counts, probs, min_expected=5.0):
+    """Pearson's statistic with the categories expected fewer than
+    min_expected times pooled into one; (statistic, degrees of freedom)."""
     expected = probs / probs.sum() * counts.sum()
-    return float(((counts - expected) ** 2 / expected).sum())
+    big = expected >= min_expected
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    return float(((obs - exp) ** 2 / exp).sum()), len(obs) - 1
+
+
+def first_token_probs(client, prompt, temperature):
+    """p(v | prompt) for every token v, from ForwardBackward (one sequence
+    per candidate, the last log-prob of each)."""
+    seqs = np.concatenate([np.append(prompt, v) for v in range(V)]).astype(np.int32)
+    lp = fb_logprobs_packed(client, seqs, [len(prompt) + 1] * V, temperature)
+    return np.exp(lp[len(prompt)::len(prompt) + 1])
+
+
+def fb_logprobs_packed(client, ids, lens, temperature):
+    r = client.forward_backward(ids, lens, forward_only=True, return_log_probs=True,
+                                temperature=temperature)
+    return np.asarray(r.log_probs, np.float64)
+
+
+N_DRAWS = 20000
+
+
+def draws(client, prompt, **kw):
+    res = client.sample(prompt, [len(prompt)], max_tokens=1, num_samples=N_DRAWS, **kw)
+    assert len(res.completions) == N_DRAWS
+    return np.bincount([c.token_ids[0] for c in res.completions], minlength=V)
 
 
 def test_draws_follow_the_distribution(client):
-    """20000 first tokens at temperature 0.7 with top_k 20 against the
-    top-20 log-probs renormalized; and with top_p the nucleus alone."""
+    """20000 first tokens of one prompt at temperature 1 against the
+    softmax probabilities (ForwardBackward's); then with top_k and top_p,
+    the tokens drawn are exactly the set each keeps, in its proportions."""
     init(client)
     prompt = np.array([7, 100, 3], np.int32)
-    ids = np.tile(prompt, 20)
-    res = client.sample(ids, [3] * 20, max_tokens=1, num_samples=1000, temperature=0.7,
-                        top_k=20, top_logprobs=20, seed=1)
-    assert len(res.completions) == 20000
-    top = res.completions[0].top_token_ids[0]
-    lp = res.completions[0].top_logprobs[0].astype(np.float64)
-    ref = fb_logprobs(client, np.concatenate([prompt, top[:1]]), 0.7)
-    assert abs(ref[-1] - lp[0]) < 1e-5
-    counts = np.zeros(20)
-    where = {int(t): j for j, t in enumerate(top)}
-    for c in res.completions:
-        counts[where[c.token_ids[0]]] += 1     # KeyError: a token outside top_k
-    stat = chi2(counts, np.exp(lp))
-    print("chi-square top_k=20 (19 dof): %.2f" % stat)
-    assert stat < CHI2_999[19]
+    p = first_token_probs(client, prompt, 1.0)
+    assert abs(p.sum() - 1) < 1e-5
+    counts = draws(client, prompt, temperature=1.0, seed=1)
+    stat, df = chi2_test(counts, p)
+    print("chi-square, t=1, %d draws: %.2f with %d dof (p = 0.001 at %.2f)"
+          % (N_DRAWS, stat, df, chi2_critical(df)))
+    assert df >= 10 and stat < chi2_critical(df)
 
-    # top_p: the smallest best-first set reaching top_p of the top-k mass
-    p = np.exp(lp - lp.max())
-    p /= p.sum()
-    cut = int(np.searchsorted(np.cumsum(p), 0.6) + 1)    # crossing token included
-    assert 1 < cut < 20
-    res = client.sample(ids, [3] * 20, max_tokens=1, num_samples=1000, temperature=0.7,
-                        top_k=20, top_p=0.6, seed=2)
-    kept = {int(t): j for j, t in enumerate(top[:cut])}
-    counts = np.zeros(cut)
-    for c in res.completions:
-        counts[kept[c.token_ids[0]]] += 1
-    stat = chi2(counts, p[:cut])
-    print("chi-square top_p=0.6 (%d tokens): %.2f" % (cut, stat))
-    if cut - 1 in CHI2_999:
-        assert stat < CHI2_999[cut - 1]
-    assert all(counts > 0)
+    order = np.argsort(-p, kind="stable")
+    # top_k 12: the 12 best tokens, renormalized
+    counts = draws(client, prompt, temperature=1.0, top_k=12, seed=2)
+    kept = order[:12]
+    assert set(np.flatnonzero(counts)) == set(kept)
+    stat, df = chi2_test(counts[kept], p[kept])
+    print("chi-square, top_k=12: %.2f with %d dof" % (stat, df))
+    assert stat < chi2_critical(df)
+    # top_p 0.6: the smallest best-first set reaching 0.6, the crossing token in
+    cut = int(np.searchsorted(np.cumsum(p[order]), 0.6) + 1)
+    assert 3 <= cut < 40
+    counts = draws(client, prompt, temperature=1.0, top_p=0.6, seed=3)
+    kept = order[:cut]
+    assert set(np.flatnonzero(counts)) == set(kept)
+    stat, df = chi2_test(counts[kept], p[kept])
+    print("chi-square, top_p=0.6 (%d tokens): %.2f with %d dof" % (cut, stat, df))
+    assert stat < chi2_critical(max(df, 3))
 
 
 def test_top_k_and_top_p_exclude(client):
@@ -265,7 +293,7 @@ def test_bad_input(client):
         (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(temperature=-1.0),
                                                                    "temperature"),
         (dict(temperature=float("nan")), "temperature"), (dict(top_k=-1), "top_k"),
-        (dict(num_samples=5000), "num_samples"), (dict(top_logprobs=21), "top_logprobs"),
+        (dict(num_samples=70000), "num_samples"), (dict(top_logprobs=21), "top_logprobs"),
         (dict(stop_token_ids=[V]), "stop_token_ids"), (dict(stop_sequences=[[]]),
                                                        "stop_sequences[0]"),
         (dict(stop_sequences=[[1, V + 3]]), "stop_sequences[0]"),
@@ -276,6 +304,13 @@ def test_bad_input(client):
         args.update(kw)
         expect(IA, client.sample, ids, lens, field=field, **args)
     expect(IA, client.sample, ids, lens, max_tokens=0, field="max_tokens")
+    # past the model's context (1024 positions; the longest prompt has 33)
+    expect(IA, client.sample, ids, lens, max_tokens=992, field="max_position_embeddings")
+    assert len(client.sample(ids, lens, max_tokens=991, top_k=1).completions) == len(lens)
+    # work the cache could never hold: refused at once, with the estimate
+    e = expect(grpc.StatusCode.RESOURCE_EXHAUSTED, client.sample, ids, lens, max_tokens=900,
+               num_samples=60000, field="kv_cache_bytes")
+    assert "needs up to" in e.details() and "MiB" in e.details()
     expect(IA, client.sample, ids, lens[:-1], max_tokens=4, field="seq_lens")
     expect(IA, client.sample, ids, [0] + lens[1:], max_tokens=4, field="seq_lens")
     out = ids.copy()
