@@ -553,13 +553,12 @@ int native_sampler_add(void *impl, const struct engine_sample_params *p,
 			return eng_fail(err, -EINVAL,
 					"max_tokens: prompt %d has %d tokens, and %d more pass the "
 					"model's context of %lld positions (max_position_embeddings)",
-					i, pr->len, p->max_tokens, (long long)ctx);
+					i, p->seq_lens[i], p->max_tokens, (long long)ctx);
 		}
 		if (!prompt_need(p, s->pass.kv.block, pr->len, &pr->need) || pr->need > limit) {
 			int64_t bb = kv_cache_block_bytes(&s->n->cfg, s->pass.kv.block);
 
-			call_free(c);
-			return eng_fail(err, -E2BIG,
+			eng_fail(err, -E2BIG,
 					"Sample: prompt %d (%d tokens) with num_samples %d and "
 					"max_tokens %d needs up to %lld key/value cache blocks "
 					"(%.1f MiB); the cache holds %lld (kv_cache_bytes %lld, "
@@ -568,6 +567,8 @@ int native_sampler_add(void *impl, const struct engine_sample_params *p,
 					(double)pr->need * (double)bb / (1 << 20), (long long)limit,
 					(long long)s->n->kv_cache_bytes, (long long)bb,
 					(long long)s->pass.kv.block);
+			call_free(c);
+			return -E2BIG;
 		}
 	}
 	c->p = p;
