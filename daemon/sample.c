@@ -75,8 +75,9 @@ static int decode_stops(struct sample_prep *sp, const Engined__V1__SampleRequest
 	if (!sp->stop_tokens)
 		return -ENOMEM;
 	for (size_t i = 0; i < n; i++)
-		memcpy(sp->stop_tokens + sp->stop_off[i], q->stop_sequences[i]->token_ids,
-		       q->stop_sequences[i]->n_token_ids * sizeof(int32_t));
+		if (q->stop_sequences[i]->n_token_ids)   /* an empty one: refused by the check */
+			memcpy(sp->stop_tokens + sp->stop_off[i], q->stop_sequences[i]->token_ids,
+			       q->stop_sequences[i]->n_token_ids * sizeof(int32_t));
 	sp->p.stop_seq_tokens = sp->stop_tokens;
 	sp->p.stop_seq_off = sp->stop_off;
 	sp->p.num_stop_seqs = (int32_t)n;
