@@ -9,6 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Floats of logits one LM-head product of a step may write (64 MiB, on
+ * the device and on the host): 110 rows of Qwen's 151936 tokens. */
+#define SAMPLE_LOGITS_FLOATS (INT64_C(16) << 20)
+
 int sample_pass_open(struct sample_pass *sp, struct native *n, int64_t cap, int64_t nblocks,
 		     struct eng_error *err)
 {
@@ -28,7 +32,11 @@ int sample_pass_open(struct sample_pass *sp, struct native *n, int64_t cap, int6
 		sample_pass_close(sp);
 		return rc;
 	}
-	r = sp->m->lm_tile / sp->V;
+	/* Every row of a decode step in one LM-head product where the logits
+	 * fit SAMPLE_LOGITS_FLOATS: each product reads the whole head weight
+	 * (Qwen's 545 MB), so 13 rows at a time (the training tile) made a
+	 * step at batch 64 read it 5 times. */
+	r = SAMPLE_LOGITS_FLOATS / sp->V;
 	sp->lrows = r < 1 ? 1 : r < cap ? r : cap;
 	sp->h_i32 = malloc((size_t)(SP_COLS * cap) * sizeof(int32_t));
 	sp->h_rowlogp = malloc((size_t)cap * sizeof(float));

@@ -404,6 +404,49 @@ START_TEST(gemm_accumulate_is_product_plus_c)
 }
 END_TEST
 
+/* One row times a weight stored [N, K] (x W^T at M = 1: decoding's
+ * products, cpu_gemm.c's gemv_rows): within the fp32 tolerance of the
+ * double product, C = P + beta C bit for bit, and the same bits on 1 and
+ * 2 threads. */
+START_TEST(gemv_one_row)
+{
+	const int64_t N = 1000, K = 896;
+	struct device *d1 = tu_open(1, MATMUL_FP32), *d2 = tu_open(2, MATMUL_FP32);
+	float *A = tu_falloc(d2, K), *B = tu_falloc(d2, N * K), *P = tu_falloc(d2, N);
+	float *P1 = tu_falloc(d1, N), *C = tu_falloc(d2, N), *C0 = malloc(sizeof(float) * N);
+	double e;
+
+	ck_assert_ptr_nonnull(C0);
+	tu_seed(21);
+	e = gemm_case(d2, false, true, 1, N, K, 5, 0.0f, false, 1e-5);
+	ck_assert_msg(e <= 1.0, "beta 0 err %g", e);
+	e = gemm_case(d2, false, true, 1, N, K, 5, 1.0f, false, 1e-5);
+	ck_assert_msg(e <= 1.0, "beta 1 err %g", e);
+	tu_fill(A, K, -1.0f, 1.0f);
+	tu_fill(B, N * K, -1.0f, 1.0f);
+	tu_fill(C0, N, -4.0f, 4.0f);
+	ck_assert_int_eq(d2->k->gemm(d2, false, true, 1, N, K, A, K, B, K, 0.0f, P, N), 0);
+	ck_assert_int_eq(d1->k->gemm(d1, false, true, 1, N, K, A, K, B, K, 0.0f, P1, N), 0);
+	ck_assert_mem_eq(P, P1, sizeof(float) * N);
+	memcpy(C, C0, sizeof(float) * N);
+	ck_assert_int_eq(d2->k->gemm(d2, false, true, 1, N, K, A, K, B, K, 0.5f, C, N), 0);
+	for (int64_t i = 0; i < N; i++) {
+		float want = P[i] + 0.5f * C0[i];
+
+		ck_assert_msg(!memcmp(&want, &C[i], sizeof(float)), "C[%ld] = %a, want %a",
+			      (long)i, C[i], want);
+	}
+	d2->ops->free(d2, A);
+	d2->ops->free(d2, B);
+	d2->ops->free(d2, P);
+	d2->ops->free(d2, C);
+	d1->ops->free(d1, P1);
+	free(C0);
+	tu_close(d1);
+	tu_close(d2);
+}
+END_TEST
+
 /* The same product of the same values at other addresses (misaligned by
  * 1 and 5 floats) gives the same bits: results must not depend on where a
  * tensor was allocated (checkpoint resume reproduces runs bit for bit).
@@ -469,6 +512,7 @@ int main(void)
 	tcase_add_test(tc, memory_accounting);
 	tcase_add_test(tc, gemm_fp32_all_transposes);
 	tcase_add_test(tc, gemm_accumulate_is_product_plus_c);
+	tcase_add_test(tc, gemv_one_row);
 	tcase_add_test(tc, gemm_bf16);
 	tcase_add_test(tc, matmul_path_reported);
 	tcase_add_test(tc, gemm_large_shape);

@@ -489,6 +489,28 @@ static const void *bf16_operand(struct device *dev, enum cpu_scratch_slot slot,
 	return copy;
 }
 
+/* One row times a weight stored [N, K] (x W^T: a decode step's products):
+ * y[n] = x . W[n] (+ beta y[n]), rows split across the threads, each dot
+ * product one vectorized reduction over K. It streams W once at the
+ * memory's speed, where oneDNN's matmul primitive ran the same M = 1
+ * products at 15-23 GB/s of the weights (Qwen2.5-0.5B shapes, 2 threads,
+ * Zen 5, 2026-12-06; docs/SAMPLING.md). Each y[n] is summed by one thread
+ * in a fixed order: the results do not depend on the thread count. */
+static void gemv_rows(const float *x, const float *W, int64_t ldb, int64_t N, int64_t K,
+		      float beta, float *y)
+{
+#pragma omp parallel for schedule(static)
+	for (int64_t n = 0; n < N; n++) {
+		const float *w = W + n * ldb;
+		float acc = 0.0f;
+
+#pragma omp simd reduction(+:acc)
+		for (int64_t k = 0; k < K; k++)
+			acc += x[k] * w[k];
+		y[n] = beta == 0.0f ? acc : acc + beta * y[n];
+	}
+}
+
 int cpu_gemm(struct device *dev, bool trans_a, bool trans_b,
 	     int64_t M, int64_t N, int64_t K,
 	     const float *A, int64_t lda, const float *B, int64_t ldb,
@@ -514,6 +536,10 @@ int cpu_gemm(struct device *dev, bool trans_a, bool trans_b,
 		return 0;
 	}
 	cpu_enter(dev);
+	if (dev->prec == MATMUL_FP32 && M == 1 && !trans_a && trans_b) {
+		gemv_rows(A, B, ldb, N, K, beta, C);
+		return 0;
+	}
 	if (dev->prec == MATMUL_BF16) {
 		/* Stored layouts: A is [M,K] or [K,M], B is [K,N] or [N,K];
 		 * the copies keep the layout with compact rows. */
