@@ -232,16 +232,16 @@ int ec_call_raw_id(struct ec_client *c, const char *method, const void *req, siz
 
 /* One unary call of `svc`'s method `name`: its path and reply type come
  * from protobuf-c's service descriptor (service_method.h). */
-static int call_msg(struct ec_client *c, const ProtobufCServiceDescriptor *svc,
-		    const char *name, const ProtobufCMessage *req, void **ret,
-		    struct ec_status *st)
+/* `svc`'s method `name`: its path (path[128]) and descriptor, and req
+ * packed into *ret_buf (malloc, the caller frees) of *ret_len bytes. */
+static int pack_call(const ProtobufCServiceDescriptor *svc, const char *name,
+		     const ProtobufCMessage *req, char *path,
+		     const ProtobufCMethodDescriptor **ret_md, uint8_t **ret_buf,
+		     size_t *ret_len, struct ec_status *st)
 {
-	char path[128], rid[EC_REQUEST_ID_LEN];
-	const ProtobufCMethodDescriptor *md = service_method(svc, NULL, name, path, sizeof(path));
-	size_t len = protobuf_c_message_get_packed_size(req), rlen = 0;
-	uint8_t *buf, *resp = NULL;
-	ProtobufCMessage *m;
-	int r;
+	const ProtobufCMethodDescriptor *md = service_method(svc, NULL, name, path, 128);
+	size_t len = protobuf_c_message_get_packed_size(req);
+	uint8_t *buf;
 
 	if (!md)
 		return set_st(st, EC_INTERNAL, "client: no such method");
@@ -249,6 +249,25 @@ static int call_msg(struct ec_client *c, const ProtobufCServiceDescriptor *svc,
 	if (!buf)
 		return set_st(st, EC_RESOURCE_EXHAUSTED, "out of memory");
 	protobuf_c_message_pack(req, buf);
+	*ret_md = md;
+	*ret_buf = buf;
+	*ret_len = len;
+	return 0;
+}
+
+static int call_msg(struct ec_client *c, const ProtobufCServiceDescriptor *svc,
+		    const char *name, const ProtobufCMessage *req, void **ret,
+		    struct ec_status *st)
+{
+	char path[128], rid[EC_REQUEST_ID_LEN];
+	const ProtobufCMethodDescriptor *md;
+	size_t len, rlen = 0;
+	uint8_t *buf, *resp = NULL;
+	ProtobufCMessage *m;
+	int r = pack_call(svc, name, req, path, &md, &buf, &len, st);
+
+	if (r)
+		return r;
 	if (changes_state(name) && ec_new_request_id(rid) < 0) {
 		free(buf);
 		return set_st(st, EC_INTERNAL, "client: no random bytes for a request id");
@@ -276,17 +295,13 @@ static int stream_open(struct ec_client *c, const ProtobufCServiceDescriptor *sv
 		       const ProtobufCMessageDescriptor **ret_out, struct ec_status *st)
 {
 	char path[128], msg[ECT_MSG_MAX] = "";
-	const ProtobufCMethodDescriptor *md = service_method(svc, NULL, name, path, sizeof(path));
-	size_t len = protobuf_c_message_get_packed_size(req);
+	const ProtobufCMethodDescriptor *md;
+	size_t len;
 	uint8_t *buf;
-	int r;
+	int r = pack_call(svc, name, req, path, &md, &buf, &len, st);
 
-	if (!md)
-		return set_st(st, EC_INTERNAL, "client: no such method");
-	buf = malloc(len ? len : 1);
-	if (!buf)
-		return set_st(st, EC_RESOURCE_EXHAUSTED, "out of memory");
-	protobuf_c_message_pack(req, buf);
+	if (r)
+		return r;
 	r = ect_stream_open(c->ch, path, buf, len, c->timeout_ms, ret, msg);
 	free(buf);
 	if (r)

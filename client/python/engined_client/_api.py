@@ -111,6 +111,11 @@ def share_request(dtype="float32", names=None, uses=1, adapter="", adapter_view=
                                   adapter=adapter, adapter_view=view)
 
 
+def _sample_request_of(args):
+    """sample_request from a sample method's arguments (its locals())."""
+    return sample_request(**{k: v for k, v in args.items() if k not in ("self", "timeout")})
+
+
 def sample_request(input_ids, seq_lens, *, max_tokens, num_samples=1, temperature=None,
                    top_k=0, top_p=None, seed=0, stop_token_ids=(), stop_sequences=(),
                    top_logprobs=0, prompt_logprobs=False, adapter="",
@@ -383,12 +388,7 @@ class Api:
         stream's. docs/SAMPLING.md defines each. Returns a SampleResult
         (completions sorted by (prompt_index, sample_index),
         weights_version)."""
-        req = sample_request(
-            input_ids, seq_lens, max_tokens=max_tokens, num_samples=num_samples,
-            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-            stop_token_ids=stop_token_ids, stop_sequences=stop_sequences,
-            top_logprobs=top_logprobs, prompt_logprobs=prompt_logprobs, adapter=adapter,
-            max_tokens_per_micro_batch=max_tokens_per_micro_batch)
+        req = _sample_request_of(locals())
         return self._rpc_stream("Sample", req, pb.SampleResponse, R.SampleResult.from_replies,
                                 timeout)
 
@@ -404,12 +404,7 @@ class Api:
         gen.aclose()`, `async with contextlib.aclosing(gen)`): that cancels
         the call at once, as does cancelling the task that awaits an item.
         Arguments as sample's."""
-        req = sample_request(
-            input_ids, seq_lens, max_tokens=max_tokens, num_samples=num_samples,
-            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-            stop_token_ids=stop_token_ids, stop_sequences=stop_sequences,
-            top_logprobs=top_logprobs, prompt_logprobs=prompt_logprobs, adapter=adapter,
-            max_tokens_per_micro_batch=max_tokens_per_micro_batch)
+        req = _sample_request_of(locals())
         return self._stream_items("Sample", req, pb.SampleResponse, R.Completion.of_reply,
                                   timeout)
 
