@@ -468,6 +468,8 @@ static int admit(struct native_sampler *s, struct eng_error *err)
 			s->reserved += c->prompts[c->admitted++].need;
 		if (from < c->admitted)
 			rc = prefill(s, c, from, c->admitted, err);
+		if (c->ended)
+			continue;    /* done was called: c->p is the caller's again */
 		if (c->admitted < c->p->num_prompts)
 			break;    /* the next prompt waits: none overtakes it */
 	}

@@ -17,6 +17,9 @@
 
 struct got {
 	int n, ended, rc;
+	/* The call's params, poisoned and freed at its end: the engine may
+	 * not read them after done (ASan catches it). */
+	struct engine_sample_params *own;
 	int32_t prompt[MAXC], sample[MAXC], len[MAXC];
 	int32_t tokens[MAXC][NEW];
 	float logp[MAXC][NEW];
@@ -45,6 +48,20 @@ static void ended(void *ctx, int rc, const struct eng_error *err)
 	(void)err;
 	g->ended++;
 	g->rc = rc;
+	if (g->own) {
+		memset(g->own, 0xab, sizeof(*g->own));
+		free(g->own);
+		g->own = NULL;
+	}
+}
+
+/* A heap copy of p owned by its got (freed at the call's end). */
+static struct engine_sample_params *owned(struct engine_sample_params p, struct got *g)
+{
+	g->own = malloc(sizeof(p));
+	ck_assert_ptr_nonnull(g->own);
+	*g->own = p;
+	return g->own;
 }
 
 static bool cancel_flag;
@@ -115,7 +132,7 @@ START_TEST(join_cancel_refuse)
 	struct engine *e = make_engine(TINY_QWEN2, "language_model", 5, 1e-3);
 	struct eng_error err = {0};
 	struct got alone = {0}, a = {0}, b = {0}, c = {0}, big = {0};
-	struct engine_sample_params pa, pb, pc, pbig;
+	struct engine_sample_params pa, *pb, *pc, pbig;
 	struct engine_sampler *s;
 	uint64_t before = state_digest(e, false);
 	int32_t ids[23];
@@ -126,17 +143,16 @@ START_TEST(join_cancel_refuse)
 	ck_assert_int_eq(engine_sample(e, &pa, &err), 0);
 
 	ck_assert_msg(engine_sampler_open(e, &s, &err) == 0, "%s", err.msg);
-	pa = params(ids, &a, 1, 11);
-	ck_assert_int_eq(engine_sampler_add(s, &pa, &err), 0);
+	ck_assert_int_eq(engine_sampler_add(s, owned(params(ids, &a, 1, 11), &a), &err), 0);
 	ck_assert_int_eq(engine_sampler_step(s, &err), 0);
 	ck_assert_int_eq(engine_sampler_step(s, &err), 0);
 	/* b joins two steps in; c joins and is cancelled at once */
-	pb = params(ids, &b, 2, 4);
-	pc = params(ids, &c, 3, 1);
-	pc.cancelled = cancelled;
+	pb = owned(params(ids, &b, 2, 4), &b);
+	pc = owned(params(ids, &c, 3, 1), &c);
+	pc->cancelled = cancelled;
 	cancel_flag = true;
-	ck_assert_int_eq(engine_sampler_add(s, &pb, &err), 0);
-	ck_assert_int_eq(engine_sampler_add(s, &pc, &err), 0);
+	ck_assert_int_eq(engine_sampler_add(s, pb, &err), 0);
+	ck_assert_int_eq(engine_sampler_add(s, pc, &err), 0);
 	/* a call that could never fit: refused, nothing joined */
 	pbig = params(ids, &big, 60000, 1);
 	pbig.max_tokens = 400;
