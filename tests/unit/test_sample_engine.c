@@ -131,7 +131,7 @@ START_TEST(join_cancel_refuse)
 {
 	struct engine *e = make_engine(TINY_QWEN2, "language_model", 5, 1e-3);
 	struct eng_error err = {0};
-	struct got alone = {0}, a = {0}, b = {0}, c = {0}, big = {0};
+	struct got alone = {0}, a = {0}, b = {0}, c = {0}, big = {0}, one = {0};
 	struct engine_sample_params pa, *pb, *pc, pbig;
 	struct engine_sampler *s;
 	uint64_t before = state_digest(e, false);
@@ -153,18 +153,28 @@ START_TEST(join_cancel_refuse)
 	cancel_flag = true;
 	ck_assert_int_eq(engine_sampler_add(s, pb, &err), 0);
 	ck_assert_int_eq(engine_sampler_add(s, pc, &err), 0);
+	/* one that ends in its prefill (max_tokens 1) */
+	{
+		struct engine_sample_params *p1 = owned(params(ids, &one, 2, 5), &one);
+
+		p1->max_tokens = 1;
+		ck_assert_int_eq(engine_sampler_add(s, p1, &err), 0);
+	}
 	/* a call that could never fit: refused, nothing joined */
 	pbig = params(ids, &big, 60000, 1);
 	pbig.max_tokens = 400;
 	ck_assert_int_eq(engine_sampler_add(s, &pbig, &err), -E2BIG);
 	ck_assert_ptr_nonnull(strstr(err.msg, "kv_cache_bytes"));
-	ck_assert_int_eq(engine_sampler_calls(s), 3);
+	ck_assert_int_eq(engine_sampler_calls(s), 4);
 	while (engine_sampler_calls(s) > 0 && steps++ < 100)
 		ck_assert_int_eq(engine_sampler_step(s, &err), 0);
 	ck_assert_int_eq(engine_sampler_calls(s), 0);
 	engine_sampler_close(s);
 	cancel_flag = false;
 
+	ck_assert_int_eq(one.ended, 1);
+	ck_assert_int_eq(one.rc, 0);
+	ck_assert_int_eq(one.n, 6);
 	ck_assert_int_eq(c.ended, 1);
 	ck_assert_int_eq(c.rc, -ECANCELED);
 	ck_assert_int_eq(big.ended, 0);
