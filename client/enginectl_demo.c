@@ -1,10 +1,12 @@
 /* enginectl_demo.c — `enginectl demo`: a short controller against a running
  * engined. It initializes a preset (tiny by default), runs SFT on a
- * synthetic counting task until the loss falls, takes forward-only
+ * synthetic counting task until the loss falls, samples greedy
+ * completions from the trained weights (Sample), takes forward-only
  * log-probs, runs PPO steps on made-up advantages, then checks the weight
  * stream against the model.safetensors of a checkpoint it saves and
  * against itself after reloading that checkpoint. Exit status 0 when the
- * loss fell and the weights matched. client/run_demo.sh starts a daemon
+ * loss fell, at least half the sampled tokens follow the task's rule and
+ * the weights matched. client/run_demo.sh starts a daemon
  * and runs it. */
 #include "enginectl_demo.h"
 
@@ -47,6 +49,7 @@ struct demo {
 	struct weights_copy w1;         /* streamed after PPO */
 	char ckpt_rel[64];              /* the checkpoint saved, under the root */
 	int mismatches;                 /* tensors that differed, all checks */
+	int follow, sampled;            /* greedy tokens that follow the rule, of all */
 };
 
 /* A synthetic next-token task: each sequence counts up by a fixed stride
@@ -231,6 +234,54 @@ static int demo_sft(struct demo *d)
 	}
 	printf("  loss %.4f -> %.4f %s\n", d->first, d->last,
 	       d->last < 0.5 * d->first ? "(learned)" : "(did not fall by half)");
+	return 0;
+}
+
+/* Greedy completions of two one-token prompts from the weights SFT made
+ * (Sample): how many new tokens follow the +3 rule. */
+static int demo_sample(struct demo *d)
+{
+	Engined__V1__SampleRequest req = ENGINED__V1__SAMPLE_REQUEST__INIT;
+	Engined__V1__SampleResponse *resp = NULL;
+	int32_t prompts[2] = { 5, 40 }, lens[2] = { 1, 1 };
+	int64_t n = 2;
+	Engined__V1__Tensor t_ids;
+	struct ec_sample *smp = NULL;
+	struct ec_status st;
+	int done = 0, follow = 0, total = 0;
+
+	ec_tensor_1d(&t_ids, ENGINED__V1__DTYPE__INT32, &n, prompts, sizeof(prompts));
+	req.input_ids = &t_ids;
+	req.n_seq_lens = 2;
+	req.seq_lens = lens;
+	req.max_tokens = 8;
+	req._temperature_case = ENGINED__V1__SAMPLE_REQUEST___TEMPERATURE_TEMPERATURE;
+	req.temperature = 0.0f;         /* greedy */
+	if (ec_sample_open(d->c, &req, &smp, &st))
+		return ctl_fail("Sample", &st);
+	printf("== Sample, greedy, 8 new tokens of prompts 5 and 40:\n");
+	while (!ec_sample_next(smp, &resp, &done, &st) && !done) {
+		for (size_t i = 0; i < resp->n_completions; i++) {
+			const Engined__V1__Completion *c = resp->completions[i];
+			int32_t prev = prompts[c->prompt_index];
+
+			printf("  %d ->", prev);
+			for (size_t t = 0; t < c->n_token_ids; t++) {
+				printf(" %d", c->token_ids[t]);
+				follow += c->token_ids[t] == (prev + 3) % 64;
+				prev = c->token_ids[t];
+				total++;
+			}
+			printf("\n");
+		}
+		ec_free(resp);
+	}
+	ec_sample_close(smp);
+	if (!done)
+		return ctl_fail("Sample", &st);
+	printf("  %d of %d new tokens follow the rule\n", follow, total);
+	d->follow = follow;
+	d->sampled = total;
 	return 0;
 }
 
@@ -422,6 +473,8 @@ int ctl_demo(int argc, char **argv)
 	if (!r)
 		r = demo_sft(&d);
 	if (!r)
+		r = demo_sample(&d);
+	if (!r)
 		r = demo_rl(&d);
 	if (!r)
 		r = demo_save(&d);
@@ -430,7 +483,7 @@ int ctl_demo(int argc, char **argv)
 	if (r)
 		return r;
 	ec_close(d.c);
-	if (d.mismatches || !(d.last < d.first)) {
+	if (d.mismatches || !(d.last < d.first) || 2 * d.follow < d.sampled) {
 		printf("== demo FAILED\n");
 		return 1;
 	}
