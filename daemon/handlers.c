@@ -223,9 +223,7 @@ static bool call_gone(void *call)
 	return rpc_call_cancelled(call);
 }
 
-/* A running call's safe point (between a ForwardBackward's micro-batches,
- * between a SaveCheckpoint's files, before each tensor Initialize builds). */
-static bool fb_call_gone(void *call)
+bool h_call_gone(void *call)
 {
 	test_hold_safe_point(call_gone, call);
 	return rpc_call_cancelled(call);
@@ -252,7 +250,7 @@ int h_run_initialize(struct daemon *d, struct job *j, struct eng_error *err)
 				"replace to replace it", cur.key, (long long)cur.step);
 	}
 	/* A long build stops when its client goes away or its deadline passes. */
-	ip->cfg.cancelled = fb_call_gone;
+	ip->cfg.cancelled = h_call_gone;
 	ip->cfg.cancel_ctx = j->call;
 	ip->cfg.progress = daemon_progress;
 	ip->cfg.progress_ctx = d;
@@ -346,7 +344,7 @@ int h_validate_forward_backward(struct daemon *d, struct job *j, struct eng_erro
 	pthread_mutex_unlock(&d->lock);
 	/* A long call stops when its client goes away or its deadline passes,
 	 * and reports its micro-batches. */
-	p->req.batch.cancelled = fb_call_gone;
+	p->req.batch.cancelled = h_call_gone;
 	p->req.batch.cancel_ctx = j->call;
 	p->req.batch.progress = daemon_progress;
 	p->req.batch.progress_ctx = d;
@@ -680,7 +678,7 @@ int h_run_save_checkpoint(struct daemon *d, struct job *j, struct eng_error *err
 	r = daemon_engine_of(d, q->adapter, &e, err);
 	if (r < 0)
 		return r;
-	engine_set_cancel(e, fb_call_gone, j->call);
+	engine_set_cancel(e, h_call_gone, j->call);
 	r = daemon_save_checkpoint(d, e, c->rel, q->global_step, q->max_to_keep, c->contents,
 				   &bytes, err);
 	engine_set_cancel(e, NULL, NULL);
@@ -751,7 +749,7 @@ int h_run_load_checkpoint(struct daemon *d, struct job *j, struct eng_error *err
 	else if ((r = paths_pin(d->cfg.checkpoint_root, c->rel, "path", PIN_DIR, &pin, err)) < 0)
 		return r;
 	daemon_wait_engine_mem(d);
-	engine_set_cancel(e, fb_call_gone, j->call);
+	engine_set_cancel(e, h_call_gone, j->call);
 	engine_set_progress(e, daemon_progress, d);
 	r = engine_load_checkpoint(e, dir, c->contents, &step, err);
 	engine_set_progress(e, NULL, NULL);

@@ -29,6 +29,12 @@ int h_run_create_adapter(struct daemon *d, struct job *j, struct eng_error *err)
 int h_validate_delete_adapter(struct daemon *d, struct job *j, struct eng_error *err);
 int h_run_delete_adapter(struct daemon *d, struct job *j, struct eng_error *err);
 
+/* A running call's safe point (between a ForwardBackward's micro-batches,
+ * a SaveCheckpoint's files, a Sample's decode steps, before each tensor
+ * Initialize builds): the test hold (test_hold.h), then whether the client
+ * went away or its deadline passed (call: the job's rpc_call). */
+bool h_call_gone(void *call);
+
 /* sample.c: Sample. The engine thread runs it in a batch (sample_batch.h),
  * with the parameters validate made (emit's context: the job); run, the
  * call alone, is the method row's mark. */

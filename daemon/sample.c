@@ -13,7 +13,6 @@
 #include "engined/v1/engine.pb-c.h"
 #include "fb_request.h"
 #include "pb_has.h"
-#include "test_hold.h"
 
 /* A Sample job's own part: the engine's parameters (borrowing the
  * request; emit's context is the job). */
@@ -34,22 +33,11 @@ static void sample_prep_free(void *v)
 	free(sp);
 }
 
-static bool call_cancelled(void *call)
-{
-	return rpc_call_cancelled(call);
-}
-
-/* Polled between decode steps and prefill chunks: a safe point. */
-static bool sample_gone(void *call)
-{
-	test_hold_safe_point(call_cancelled, call);
-	return rpc_call_cancelled(call);
-}
-
 static int emit(void *ctx, const struct engine_completion *c, struct eng_error *err);
 
-/* The stop sequences end to end (engine_sample_params' layout); the
- * counts are bounded by the params check before anything is summed. */
+/* The stop sequences end to end (engine_sample_params' layout). Their
+ * count and lengths are bounded here, before they are summed into int32
+ * offsets; engine_sample_params_check applies the same bounds again. */
 static int decode_stops(struct sample_prep *sp, const Engined__V1__SampleRequest *q,
 			struct eng_error *err)
 {
@@ -123,7 +111,7 @@ int h_validate_sample(struct daemon *d, struct job *j, struct eng_error *err)
 	p->max_tokens_per_micro_batch = q->max_tokens_per_micro_batch;
 	p->emit = emit;
 	p->emit_ctx = j;
-	p->cancelled = sample_gone;
+	p->cancelled = h_call_gone;   /* polled before each decode step */
 	p->cancel_ctx = j->call;
 	return engine_sample_params_check(p, err);
 }
