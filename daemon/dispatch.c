@@ -50,7 +50,6 @@ static void run_job(struct daemon *d, struct job *j)
 	job_run_done(d, j, r, &err, eng_now_s() - t0, true);
 }
 
-
 /* Engine thread, stopping: the checkpoint of shutdown.save_on_stop. */
 static void save_on_stop(struct daemon *d)
 {
