@@ -134,6 +134,10 @@ int native_initialize(struct engine *e, const struct engine_init_config *cfg,
 		      struct eng_error *err);                             /* native_init.c */
 int native_forward_backward(struct engine *e, const struct engine_batch *b,
 			    struct engine_fb_result *res, struct eng_error *err); /* native_fb.c */
+/* -EINVAL "field[t]: token ... outside the vocabulary" for the first of
+ * ids[count] (NULL: none) that is not a token of n's model (native_fb.c). */
+int native_check_tokens(const struct native *n, const char *field, const int32_t *ids,
+			int64_t count, struct eng_error *err);
 int native_optimizer_step(struct engine *e, const struct engine_step_params *p,
 			  struct engine_step_result *ret, struct eng_error *err); /* native_step.c */
 int native_lr_scheduler_step(struct engine *e, double *ret_lr, struct eng_error *err);

@@ -14,22 +14,25 @@
 #include "../batch/planner.h"
 #include "checked.h"
 
+int native_check_tokens(const struct native *n, const char *field, const int32_t *ids,
+			int64_t count, struct eng_error *err)
+{
+	for (int64_t t = 0; ids && t < count; t++)
+		if (ids[t] < 0 || ids[t] >= n->cfg.vocab_size)
+			return eng_fail(err, -EINVAL,
+					"%s[%lld]: token %d outside the vocabulary [0, %lld)", field,
+					(long long)t, ids[t], (long long)n->cfg.vocab_size);
+	return 0;
+}
+
 /* engine_forward_backward applied engine_batch_check; what needs the
  * model is checked here. */
 static int validate_batch(struct native *n, const struct engine_batch *b,
 			  struct eng_error *err)
 {
-	for (int k = 0; k < 2; k++) {
-		const int32_t *ids = k ? b->target_ids : b->input_ids;
+	int rc = native_check_tokens(n, "input_ids", b->input_ids, b->n, err);
 
-		for (int64_t t = 0; ids && t < b->n; t++)
-			if (ids[t] < 0 || ids[t] >= n->cfg.vocab_size)
-				return eng_fail(err, -EINVAL,
-						"%s[%lld]: token %d outside the vocabulary [0, %lld)",
-						k ? "target_ids" : "input_ids", (long long)t, ids[t],
-						(long long)n->cfg.vocab_size);
-	}
-	return 0;
+	return rc ? rc : native_check_tokens(n, "target_ids", b->target_ids, b->n, err);
 }
 
 /* Host-side description of one micro-batch. */

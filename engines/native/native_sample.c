@@ -21,6 +21,7 @@
 
 #include <errno.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,7 +74,7 @@ struct native_sampler {
 	int threads;
 	int64_t reserved;            /* blocks of the admitted prompts */
 	int64_t version;             /* the weights' optimizer steps */
-	struct call *calls, **tail;  /* in order of arrival */
+	struct call *calls;          /* in order of arrival */
 	struct seq **run;            /* running completions ([nblocks]: each holds one) */
 	int64_t nrun;
 	int64_t *src;                /* [cap]: a prefill token's index in input_ids */
@@ -150,6 +151,17 @@ static struct seq *seq_new(struct native_sampler *s, struct call *c, int32_t pro
 	return q;
 }
 
+/* Drop a prompt's own holds on its blocks and its block list (its samples
+ * keep theirs). */
+static void prompt_drop(struct native_sampler *s, struct prompt *pr)
+{
+	for (int32_t b = 0; b < pr->nblocks; b++)
+		kv_cache_drop(&s->pass.kv, pr->blocks[b]);
+	pr->nblocks = 0;
+	free(pr->blocks);
+	pr->blocks = NULL;
+}
+
 /* End call c with rc (0: all its completions are out): its completions
  * and prompts dropped with their blocks and reservations, done called.
  * The call stays listed (ended) until the step reaps it. */
@@ -166,14 +178,10 @@ static void end_call(struct native_sampler *s, struct call *c, int rc,
 	for (int32_t i = 0; i < c->admitted; i++) {
 		struct prompt *pr = &c->prompts[i];
 
-		for (int32_t b = 0; b < pr->nblocks; b++)
-			kv_cache_drop(&s->pass.kv, pr->blocks[b]);
-		pr->nblocks = 0;
+		prompt_drop(s, pr);
 		if (!pr->forked || pr->live > 0)
 			s->reserved -= pr->need;
 		pr->live = 0;
-		free(pr->blocks);
-		pr->blocks = NULL;
 	}
 	c->ended = true;
 	c->p->done(c->p->emit_ctx, rc, why);
@@ -295,11 +303,7 @@ static int fork_samples(struct native_sampler *s, struct call *c, int32_t i, con
 	}
 	if (c->ended)
 		return rc;
-	for (int32_t b = 0; b < pr->nblocks; b++)
-		kv_cache_drop(&s->pass.kv, pr->blocks[b]);
-	pr->nblocks = 0;
-	free(pr->blocks);
-	pr->blocks = NULL;
+	prompt_drop(s, pr);
 	pr->forked = true;
 	if (pr->live == 0)
 		s->reserved -= pr->need;
@@ -338,11 +342,10 @@ static int prefill(struct native_sampler *s, struct call *c, int32_t a, int32_t 
 			for (int64_t j = from; j < end && !rc; j++)
 				if (j % sp->kv.block == 0)
 					rc = sample_take_block(sp, pr->blocks, &pr->nblocks, err);
-			toff = rc ? 0 : sample_add_table(sp, pr->blocks, pr->nblocks, err);
-			if (rc || toff < 0) {
-				rc = rc ? rc : (int)toff;
+			if (!rc)
+				rc = sample_add_table(sp, pr->blocks, pr->nblocks, &toff, err);
+			if (rc)
 				break;
-			}
 			for (int64_t j = from; j < end; j++) {
 				s->src[T] = pr->off + j;
 				sample_put_token(sp, T++, p->input_ids[pr->off + j], j, pr->blocks, toff,
@@ -396,11 +399,10 @@ static int decode_step(struct native_sampler *s, struct eng_error *err)
 				continue;    /* its call ended */
 			if (q->len % sp->kv.block == 0)
 				rc = sample_take_block(sp, q->blocks, &q->nblocks, err);
-			toff = rc ? 0 : sample_add_table(sp, q->blocks, q->nblocks, err);
-			if (rc || toff < 0) {
-				rc = rc ? rc : (int)toff;
+			if (!rc)
+				rc = sample_add_table(sp, q->blocks, q->nblocks, &toff, err);
+			if (rc)
 				break;
-			}
 			s->src[T] = t;          /* row T of the forward is grp[t] */
 			rows[T] = (int32_t)T;
 			sample_put_token(sp, T++, q->tokens[q->ntok - 1], q->len, q->blocks, toff, -1);
@@ -507,9 +509,6 @@ int native_sampler_step(void *impl, struct eng_error *err)
 			pc = &c->next;
 		}
 	}
-	s->tail = &s->calls;
-	while (*s->tail)
-		s->tail = &(*s->tail)->next;
 	return rc;
 }
 
@@ -517,26 +516,23 @@ int native_sampler_add(void *impl, const struct engine_sample_params *p,
 		       struct eng_error *err)
 {
 	struct native_sampler *s = impl;
-	int64_t V = s->pass.V, off = 0, limit = s->pass.kv.nblocks;
+	int64_t off = 0, limit = s->pass.kv.nblocks;
 	int64_t ctx = s->n->cfg.max_position_embeddings;
-	struct call *c;
+	struct call *c, **pc;
 
-	for (int64_t t = 0; t < p->n; t++)
-		if (p->input_ids[t] < 0 || p->input_ids[t] >= V)
-			return eng_fail(err, -EINVAL,
-					"input_ids[%lld]: token %d outside the vocabulary [0, %lld)",
-					(long long)t, p->input_ids[t], (long long)V);
-	for (int32_t i = 0; i < p->num_stop_ids; i++)
-		if (p->stop_ids[i] < 0 || p->stop_ids[i] >= V)
-			return eng_fail(err, -EINVAL,
-					"stop_token_ids[%d]: token %d outside the vocabulary [0, %lld)",
-					i, p->stop_ids[i], (long long)V);
-	for (int32_t i = 0; i < p->num_stop_seqs; i++)
-		for (int32_t j = p->stop_seq_off[i]; j < p->stop_seq_off[i + 1]; j++)
-			if (p->stop_seq_tokens[j] < 0 || p->stop_seq_tokens[j] >= V)
-				return eng_fail(err, -EINVAL,
-						"stop_sequences[%d]: token %d outside the vocabulary "
-						"[0, %lld)", i, p->stop_seq_tokens[j], (long long)V);
+	int rc = native_check_tokens(s->n, "input_ids", p->input_ids, p->n, err);
+
+	if (!rc)
+		rc = native_check_tokens(s->n, "stop_token_ids", p->stop_ids, p->num_stop_ids, err);
+	for (int32_t i = 0; i < p->num_stop_seqs && !rc; i++) {
+		char field[48];
+
+		snprintf(field, sizeof(field), "stop_sequences[%d]", i);
+		rc = native_check_tokens(s->n, field, p->stop_seq_tokens + p->stop_seq_off[i],
+					 p->stop_seq_off[i + 1] - p->stop_seq_off[i], err);
+	}
+	if (rc)
+		return rc;
 	c = calloc(1, sizeof(*c));
 	if (!c || !(c->prompts = calloc((size_t)p->num_prompts, sizeof(*c->prompts))) ||
 	    (p->prompt_logprobs && !(c->prompt_lp = calloc((size_t)p->n, sizeof(float))))) {
@@ -581,8 +577,9 @@ int native_sampler_add(void *impl, const struct engine_sample_params *p,
 		   p->max_tokens_per_micro_batch < s->pass.cap ? p->max_tokens_per_micro_batch
 							      : s->pass.cap;
 	c->pending = (int64_t)p->num_prompts * p->num_samples;
-	*s->tail = c;
-	s->tail = &c->next;
+	for (pc = &s->calls; *pc; pc = &(*pc)->next)
+		;
+	*pc = c;
 	return 0;
 }
 
@@ -647,7 +644,6 @@ int native_sampler_open(struct engine *e, void **ret, struct eng_error *err)
 		return eng_fail(err, -ENOMEM, "Sample: out of host memory");
 	s->n = n;
 	s->version = n->optim_step;
-	s->tail = &s->calls;
 	rc = sample_pass_open(&s->pass, n, n->default_budget, nblocks, err);
 	if (rc) {
 		free(s);

@@ -43,10 +43,10 @@ static inline int32_t *sample_col(const struct sample_pass *sp, int k)
  * its next token as target (-1: none). */
 void sample_put_token(struct sample_pass *sp, int64_t t, int32_t id, int64_t pos,
 		      const int32_t *blocks, int64_t toff, int32_t target);
-/* Append a sequence's block list to the forward's tables: its offset, or
- * -ENOMEM. */
-int64_t sample_add_table(struct sample_pass *sp, const int32_t *blocks, int32_t nblocks,
-			 struct eng_error *err);
+/* Append a sequence's block list to the forward's tables, its offset
+ * there in *ret_off; -ENOMEM. */
+int sample_add_table(struct sample_pass *sp, const int32_t *blocks, int32_t nblocks,
+		     int64_t *ret_off, struct eng_error *err);
 /* A free block appended to blocks[*nblocks]; -EIO when none is free (the
  * batch's admission reserves every block it takes). */
 int sample_take_block(struct sample_pass *sp, int32_t *blocks, int32_t *nblocks,

@@ -82,10 +82,10 @@ void sample_put_token(struct sample_pass *sp, int64_t t, int32_t id, int64_t pos
 	sample_col(sp, SP_TARGETS)[t] = target;
 }
 
-int64_t sample_add_table(struct sample_pass *sp, const int32_t *blocks, int32_t nblocks,
-			 struct eng_error *err)
+int sample_add_table(struct sample_pass *sp, const int32_t *blocks, int32_t nblocks,
+		     int64_t *ret_off, struct eng_error *err)
 {
-	int64_t need = sp->ntab + nblocks, at = sp->ntab;
+	int64_t need = sp->ntab + nblocks;
 
 	if (need > sp->tables_cap) {
 		int64_t cap = need > 2 * sp->tables_cap ? need : 2 * sp->tables_cap;
@@ -102,9 +102,10 @@ int64_t sample_add_table(struct sample_pass *sp, const int32_t *blocks, int32_t 
 		sp->d_tables = d;
 		sp->tables_cap = cap;
 	}
-	memcpy(sp->h_tables + at, blocks, (size_t)nblocks * sizeof(int32_t));
+	memcpy(sp->h_tables + sp->ntab, blocks, (size_t)nblocks * sizeof(int32_t));
+	*ret_off = sp->ntab;
 	sp->ntab = need;
-	return at;
+	return 0;
 }
 
 int sample_take_block(struct sample_pass *sp, int32_t *blocks, int32_t *nblocks,
