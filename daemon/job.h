@@ -126,6 +126,16 @@ void job_log_rpc(struct metrics *metrics, struct rpc_call *call, const struct me
  * model, for a method that names none and before the request is decoded. */
 const char *job_adapter(const struct job *j);
 
+/* Whether the call that ended with r changed anything: it ran, and it did
+ * not stop with -ECANCELED (the engine's contract for a call stopped by its
+ * client's cancellation or deadline: gradients as before, nothing saved,
+ * nothing loaded, the previous engine kept). Only such calls are kept for
+ * replays (replay.h). */
+static inline bool job_had_effect(const struct job *j, int r)
+{
+	return j->ran && r != -ECANCELED;
+}
+
 /* The method's name in logs and metrics. */
 static inline const char *method_label(const struct method *m)
 {

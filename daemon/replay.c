@@ -219,7 +219,8 @@ static void answer(struct job *j, int rc, const struct eng_error *err, const uin
 }
 
 /* finish_hook of the job that owns a new id: record its outcome (or drop
- * the entry when it did not run) and answer the duplicates waiting on it. */
+ * the entry when the call had no effect) and answer the duplicates waiting
+ * on it. */
 static void on_finish(struct job *j, int rc, const struct eng_error *err)
 {
 	struct entry *e = j->finish_ctx;
@@ -242,11 +243,12 @@ static void on_finish(struct job *j, int rc, const struct eng_error *err)
 	pthread_mutex_lock(&r->lock);
 	w = e->waiters;
 	e->waiters = NULL;
-	if (!j->ran) {
+	if (!job_had_effect(j, rc)) {
 		free(reply);
 		if (w) {
-			/* Refused before it ran: the first duplicate runs in its
-			 * place, the others wait on that one. */
+			/* Refused before it ran, or stopped before it changed
+			 * anything: the first duplicate runs in its place, the
+			 * others wait on that one. */
 			e->waiters = w->next;
 			w->finish_hook = on_finish;
 			w->finish_ctx = e;

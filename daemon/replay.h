@@ -15,10 +15,13 @@
  * Each adapter has an id space of its own: an id is looked up with the
  * adapter its request names (job_adapter: "" for the base model), so the
  * same id on two adapters names two calls.
- * Only calls that ran are recorded: one refused before running (deadline
- * passed in the queue, cancelled, shutting down, invalid) leaves no entry,
- * so that its retry runs; a duplicate waiting on it runs in its place
- * (handed back to the dispatcher through `requeue`).
+ * Only calls that had an effect are recorded (job_had_effect): one refused
+ * before running (deadline passed in the queue, cancelled, shutting down,
+ * invalid) or stopped by its client's cancellation or deadline before it
+ * changed anything (-ECANCELED from the engine: gradients as before,
+ * nothing saved, nothing loaded) leaves no entry, so that its retry runs,
+ * as idempotency keys work elsewhere; a duplicate waiting on it runs in its
+ * place (handed back to the dispatcher through `requeue`).
  *
  * Bounds: at most `max_entries` ids (the oldest recorded ones are forgotten
  * first: a retry older than that window runs again) and `max_bytes` of

@@ -216,12 +216,13 @@ def test_cancelled_forward_backward_leaves_gradients_as_before():
         assert c.get_status().accumulated_calls == 1
         norm = c.optimizer_step().grad_norm
         assert norm == single_step_norm(c), norm
-        # The cancelled call ran: its id keeps its outcome (CANCELLED).
+        # The cancelled call changed nothing, so its id keeps no outcome:
+        # the retry under the same id runs (once), as idempotency keys do.
         req, call = two_micro_batches(c)
-        with pytest.raises(grpc.RpcError) as e:
-            call(req, timeout=60, metadata=[("engined-request-id", "cancel-2")])
-        assert e.value.code() == SC.CANCELLED and "gradients as before" in e.value.details()
-        assert c.get_status().accumulated_calls == 0
+        first = call(req, timeout=60, metadata=[("engined-request-id", "cancel-2")])
+        assert c.get_status().accumulated_calls == 1
+        again = call(req, timeout=60, metadata=[("engined-request-id", "cancel-2")])
+        assert again == first and c.get_status().accumulated_calls == 1
         c.close()
     finally:
         assert d.stop() == 0
@@ -243,9 +244,9 @@ def test_cancelled_save_leaves_the_previous_checkpoint():
         call = c.channel.unary_unary("/engined.v1.TrainingEngine/SaveCheckpoint",
                                      request_serializer=lambda m: m.SerializeToString(),
                                      response_deserializer=pb.SaveCheckpointResponse.FromString)
+        save2 = pb.SaveCheckpointRequest(path="run/step-2", global_step=2)
         d.hold_safe_points()
-        fut = call.future(pb.SaveCheckpointRequest(path="run/step-2", global_step=2),
-                          timeout=120, metadata=[("engined-request-id", "save-2")])
+        fut = call.future(save2, timeout=120, metadata=[("engined-request-id", "save-2")])
         wait_for(lambda: d.safe_points_held() > 0, "the save's first safe point")
         fut.cancel()
         wait_for(lambda: not c.get_status().busy, "the save to stop")
@@ -254,8 +255,12 @@ def test_cancelled_save_leaves_the_previous_checkpoint():
         assert sorted(os.listdir(run)) == before, os.listdir(run)
         assert open(os.path.join(run, "latest")).read() == latest
         assert c.load_checkpoint("run/step-1") == 1
-        r = c.save_checkpoint("run/step-2", global_step=2)
+        # Nothing was saved, so nothing is remembered: the client's retry
+        # under the same id saves (the SaveCheckpoint that answered
+        # CANCELLED to every retry).
+        r = call(save2, timeout=120, metadata=[("engined-request-id", "save-2")])
         assert r.path == "run/step-2" and c.load_checkpoint("run/step-2") == 2
+        assert call(save2, timeout=120, metadata=[("engined-request-id", "save-2")]) == r
         c.close()
     finally:
         assert d.stop() == 0
