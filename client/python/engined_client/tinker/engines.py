@@ -1,0 +1,115 @@
+"""engines.py — the daemons behind the gateway. Each engine is one engined
+daemon or a data-parallel group (--engined A,B,...), initialized by the
+gateway from the base model when a training model claims it:
+  lora  the base frozen (Initialize frozen_base): any number of LoRA
+        training models (adapters, up to max_adapters) and of samplers of
+        the base or of adapter snapshots;
+  full  one full fine-tuning model (LoRA rank 0), alone on the engine.
+A free engine takes either role; a full engine is free again once its
+model is unloaded (its next claim initializes it afresh)."""
+import asyncio
+
+from ..aio import AsyncEngineClient
+from ..group import AsyncEngineGroup
+from .futures import Failed
+
+CALL_TIMEOUT_S = 24 * 3600.0
+
+
+class NoEngine(Failed):
+    """No engine can take the model (all busy, or none of the role): a
+    capacity limit of this deployment, reported as a server failure."""
+
+    def __init__(self, message):
+        super().__init__(message, "server")
+
+
+class Engine:
+    def __init__(self, index, addresses, init, client_kwargs):
+        self.index = index
+        self.addresses = addresses
+        self.init = dict(init)          # Initialize's model arguments
+        self.client_kwargs = client_kwargs
+        self.client = None
+        self.role = None                # None (free), "lora", "full"
+        self.models = set()             # model ids on it
+        self.snapshots = 0              # snapshot adapters on it
+        self.lock = asyncio.Lock()
+
+    def open(self):
+        kw = dict(self.client_kwargs, timeout=CALL_TIMEOUT_S)
+        if len(self.addresses) == 1:
+            self.client = AsyncEngineClient(self.addresses[0], **kw)
+        else:
+            self.client = AsyncEngineGroup(self.addresses, **kw)
+
+    @property
+    def sampler(self):
+        """The client Sample goes to (a group's ranks hold the same weights)."""
+        return self.client.clients[0] if len(self.addresses) > 1 else self.client
+
+    async def become(self, role):
+        """Initialize for `role` (the caller holds self.lock)."""
+        await self.client.initialize(replace=True, frozen_base=(role == "lora"), **self.init)
+        self.role = role
+
+    async def close(self):
+        if self.client is not None:
+            await self.client.close()
+
+
+class Engines:
+    def __init__(self, groups, init, max_adapters, client_kwargs):
+        self.all = [Engine(i, g, init, client_kwargs) for i, g in enumerate(groups)]
+        self.max_adapters = max_adapters
+
+    def open(self):
+        for e in self.all:
+            e.open()
+
+    async def close(self):
+        for e in self.all:
+            await e.close()
+
+    async def claim(self, role, model_id, adapters=1):
+        """An engine for a new model (full: alone; lora: `adapters` more
+        adapters), initialized for the role when it was free."""
+        if role == "lora":
+            for e in self.all:
+                if e.role == "lora" and len(e.models) + e.snapshots + adapters <= self.max_adapters:
+                    e.models.add(model_id)
+                    return e
+        for e in self.all:
+            async with e.lock:
+                if e.role is None and not e.models:
+                    e.models.add(model_id)
+                    try:
+                        await e.become(role)
+                    except BaseException:
+                        e.models.discard(model_id)
+                        e.role = None
+                        raise
+                    return e
+        raise NoEngine("no engine can take a %s model now: %d engine(s), %s"
+                       % ("LoRA" if role == "lora" else "full fine-tuning", len(self.all),
+                          "; ".join("engine %d: %s with %d model(s)"
+                                    % (e.index, e.role or "free", len(e.models))
+                                    for e in self.all)))
+
+    def release(self, engine, model_id):
+        engine.models.discard(model_id)
+        if engine.role == "full" and not engine.models:
+            engine.role = None
+
+    async def base(self):
+        """A frozen-base engine, for samplers of the base model."""
+        for e in self.all:
+            if e.role == "lora":
+                return e
+        for e in self.all:
+            async with e.lock:
+                if e.role is None and not e.models:
+                    await e.become("lora")
+                    return e
+        raise NoEngine("no engine holds the untouched base model (each is training a full "
+                       "fine-tune): start one more daemon")
