@@ -1,5 +1,5 @@
 """Build hook: make engined_client/_proto/engine_pb2.py from engine.proto
-(and tinker_public_pb2.py from tinker_public.proto, the Tinker SDK's wire
+(and tinker_wire_pb2.py from tinker_wire.proto, the Tinker SDK's wire
 messages that the gateway engined_client.tinker reads and writes).
 
 protoc parses the proto (grpc_tools.protoc from grpcio-tools, a build
@@ -33,7 +33,7 @@ REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 # name -> the proto's path in the repository.
 PROTOS = {
     "engine": os.path.join(REPO, "proto", "engined", "v1", "engine.proto"),
-    "tinker_public": os.path.join(REPO, "proto", "tinker", "tinker_public.proto"),
+    "tinker_wire": os.path.join(REPO, "proto", "tinker", "tinker_wire.proto"),
 }
 
 MODULE = '''\

@@ -1,4 +1,4 @@
-"""wire.py — the Tinker SDK's protobuf bodies (proto/tinker/tinker_public.proto):
+"""wire.py — the Tinker SDK's protobuf bodies (proto/tinker/tinker_wire.proto):
 forward_backward's request read into plain arrays, and the protobuf results
 of forward_backward and asample written from engined's replies.
 
@@ -11,9 +11,9 @@ from typing import Dict, List
 import numpy as np
 
 try:
-    from .._proto import tinker_public_pb2 as tp
+    from .._proto import tinker_wire_pb2 as tp
 except ImportError:  # a source-tree run: meson's build/client/python
-    import tinker_public_pb2 as tp  # type: ignore
+    import tinker_wire_pb2 as tp  # type: ignore
 
 MAX_BODY_BYTES = 1 << 30  # a decompressed forward_backward body
 _NP = {tp.DTYPE_FLOAT32: np.float32, tp.DTYPE_INT64: np.int64, tp.DTYPE_INT32: np.int32}

@@ -1,0 +1,129 @@
+"""test_tinker_faults.py — engined-tinker under faults and bad input, driven
+by the unchanged tinker SDK 0.38.0 (issue 29):
+  - connections cut in the middle of forward_backward, optim_step and
+    retrieve_future (the request reached the gateway, its reply is lost):
+    the SDK retries and the weights equal those of a run without faults;
+  - a wrong key, an unknown model_id, a malformed protobuf body, an unknown
+    loss_fn, a missing loss input: the error category the SDK expects (a
+    4xx: user), and nothing changes (the model trains on as if they had
+    not been sent)."""
+import glob
+import os
+
+import httpx
+import numpy as np
+import pytest
+
+import tinker
+from tinker import types
+
+import gateway_fixture as gf
+from cut_proxy import CutProxy
+
+ADAM = types.AdamParams(learning_rate=1e-2, beta2=0.95, eps=1e-12)
+
+
+@pytest.fixture(scope="module")
+def env():
+    daemons, model_dir, gw = gf.start(n_daemons=1)
+    try:
+        yield daemons[0], gw
+    finally:
+        gw.stop()
+        daemons[0].stop()
+
+
+def datums(k):
+    rng = np.random.default_rng(k)
+    out = []
+    for _ in range(3):
+        seq = rng.integers(3, 96, size=8)
+        out.append(types.Datum(model_input=types.ModelInput.from_ints(seq[:-1].tolist()),
+                               loss_fn_inputs={"target_tokens": seq[1:].tolist(),
+                                               "weights": [1.0] * 7}))
+    return out
+
+
+def train(tc, steps=2):
+    """Two forward_backward calls of different data a step: a call applied
+    twice changes the step's direction (AdamW is blind to a gradient's scale)."""
+    for k in range(steps):
+        tc.forward_backward(datums(k), "cross_entropy").result()
+        tc.forward_backward(datums(k + 100), "cross_entropy").result()
+        tc.optim_step(ADAM).result()
+    return tc.save_state("final").result().path
+
+
+def weights(daemon, path):
+    from safetensors.numpy import load_file
+    run, _, name = path[len("tinker://"):].split("/")
+    d = os.path.join(daemon.ckpt_root, "tinker", run.replace(":", "_"), "weights", name)
+    files = [f for f in glob.glob(os.path.join(d, "*.safetensors")) if "optimizer" not in f]
+    assert files, d
+    out = {}
+    for f in files:
+        out.update(load_file(f))
+    return out
+
+
+def assert_equal_weights(a, b):
+    assert sorted(a) == sorted(b)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_cut_connections_are_retried_exactly_once(env):
+    daemon, gw = env
+    clean = tinker.ServiceClient(base_url=gw.url, api_key=gf.KEY)
+    want = weights(daemon, train(clean.create_lora_training_client(
+        base_model=gf.MODEL, rank=4, seed=5).result()))
+    proxy = CutProxy(gw.port, {b"POST /api/v1/forward_backward": 2,
+                               b"POST /api/v1/optim_step": 2,
+                               b"POST /api/v1/retrieve_future": 1})
+    try:
+        sc = tinker.ServiceClient(base_url=proxy.url, api_key=gf.KEY)
+        tc = sc.create_lora_training_client(base_model=gf.MODEL, rank=4, seed=5).result()
+        got = weights(daemon, train(tc))
+        assert sorted(proxy.cut) == sorted(["POST /api/v1/forward_backward"] * 2 +
+                                           ["POST /api/v1/optim_step"] * 2 +
+                                           ["POST /api/v1/retrieve_future"]), proxy.cut
+    finally:
+        proxy.close()
+    assert_equal_weights(got, want)
+
+
+def test_bad_input_is_a_user_error_and_changes_nothing(env):
+    daemon, gw = env
+    # A wrong key: the SDK's AuthenticationError at its first call.
+    with pytest.raises(tinker.AuthenticationError):
+        tinker.ServiceClient(base_url=gw.url, api_key="tml-not-a-key") \
+            .create_lora_training_client(base_model=gf.MODEL, rank=4).result()
+    sc = tinker.ServiceClient(base_url=gw.url, api_key=gf.KEY)
+    clean = weights(daemon, train(sc.create_lora_training_client(
+        base_model=gf.MODEL, rank=4, seed=9).result()))
+    tc = sc.create_lora_training_client(base_model=gf.MODEL, rank=4, seed=9).result()
+    # An unknown loss_fn and a missing loss input: 400, a user error.
+    with pytest.raises(tinker.BadRequestError, match="loss_fn 'nope' is unknown"):
+        tc.forward_backward(datums(0), "nope").result()
+    bad = datums(0)
+    del bad[1].loss_fn_inputs["weights"]
+    with pytest.raises(tinker.BadRequestError, match=r"data\[1\].*missing weights"):
+        tc.forward_backward(bad, "cross_entropy").result()
+    # What the SDK cannot send: an unknown model, a malformed body.
+    headers = {"X-API-Key": gf.KEY}
+    r = httpx.post(gw.url + "/api/v1/get_info", json={"model_id": "nope:train:0"},
+                   headers=headers)
+    assert r.status_code == 404 and "unknown to this gateway" in r.json()["detail"]
+    r = httpx.post(gw.url + "/api/v1/forward_backward", content=b"\x0a\xff\xff",
+                   headers=dict(headers, **{"Content-Type": "application/x-protobuf"}))
+    assert r.status_code == 400 and "not a ForwardBackwardRequest" in r.json()["detail"]
+    r = httpx.post(gw.url + "/api/v1/optim_step", headers=headers,
+                   json={"model_id": "nope:train:0", "seq_id": 1, "adam_params": {}})
+    assert r.status_code == 404
+    r = httpx.post(gw.url + "/api/v1/retrieve_future", headers=headers,
+                   json={"request_id": "unknown-1"})
+    assert r.status_code == 410
+    # The same client trains on, exactly as the clean one did, and no seq_id
+    # was waited for (the refused ones count as used).
+    assert_equal_weights(weights(daemon, train(tc)), clean)
+    assert "never arrived" not in gw.log()
