@@ -14,6 +14,7 @@ from ..group import AsyncEngineGroup
 from .futures import Failed
 
 CALL_TIMEOUT_S = 24 * 3600.0
+RETRIES = 5
 
 
 class NoEngine(Failed):
@@ -37,7 +38,9 @@ class Engine:
         self.lock = asyncio.Lock()
 
     def open(self):
-        kw = dict(self.client_kwargs, timeout=CALL_TIMEOUT_S)
+        # retries: a call whose connection to the daemon broke is sent
+        # again under its request id (applied once: engine.proto).
+        kw = dict(self.client_kwargs, timeout=CALL_TIMEOUT_S, retries=RETRIES)
         if len(self.addresses) == 1:
             self.client = AsyncEngineClient(self.addresses[0], **kw)
         else:
