@@ -13,13 +13,14 @@ KEY = "tml-engined-test-key"
 MODEL = "tiny-llama"
 
 
-def save_tiny_llama(model_dir, seed=0):
+def save_tiny_llama(model_dir, seed=0, hidden=64, layers=2, max_positions=256):
     import torch
     import transformers
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128,
-                                   num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=256,
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=hidden,
+                                   intermediate_size=2 * hidden, num_hidden_layers=layers,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=max_positions,
                                    eos_token_id=2, bos_token_id=1, tie_word_embeddings=False)
     transformers.LlamaForCausalLM(cfg).save_pretrained(model_dir)
 
@@ -33,7 +34,8 @@ def free_port():
 class Gateway:
     """engined-tinker over `daemons` (each its own engine), as a subprocess."""
 
-    def __init__(self, daemons, model_dir, extra=()):
+    def __init__(self, daemons, model_dir, extra=(), engined=True):
+        """engined: one --engined per daemon (False: extra names them)."""
         self.tmp = daemons[0].tmp
         self.keys = os.path.join(self.tmp, "tinker-keys")
         with open(self.keys, "w") as f:
@@ -45,7 +47,7 @@ class Gateway:
         args = [exe, "--listen", "127.0.0.1:%d" % self.port, "--api-keys", self.keys,
                 "--model", MODEL, "--model-dir", model_dir,
                 "--checkpoint-root", daemons[0].ckpt_root, "--log-level", "warning"]
-        for d in daemons:
+        for d in daemons if engined else ():
             args += ["--engined", d.addr]
         self.proc = subprocess.Popen(args + list(extra), stdout=open(self.log_path, "wb"),
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -75,13 +77,14 @@ class Gateway:
                 self.proc.wait()
 
 
-def start(n_daemons=1, extra=()):
-    """(daemons, model_dir, gateway): the model saved under the first
-    daemon's model root (every daemon shares that root)."""
+def start(n_daemons=1, extra=(), **model):
+    """(daemons, model_dir, gateway): the model (save_tiny_llama's
+    arguments) saved under the first daemon's model root (every daemon
+    shares that root and its checkpoint root)."""
     first = Daemon()
     daemons = [first]
     model_dir = os.path.join(first.model_root, MODEL)
-    save_tiny_llama(model_dir)
+    save_tiny_llama(model_dir, **model)
     for _ in range(n_daemons - 1):
         daemons.append(Daemon("--model-root", first.model_root, "--checkpoint-root",
                               first.ckpt_root))

@@ -5,8 +5,9 @@ gateway from the base model when a training model claims it:
         training models (adapters, up to max_adapters) and of samplers of
         the base or of adapter snapshots;
   full  one full fine-tuning model (LoRA rank 0), alone on the engine.
-A free engine takes either role; a full engine is free again once its
-model is unloaded (its next claim initializes it afresh)."""
+A free engine takes either role; an engine with nothing on it (a full
+fine-tune unloaded, a LoRA engine whose adapters are all gone and that no
+sampler of the base uses) takes either role again, initialized afresh."""
 import asyncio
 
 from ..aio import AsyncEngineClient
@@ -35,7 +36,12 @@ class Engine:
         self.role = None                # None (free), "lora", "full"
         self.models = set()             # model ids on it
         self.snapshots = 0              # snapshot adapters on it
+        self.base_samplers = 0          # samplers of its base (never closed by the SDK)
         self.lock = asyncio.Lock()
+
+    def unused(self):
+        """Nothing on it: it may take any role (Initialize afresh)."""
+        return not self.models and not self.snapshots and not self.base_samplers
 
     def open(self):
         # retries: a call whose connection to the daemon broke is sent
@@ -82,9 +88,11 @@ class Engines:
                 if e.role == "lora" and len(e.models) + e.snapshots + adapters <= self.max_adapters:
                     e.models.add(model_id)
                     return e
-        for e in self.all:
+        # A free engine, or an unused one of the other role (a LoRA engine
+        # whose adapters are all gone becomes a full fine-tune's).
+        for e in sorted(self.all, key=lambda e: e.role is not None):
             async with e.lock:
-                if e.role is None and not e.models:
+                if e.unused() and (e.role is None or e.role != role):
                     e.models.add(model_id)
                     try:
                         await e.become(role)
@@ -108,11 +116,13 @@ class Engines:
         """A frozen-base engine, for samplers of the base model."""
         for e in self.all:
             if e.role == "lora":
+                e.base_samplers += 1
                 return e
         for e in self.all:
             async with e.lock:
-                if e.role is None and not e.models:
+                if e.unused():
                     await e.become("lora")
+                    e.base_samplers += 1
                     return e
         raise NoEngine("no engine holds the untouched base model (each is training a full "
                        "fine-tune): start one more daemon")

@@ -4,6 +4,7 @@ of forward_backward and asample written from engined's replies.
 
 Errors in what a client sent raise UserError (HTTP 400, or a future's
 "user" error): the gateway never guesses at a malformed body."""
+import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Dict, List
@@ -39,15 +40,18 @@ class ForwardBackward:
     forward_only: bool
 
     def key(self):
-        """What makes two submissions of one seq_id the same call."""
-        parts = [self.model_id, self.seq_id, self.loss_fn, self.forward_only,
-                 sorted(self.config.items())]
+        """What makes two submissions of one seq_id the same call: a digest
+        of the parsed content (the SDK re-encodes a retried body)."""
+        h = hashlib.sha256(repr((self.model_id, self.seq_id, self.loss_fn, self.forward_only,
+                                 sorted(self.config.items()), len(self.data))).encode())
         for d in self.data:
-            parts.append(d.tokens.tobytes())
+            h.update(b"datum%d" % d.tokens.size)
+            h.update(d.tokens.tobytes())
             for k in sorted(d.inputs):
                 a = d.inputs[k]
-                parts.append((k, str(a.dtype), a.shape, a.tobytes()))
-        return repr(parts)
+                h.update(repr((k, str(a.dtype), a.shape)).encode())
+                h.update(np.ascontiguousarray(a).tobytes())
+        return h.hexdigest()
 
 
 def decompress(body, encoding):
