@@ -238,3 +238,33 @@ def test_sdk_flow_equals_engined_client(env, rank):
     assert lp[0] is None
     close(lp[1:], fwd.log_probs[1:])
     ref.close()
+    sc.close("success").result()  # the session ends: its models unload, their engines free up
+
+
+@pytest.mark.parametrize("rank", [4, 0])
+def test_an_old_sampler_samples_its_snapshot(env, rank):
+    """A sampler keeps the weights it was made from: after the model takes a
+    step, a LoRA sampler samples its snapshot (loaded from its checkpoint
+    into an adapter of its own: the same greedy tokens and log-probs as
+    before the step), a full fine-tune's is refused (one set of weights per
+    engine), and a new sampler samples the new weights."""
+    with tinker.ServiceClient(base_url=env[2].url, api_key=gf.KEY) as sc:
+        tc = sc.create_lora_training_client(base_model=gf.MODEL, rank=rank, seed=3).result()
+        prompt = types.ModelInput.from_ints([5, 17, 33, 9])
+        greedy = types.SamplingParams(max_tokens=8, temperature=0.0, stop=[])
+        old = tc.save_weights_and_get_sampling_client()
+        before = old.sample(prompt, 1, greedy).result().sequences[0]
+        rng = np.random.default_rng(0)
+        data = rng_data(rng, 4)
+        tc.forward_backward([tinker_datum(t, y, weights=np.ones(len(t), np.float32))
+                             for t, y in data], "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=0.05)).result()
+        new = tc.save_weights_and_get_sampling_client().sample(prompt, 1, greedy).result()
+        if rank:
+            again = old.sample(prompt, 1, greedy).result().sequences[0]
+            assert again.tokens == before.tokens
+            close(again.logprobs, before.logprobs, 1e-6)
+            assert not np.allclose(new.sequences[0].logprobs, before.logprobs, atol=1e-3)
+        else:
+            with pytest.raises(tinker.RequestFailedError, match="sample before the next"):
+                old.sample(prompt, 1, greedy).result()

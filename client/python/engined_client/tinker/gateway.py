@@ -530,12 +530,17 @@ class Gateway:
         s.engine, s.adapter, s.model = eng, name, None
 
     async def _sample(self, s, args):
-        for _ in range(2):
+        """Sample s's weights: the live model while it holds them (the
+        reply's weights_version and the model's loads checked), else its
+        snapshot (loaded once, then sampled)."""
+        moved = False
+        for _ in range(3):
             m = s.model
-            live = m is not None and m.generation == s.generation and m.version == s.version
-            if s.model is not None and not live:
+            if m is not None and (moved or m.generation != s.generation
+                                  or m.version != s.version):
                 async with s.lock:
-                    await self._snapshot_adapter(s)
+                    if s.model is m:
+                        await self._snapshot_adapter(s)
                 continue
             if s.adapter is None:
                 async with s.lock:
@@ -545,6 +550,7 @@ class Gateway:
             r = await s.engine.sampler.sample(adapter=s.adapter, **args)
             if m is None or (r.weights_version == s.version and m.generation == gen):
                 return r
+            moved = True  # a step landed first: the snapshot is what to sample
         raise Failed("%s: the weights moved while sampling; retry" % s.sampler_id, "server")
 
     @staticmethod

@@ -134,8 +134,9 @@ def parse_forward_backward(body):
                                 "(engined serves text models)" % (i, j, kind or "empty"))
             parts.append(_frombuffer(ch.encoded_text.tokens, np.int32,
                                      "data[%d].model_input[%d].tokens" % (i, j)))
-        if len(d.model_input_spans) or len(d.loss_fn_input_spans):
-            raise UserError("data[%d]: provenance spans (stable_reinforce) are not supported" % i)
+        # Provenance spans name the samples a datum came from; only
+        # stable_reinforce (not served: losses.py) reads them, and
+        # tinker-cookbook attaches them for every loss: ignored.
         tokens = np.concatenate(parts) if parts else np.zeros(0, np.int32)
         inputs = {k: _array(t, "data[%d].loss_fn_inputs[%r]" % (i, k))
                   for k, t in d.loss_fn_inputs.items()}
