@@ -98,6 +98,9 @@ def parser():
     p.add_argument("--poll", type=float, default=25.0, metavar="S",
                    help="how long retrieve_future holds a pending future")
     p.add_argument("--result-ttl", type=float, default=3600.0, metavar="S")
+    p.add_argument("--seed", type=int, metavar="N",
+                   help="derive the seeds a client leaves unset (samples, LoRA "
+                        "initializations) from N, so that a run repeats (default: random)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -118,7 +121,7 @@ def build(args):
                                                 if args.model_dir else name),
                 arch=arch, eos_token_ids=eos, max_context_length=ctx,
                 lora_alpha=args.lora_alpha, checkpoint_root=args.checkpoint_root,
-                gap_wait_s=args.seq_gap_wait)
+                gap_wait_s=args.seq_gap_wait, seed=args.seed)
     return make_app(g, KeyFile(args.api_keys), poll_s=args.poll)
 
 

@@ -16,6 +16,7 @@ once the model has moved on, a LoRA snapshot is loaded into an adapter of
 its own from the saved checkpoint, and a full fine-tune's snapshot (one
 set of full weights per engine) is refused with a precise error."""
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -79,7 +80,8 @@ class Sampler:
 
 class Gateway:
     def __init__(self, engines, futures, *, model_name, tokenizer_id, arch, eos_token_ids,
-                 max_context_length, lora_alpha, checkpoint_root, gap_wait_s):
+                 max_context_length, lora_alpha, checkpoint_root, gap_wait_s,
+                 seed=None):
         self.engines = engines
         self.futures = futures
         self.model_name = model_name
@@ -90,6 +92,7 @@ class Gateway:
         self.lora_alpha = lora_alpha
         self.checkpoint_root = checkpoint_root
         self.gap_wait_s = gap_wait_s
+        self.seed = seed
         self.sessions = {}                # id -> {"created", "last_seen", ...}
         self.models = {}
         self.samplers = {}
@@ -126,7 +129,7 @@ class Gateway:
             raise UserError("base_model %r is not served here (this gateway serves %r)"
                             % (base_model, self.model_name))
 
-    def _lora_of(self, cfg):
+    def _lora_of(self, cfg, model_seq_id):
         rank = int((cfg or {}).get("rank") or 0)
         if rank < 0:
             raise UserError("lora_config.rank: %d (0 for full fine-tuning, or > 0)" % rank)
@@ -140,7 +143,7 @@ class Gateway:
                             "to train (engined's LoRA does not reach the unembedding)")
         seed = cfg.get("seed")
         return {"rank": rank, "alpha": self.lora_alpha, "targets": list(targets),
-                "seed": int(seed) if seed is not None else secrets.randbits(63),
+                "seed": int(seed) if seed is not None else self._seed("lora:%d" % model_seq_id),
                 "train_unembed": bool(cfg.get("train_unembed", True)),
                 "train_mlp": bool(cfg.get("train_mlp", True)),
                 "train_attn": bool(cfg.get("train_attn", True))}
@@ -167,7 +170,7 @@ class Gateway:
         if not isinstance(seq, int) or seq < 0:
             raise UserError("model_seq_id: %r (an integer from 0)" % (seq,))
         self._check_base(body.get("base_model"))
-        lora = self._lora_of(body.get("lora_config"))
+        lora = self._lora_of(body.get("lora_config"), seq)
         model_id = "%s:train:%d" % (sid, seq)
         if model_id in self.creating:
             return self.creating[model_id]
@@ -495,12 +498,26 @@ class Gateway:
                     temperature=float(sp.get("temperature", 1.0)),
                     top_k=int(top_k) if top_k and top_k > 0 else 0,
                     top_p=None if top_p is None or top_p >= 1.0 else float(top_p),
-                    seed=int(seed) % (1 << 63) if seed is not None else secrets.randbits(63),
+                    seed=(int(seed) if seed is not None else self._draw_seed(body)) % (1 << 63),
                     stop_token_ids=stop_ids, stop_sequences=stop_seqs,
                     top_logprobs=int(body.get("topk_sample_logprobs") or 0),
                     prompt_logprobs=bool(body.get("prompt_logprobs")))
         last_n = body.get("prompt_logprobs_last_n")
         return args, n, last_n
+
+    def _draw_seed(self, body):
+        """A sample's seed when the client gives none."""
+        sampler = str(body.get("sampling_session_id", "")).rpartition(":sample:")[2]
+        return self._seed("sample:%s:%s" % (sampler, body.get("seq_id")))
+
+    def _seed(self, what):
+        """A seed the client left unset: random, or with --seed derived
+        from it and `what` (ids without the random session id), so that a
+        run repeats."""
+        if self.seed is None:
+            return secrets.randbits(63)
+        key = "%d:%s" % (self.seed, what)
+        return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") >> 1
 
     async def _snapshot_adapter(self, s):
         """s's weights in an adapter of their own, loaded from its checkpoint."""
