@@ -178,3 +178,31 @@ def test_rl_loop(stack, mode):
     if mode == "sync":
         kl = [abs(r["optim/kl_sample_train_v1"]) for r in rows if "optim/kl_sample_train_v1" in r]
         assert kl and max(kl) < 1e-5, kl
+
+
+def test_stop_strings(stack):
+    """sampling_params.stop as strings (the cookbook's role_colon renderer
+    stops on "\\n\\nUser:"): a completion ends at the token whose text
+    completes the first stop string, and is otherwise the same draw as
+    without the stop (same seed: the same tokens up to there)."""
+    from transformers import AutoTokenizer
+    model_dir, gw = stack
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    with tinker.ServiceClient(base_url=gw.url, api_key=gf.KEY) as sc:
+        sampler = sc.create_sampling_client(base_model=model_dir)
+        prompt = tinker.ModelInput.from_ints(tok.encode("the cat sees"))
+        free = sampler.sample(prompt, 4, tinker.SamplingParams(
+            max_tokens=32, seed=5, temperature=1.0, stop=[])).result().sequences
+        cut = sampler.sample(prompt, 4, tinker.SamplingParams(
+            max_tokens=32, seed=5, temperature=1.0, stop=["e", "zz"])).result().sequences
+    stopped = 0
+    for f, c in zip(free, cut):
+        text = [tok.decode(f.tokens[:n]) for n in range(len(f.tokens) + 1)]
+        first = next((n for n, t in enumerate(text) if "e" in t), None)
+        if first is None:
+            assert c.tokens == f.tokens and c.stop_reason == "length"
+        else:
+            assert c.tokens == f.tokens[:first] and c.stop_reason == "stop"
+            assert c.logprobs == f.logprobs[:first]
+            stopped += 1
+    assert stopped >= 2, [tok.decode(f.tokens) for f in free]

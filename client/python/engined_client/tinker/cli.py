@@ -10,7 +10,8 @@ accepted keys, one a line ('#' comments; the SDK wants keys starting with
 "tml-"), re-read when it changes. --model: the base model's Hugging Face
 directory as the daemons see it (under their --model-root); --model-dir:
 the same directory as this host sees it, for the model's name, context
-length and end-of-sequence ids (config.json, generation_config.json)."""
+length and end-of-sequence ids (config.json, generation_config.json) and
+its tokenizer (tokenizer.json: stop strings)."""
 import argparse
 import json
 import logging
@@ -49,6 +50,16 @@ class KeyFile:
                     ln.strip() for ln in f if ln.strip() and not ln.lstrip().startswith("#"))
             self._stamp = stamp
         return self._keys
+
+
+def _tokenizer(model_dir):
+    """The model's tokenizer (tokenizer.json in --model-dir), for stop
+    strings; None without one."""
+    path = os.path.join(model_dir, "tokenizer.json") if model_dir else None
+    if not path or not os.path.exists(path):
+        return None
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(path)
 
 
 def _model_facts(model_dir):
@@ -121,7 +132,8 @@ def build(args):
                                                 if args.model_dir else name),
                 arch=arch, eos_token_ids=eos, max_context_length=ctx,
                 lora_alpha=args.lora_alpha, checkpoint_root=args.checkpoint_root,
-                gap_wait_s=args.seq_gap_wait, seed=args.seed)
+                gap_wait_s=args.seq_gap_wait, seed=args.seed,
+                tokenizer=_tokenizer(args.model_dir))
     return make_app(g, KeyFile(args.api_keys), poll_s=args.poll)
 
 

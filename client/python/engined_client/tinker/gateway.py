@@ -81,7 +81,7 @@ class Sampler:
 class Gateway:
     def __init__(self, engines, futures, *, model_name, tokenizer_id, arch, eos_token_ids,
                  max_context_length, lora_alpha, checkpoint_root, gap_wait_s,
-                 seed=None):
+                 seed=None, tokenizer=None):
         self.engines = engines
         self.futures = futures
         self.model_name = model_name
@@ -93,6 +93,7 @@ class Gateway:
         self.checkpoint_root = checkpoint_root
         self.gap_wait_s = gap_wait_s
         self.seed = seed
+        self.tokenizer = tokenizer        # a tokenizers.Tokenizer, or None
         self.sessions = {}                # id -> {"created", "last_seen", ...}
         self.models = {}
         self.samplers = {}
@@ -454,8 +455,9 @@ class Gateway:
         s.requests[seq_id] = (key, rec)
 
         async def run():
+            stop_texts = args.pop("stop_texts")
             r = await self._sample(s, args)
-            return self._sample_reply(r, n, last_n, args), "application/x-protobuf"
+            return self._sample_reply(r, n, last_n, stop_texts), "application/x-protobuf"
         self.futures.run(rec, run())
         return rec
 
@@ -481,15 +483,19 @@ class Gateway:
         if max_tokens is None:
             max_tokens = max(1, min(4096, (self.max_context_length or 4096) - len(tokens)))
         stop = sp.get("stop")
-        stop_ids, stop_seqs = [], []
+        stop_ids, stop_seqs, stop_texts = [], [], []
+        if isinstance(stop, str):
+            stop = [stop]
         if stop is None:
             stop_ids = list(self.eos_token_ids)
-        elif isinstance(stop, str) or (isinstance(stop, list) and stop
-                                       and isinstance(stop[0], str)):
-            raise UserError("sampling_params.stop: stop strings need a tokenizer in the "
-                            "gateway; send stop token ids")
+        elif stop and all(isinstance(t, str) for t in stop):
+            stop_texts = list(stop)
+            stop_seqs = self._stop_sequences(stop_texts)
+        elif all(isinstance(t, int) and not isinstance(t, bool) for t in stop):
+            stop_ids = list(stop)
         else:
-            stop_ids = [int(t) for t in stop]
+            raise UserError("sampling_params.stop: a string, a list of strings or a list of "
+                            "token ids (got %r)" % (stop,))
         top_k = sp.get("top_k", -1)
         top_p = sp.get("top_p", 1.0)
         seed = sp.get("seed")
@@ -502,8 +508,37 @@ class Gateway:
                     stop_token_ids=stop_ids, stop_sequences=stop_seqs,
                     top_logprobs=int(body.get("topk_sample_logprobs") or 0),
                     prompt_logprobs=bool(body.get("prompt_logprobs")))
+        args["stop_texts"] = stop_texts
         last_n = body.get("prompt_logprobs_last_n")
         return args, n, last_n
+
+    def _stop_sequences(self, texts):
+        """Stop strings as engined's stop_sequences: each string's tokens
+        (the tokenizer's own encoding). The reply is then cut where the
+        decoded text first holds a stop string (_cut_at_stop), which also
+        catches a stop string the model spelled with other tokens."""
+        if self.tokenizer is None:
+            raise UserError("sampling_params.stop: stop strings need the model's tokenizer "
+                            "(tokenizer.json in the gateway's --model-dir); send token ids")
+        if len(texts) > 64:
+            raise UserError("sampling_params.stop: %d strings (at most 64)" % len(texts))
+        seqs = []
+        for t in texts:
+            ids = self.tokenizer.encode(t, add_special_tokens=False).ids
+            if not 1 <= len(ids) <= 64:
+                raise UserError("sampling_params.stop: %r is %d tokens (1 to 64)" % (t, len(ids)))
+            seqs.append(ids)
+        return seqs
+
+    def _cut_at_stop(self, tokens, texts):
+        """How many of tokens to keep: up to the token that completes the
+        first stop string in the decoded text (all when none appears)."""
+        def holds(n):
+            text = self.tokenizer.decode(list(tokens[:n]), skip_special_tokens=False)
+            return any(t in text for t in texts)
+        if not texts or not holds(len(tokens)):
+            return None
+        return next(n for n in range(1, len(tokens) + 1) if holds(n))
 
     def _draw_seed(self, body):
         """A sample's seed when the client gives none."""
@@ -570,12 +605,14 @@ class Gateway:
             moved = True  # a step landed first: the snapshot is what to sample
         raise Failed("%s: the weights moved while sampling; retry" % s.sampler_id, "server")
 
-    @staticmethod
-    def _sample_reply(r, n, last_n, args):
+    def _sample_reply(self, r, n, last_n, stop_texts):
         seqs, plp = [], None
         for c in r.completions:
-            seqs.append((c.finish_reason, c.token_ids, c.logprobs, c.top_token_ids,
-                         c.top_logprobs))
+            seq = (c.finish_reason, c.token_ids, c.logprobs, c.top_token_ids, c.top_logprobs)
+            keep = self._cut_at_stop(c.token_ids, stop_texts)
+            if keep is not None:
+                seq = ("stop",) + tuple(None if x is None else x[:keep] for x in seq[1:])
+            seqs.append(seq)
             if c.prompt_logprobs is not None and c.sample_index == 0:
                 plp = c.prompt_logprobs.astype(np.float32).copy()
                 plp[0] = np.nan
