@@ -5,7 +5,6 @@ cross_entropy and ppo, give the same losses and saved weights (to the
 rounding of the ranks' split batch) and the group samples. The flows run
 one after another on the same engines: a session's end (the SDK's
 ServiceClient closed) unloads its models, freeing the engine."""
-import os
 
 import numpy as np
 import pytest

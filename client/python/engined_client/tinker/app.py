@@ -10,14 +10,12 @@ with the SDK's "Promise expired/broken"). What fails while a call runs is
 its future's {"error", "category": "user"|"server"}."""
 import asyncio
 import contextlib
-import json
 import logging
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from . import wire
@@ -27,6 +25,7 @@ from .wire import UserError
 
 log = logging.getLogger("engined_tinker")
 PROTO = "application/x-protobuf"
+HOUSEKEEPING_S = 30.0  # expired checkpoints and results
 
 # client/config: what the SDK is told (docs/TINKER.md 1.3). httpx rather
 # than pyqwest; forward_backward chunks one after another; no server-side
@@ -64,7 +63,10 @@ class Auth(BaseHTTPMiddleware):
         self.keys = keys
 
     async def dispatch(self, request, call_next):
-        if request.url.path.rstrip("/").endswith("/healthz"):
+        # healthz: for load balancers; files: signed URLs, fetched by the
+        # SDK's CLI without the key (checkpoints.py).
+        path = request.url.path
+        if path.rstrip("/").endswith("/healthz") or path.startswith("/api/v1/files/"):
             return await call_next(request)
         key = request.headers.get("x-api-key")
         if not key:
@@ -214,14 +216,33 @@ def make_app(gateway, api_keys, poll_s=25.0):
     async def run_checkpoints(request):
         run = request.path_params["run_id"]
         g.training_run(run)
-        return JSONResponse({"checkpoints": g.list_checkpoints(run)})
+        return JSONResponse({"checkpoints": g.checkpoints.list(run)})
 
     async def checkpoints(request):
-        return page(request, g.list_checkpoints(), "checkpoints")
+        return page(request, g.checkpoints.list(), "checkpoints")
+
+    def checkpoint(request):
+        return g.checkpoints.find(request.path_params["run_id"],
+                                  request.path_params["checkpoint_id"])
 
     async def delete_checkpoint(request):
-        g.delete_checkpoint(request.path_params["run_id"], request.path_params["checkpoint_id"])
+        g.checkpoints.delete(checkpoint(request))
         return JSONResponse({})
+
+    async def checkpoint_ttl(request):
+        g.checkpoints.set_ttl(checkpoint(request), (await _json(request)).get("ttl_seconds"))
+        return JSONResponse({})
+
+    async def external_weights_urls(request):
+        return JSONResponse(g.checkpoints.signed_urls(checkpoint(request),
+                                                      str(request.base_url)))
+
+    async def files(request):
+        return FileResponse(g.checkpoints.file(request.path_params["token"],
+                                               request.path_params["name"]))
+
+    async def weights_info(request):
+        return JSONResponse(g.weights_info((await _json(request)).get("tinker_path")))
 
     v1 = "/api/v1/"
     routes = [
@@ -250,17 +271,32 @@ def make_app(gateway, api_keys, poll_s=25.0):
         Route(v1 + "training_runs/{run_id}", route(training_run), methods=["GET"]),
         Route(v1 + "training_runs/{run_id}/checkpoints", route(run_checkpoints),
               methods=["GET"]),
+        Route(v1 + "training_runs/{run_id}/checkpoints/{checkpoint_id:path}/ttl",
+              route(checkpoint_ttl), methods=["PUT"]),
+        Route(v1 + "training_runs/{run_id}/checkpoints/{checkpoint_id:path}"
+              "/external_weights_urls", route(external_weights_urls), methods=["GET"]),
         Route(v1 + "training_runs/{run_id}/checkpoints/{checkpoint_id:path}",
               route(delete_checkpoint), methods=["DELETE"]),
         Route(v1 + "checkpoints", route(checkpoints), methods=["GET"]),
+        Route(v1 + "save_weights_external", route(training(g.save_weights_external)),
+              methods=["POST"]),
+        Route(v1 + "weights_info", route(weights_info), methods=["POST"]),
+        Route(v1 + "files/{token}/{name}", route(files), methods=["GET"]),
     ]
+
+    async def housekeeping():
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_S)
+            g.housekeeping()
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         g.engines.open()
+        task = asyncio.ensure_future(housekeeping())
         try:
             yield
         finally:
+            task.cancel()
             await g.engines.close()
 
     async def not_found(request, exc):

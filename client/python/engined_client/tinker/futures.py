@@ -72,7 +72,7 @@ class FutureStore:
         self.ttl_s = ttl_s
 
     def new(self, kind):
-        self._expire()
+        self.expire()
         rec = Record("%s-%d" % (self.boot, next(self._n)), kind)
         self._records[rec.request_id] = rec
         return rec
@@ -94,7 +94,7 @@ class FutureStore:
                 rec.finish(result, media)
         return asyncio.ensure_future(go())
 
-    def _expire(self):
+    def expire(self):
         now = time.monotonic()
         old = [k for k, r in self._records.items()
                if r.finished_at is not None and now - r.finished_at > self.ttl_s]

@@ -19,16 +19,14 @@ import asyncio
 import hashlib
 import json
 import logging
-import os
 import re
 import secrets
-import shutil
 import time
 
 import numpy as np
 
 from . import losses, wire
-from .engines import NoEngine
+from .checkpoints import Checkpoints, iso, safe
 from .futures import Failed
 from .sequence import Sequencer
 from .wire import UserError
@@ -40,17 +38,13 @@ MLP = ("gate_proj", "up_proj", "down_proj")
 SNAPSHOTS_PER_MODEL = 2
 
 
-def _safe(s):
-    return re.sub(r"[^A-Za-z0-9._-]", "_", s)
-
-
 class Model:
     def __init__(self, model_id, session_id, engine, lora, gap_wait_s):
         self.model_id = model_id
         self.session_id = session_id
         self.engine = engine
         self.lora = lora                  # None (full) or {"rank", "alpha", "targets", ...}
-        self.adapter = ("tk-" + _safe(model_id))[:64] if lora else ""
+        self.adapter = ("tk-" + safe(model_id))[:64] if lora else ""
         self.seq = Sequencer(model_id, gap_wait_s)
         self.version = 0                  # engined's weights_version of the live weights
         self.generation = 0               # loads so far (a load can repeat a version)
@@ -90,14 +84,13 @@ class Gateway:
         self.eos_token_ids = list(eos_token_ids)
         self.max_context_length = max_context_length
         self.lora_alpha = lora_alpha
-        self.checkpoint_root = checkpoint_root
         self.gap_wait_s = gap_wait_s
         self.seed = seed
         self.tokenizer = tokenizer        # a tokenizers.Tokenizer, or None
         self.sessions = {}                # id -> {"created", "last_seen", ...}
         self.models = {}
         self.samplers = {}
-        self.checkpoints = {}             # tinker path -> record
+        self.checkpoints = Checkpoints(checkpoint_root)
         self.creating = {}                # model_id -> record of its create future
         self._snap = 0
 
@@ -273,29 +266,21 @@ class Gateway:
                     "type": "optim_step"}, "application/json"
         return self._submit(m, seq_id, json.dumps(body, sort_keys=True), "OptimStep", run)
 
-    def _ckpt_rel(self, model_id, kind, name):
-        return "tinker/%s/%s/%s" % (_safe(model_id), kind, name)
-
     def _name(self, m, seq_id, name):
         if not isinstance(name, str) or not NAME_RE.match(name):
             self.refuse_seq(m, seq_id)
             raise UserError("path %r: a checkpoint name is 1 to 128 of [A-Za-z0-9._-]" % (name,))
         return name
 
-    async def _save(self, m, seq_id, kind, name, contents, overwrite=True):
+    async def _save(self, m, seq_id, kind, name, contents, ttl_s=None, overwrite=True):
         path = "tinker://%s/%s/%s" % (m.model_id, kind, name)
-        if path in self.checkpoints and not overwrite:
+        if path in self.checkpoints.by_path and not overwrite:
             raise Failed("%s exists (overwrite is false)" % path, "user")
-        rel = self._ckpt_rel(m.model_id, kind, name)
         r = await m.engine.client.save_checkpoint(
-            rel, global_step=m.version, contents=contents, adapter=m.adapter,
-            request_id=m.request_id(seq_id))
-        self.checkpoints[path] = {
-            "path": path, "model_id": m.model_id, "kind": kind, "name": name, "rel": rel,
-            "time": time.time(), "lora": m.lora, "version": m.version,
-            "generation": m.generation, "size_bytes": int(getattr(r, "bytes", 0) or 0),
-            "optimizer": contents is None}
-        return self.checkpoints[path]
+            Checkpoints.rel(m.model_id, kind, name), global_step=m.version, contents=contents,
+            adapter=m.adapter, request_id=m.request_id(seq_id))
+        return self.checkpoints.add(m, kind, name, int(getattr(r, "bytes", 0) or 0),
+                                    contents is None, ttl_s)
 
     def save_weights(self, body):
         m = self.model(body.get("model_id"))
@@ -303,7 +288,7 @@ class Gateway:
         name = self._name(m, seq_id, body.get("path"))
 
         async def run():
-            c = await self._save(m, seq_id, "weights", name, None,
+            c = await self._save(m, seq_id, "weights", name, None, body.get("ttl_seconds"),
                                  overwrite=bool(body.get("overwrite", False)))
             return {"path": c["path"], "type": "save_weights"}, "application/json"
         return self._submit(m, seq_id, json.dumps(body, sort_keys=True), "SaveWeights", run)
@@ -321,7 +306,8 @@ class Gateway:
 
         async def run():
             c = await self._save(m, seq_id, "sampler_weights",
-                                 name or "unnamed-%d" % seq_id, ["model"])
+                                 name or "unnamed-%d" % seq_id, ["model"],
+                                 body.get("ttl_seconds"))
             if name is not None:
                 return ({"path": c["path"], "type": "save_weights_for_sampler"},
                         "application/json")
@@ -333,11 +319,34 @@ class Gateway:
         return self._submit(m, seq_id, json.dumps(body, sort_keys=True),
                             "SaveWeightsForSampler", run)
 
+    def save_weights_external(self, body):
+        m = self.model(body.get("model_id"))
+        seq_id = body.get("seq_id")
+        name = self._name(m, seq_id, body.get("path"))
+        if body.get("age_encryption_recipients"):
+            self.refuse_seq(m, seq_id)
+            raise UserError("age_encryption_recipients: encrypted exports are not supported")
+
+        async def run():
+            c = await self._save(m, seq_id, "external_weights", name, ["model"],
+                                 body.get("ttl_seconds"))
+            return ({"path": c["path"], "size_bytes": c["size_bytes"],
+                     "type": "save_weights_external"}, "application/json")
+        return self._submit(m, seq_id, json.dumps(body, sort_keys=True),
+                            "SaveWeightsExternal", run)
+
     def _checkpoint(self, path):
-        c = self.checkpoints.get(path)
-        if c is None:
-            raise UserError("%r is not a checkpoint this gateway saved" % (path,))
-        return c
+        return self.checkpoints.get(path)
+
+    def weights_info(self, path):
+        c = self._checkpoint(path)
+        lora = c["lora"]
+        out = {"base_model": self.model_name, "is_lora": lora is not None,
+               "optimizer_config": {"type": "adamw"}}
+        if lora:
+            out.update(lora_rank=lora["rank"], train_unembed=lora["train_unembed"],
+                       train_mlp=lora["train_mlp"], train_attn=lora["train_attn"])
+        return out
 
     def load_weights(self, body):
         path = body.get("path")
@@ -564,7 +573,7 @@ class Gateway:
         m = s.model
         eng = m.engine if m else await self.engines.claim("lora", s.sampler_id)
         self._snap += 1
-        name = ("tk-snap%d-" % self._snap + _safe(c["model_id"]))[:64]
+        name = ("tk-snap%d-" % self._snap + safe(c["model_id"]))[:64]
         lora = c["lora"]
         await eng.client.create_adapter(name, rank=lora["rank"], alpha=lora["alpha"],
                                         target_modules=lora["targets"], seed=0)
@@ -626,49 +635,28 @@ class Gateway:
     # --- REST: training runs and checkpoints ------------------------------
     def training_run(self, model_id):
         m = self.models.get(model_id)
-        ck = [c for c in self.checkpoints.values() if c["model_id"] == model_id]
+        ck = [c for c in self.checkpoints.by_path.values() if c["model_id"] == model_id]
         if m is None and not ck:
             raise LookupError("training run %r is unknown to this gateway" % (model_id,))
         lora = m.lora if m else ck[0]["lora"]
 
         def last(kind):
             cs = [c for c in ck if c["kind"] == kind]
-            return self.checkpoint_json(max(cs, key=lambda c: c["time"])) if cs else None
+            return self.checkpoints.json(max(cs, key=lambda c: c["time"])) if cs else None
         t = m.last_request if m else max(c["time"] for c in ck)
         return {"training_run_id": model_id, "base_model": self.model_name,
                 "model_owner": "engined", "is_lora": lora is not None,
                 "lora_rank": lora["rank"] if lora else None, "corrupted": False,
-                "last_request_time": _iso(t), "last_checkpoint": last("weights"),
+                "last_request_time": iso(t), "last_checkpoint": last("weights"),
                 "last_sampler_checkpoint": last("sampler_weights"),
                 "user_metadata": m.user_metadata if m else None}
 
     def training_runs(self):
-        ids = sorted(set(self.models) | {c["model_id"] for c in self.checkpoints.values()})
+        ids = sorted(set(self.models) |
+                     {c["model_id"] for c in self.checkpoints.by_path.values()})
         return [self.training_run(i) for i in ids]
 
-    @staticmethod
-    def checkpoint_json(c):
-        return {"checkpoint_id": "%s/%s" % (c["kind"], c["name"]),
-                "checkpoint_type": "training" if c["kind"] == "weights" else "sampler",
-                "time": _iso(c["time"]), "tinker_path": c["path"],
-                "size_bytes": c["size_bytes"], "public": False}
-
-    def list_checkpoints(self, model_id=None):
-        cs = [c for c in self.checkpoints.values()
-              if model_id is None or c["model_id"] == model_id]
-        return [self.checkpoint_json(c) for c in sorted(cs, key=lambda c: c["time"])]
-
-    def delete_checkpoint(self, model_id, checkpoint_id):
-        path = "tinker://%s/%s" % (model_id, checkpoint_id)
-        c = self.checkpoints.get(path)
-        if c is None:
-            raise LookupError("%s is not a checkpoint this gateway saved" % path)
-        if self.checkpoint_root is None:
-            raise UserError("deleting checkpoints needs the gateway's --checkpoint-root "
-                            "(the daemons' checkpoint root as this host sees it)")
-        shutil.rmtree(os.path.join(self.checkpoint_root, c["rel"]), ignore_errors=True)
-        del self.checkpoints[path]
-
-
-def _iso(t):
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+    def housekeeping(self):
+        """Periodic: expired checkpoints and results go."""
+        self.checkpoints.expire()
+        self.futures.expire()
