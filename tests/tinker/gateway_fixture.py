@@ -44,12 +44,21 @@ class Gateway:
         self.url = "http://127.0.0.1:%d" % self.port
         self.log_path = os.path.join(self.tmp, "gateway-%d.log" % self.port)
         exe = os.path.join(os.path.dirname(sys.executable), "engined-tinker")
-        args = [exe, "--listen", "127.0.0.1:%d" % self.port, "--api-keys", self.keys,
-                "--model", MODEL, "--model-dir", model_dir,
-                "--checkpoint-root", daemons[0].ckpt_root, "--log-level", "warning"]
+        self.args = [exe, "--listen", "127.0.0.1:%d" % self.port, "--api-keys", self.keys,
+                     "--model", MODEL, "--model-dir", model_dir,
+                     "--checkpoint-root", daemons[0].ckpt_root, "--log-level", "warning"]
         for d in daemons if engined else ():
-            args += ["--engined", d.addr]
-        self.proc = subprocess.Popen(args + list(extra), stdout=open(self.log_path, "wb"),
+            self.args += ["--engined", d.addr]
+        self.args += list(extra)
+        self._start()
+
+    def restart(self):
+        """Stop the gateway and start a new one on the same port."""
+        self.stop()
+        self._start()
+
+    def _start(self):
+        self.proc = subprocess.Popen(self.args, stdout=open(self.log_path, "ab"),
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.time() + 60
         while time.time() < deadline:

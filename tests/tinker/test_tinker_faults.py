@@ -74,16 +74,16 @@ def assert_equal_weights(a, b):
 
 def test_cut_connections_are_retried_exactly_once(env):
     daemon, gw = env
-    clean = tinker.ServiceClient(base_url=gw.url, api_key=gf.KEY)
-    want = weights(daemon, train(clean.create_lora_training_client(
-        base_model=gf.MODEL, rank=4, seed=5).result()))
+    with tinker.ServiceClient(base_url=gw.url, api_key=gf.KEY) as clean:
+        want = weights(daemon, train(clean.create_lora_training_client(
+            base_model=gf.MODEL, rank=4, seed=5).result()))
     proxy = CutProxy(gw.port, {b"POST /api/v1/forward_backward": 2,
                                b"POST /api/v1/optim_step": 2,
                                b"POST /api/v1/retrieve_future": 1})
     try:
-        sc = tinker.ServiceClient(base_url=proxy.url, api_key=gf.KEY)
-        tc = sc.create_lora_training_client(base_model=gf.MODEL, rank=4, seed=5).result()
-        got = weights(daemon, train(tc))
+        with tinker.ServiceClient(base_url=proxy.url, api_key=gf.KEY) as sc:
+            tc = sc.create_lora_training_client(base_model=gf.MODEL, rank=4, seed=5).result()
+            got = weights(daemon, train(tc))
         assert sorted(proxy.cut) == sorted(["POST /api/v1/forward_backward"] * 2 +
                                            ["POST /api/v1/optim_step"] * 2 +
                                            ["POST /api/v1/retrieve_future"]), proxy.cut
@@ -98,7 +98,11 @@ def test_bad_input_is_a_user_error_and_changes_nothing(env):
     with pytest.raises(tinker.AuthenticationError):
         tinker.ServiceClient(base_url=gw.url, api_key="tml-not-a-key") \
             .create_lora_training_client(base_model=gf.MODEL, rank=4).result()
-    sc = tinker.ServiceClient(base_url=gw.url, api_key=gf.KEY)
+    with tinker.ServiceClient(base_url=gw.url, api_key=gf.KEY) as sc:
+        bad_input_session(daemon, gw, sc)
+
+
+def bad_input_session(daemon, gw, sc):
     clean = weights(daemon, train(sc.create_lora_training_client(
         base_model=gf.MODEL, rank=4, seed=9).result()))
     tc = sc.create_lora_training_client(base_model=gf.MODEL, rank=4, seed=9).result()
@@ -127,3 +131,50 @@ def test_bad_input_is_a_user_error_and_changes_nothing(env):
     # was waited for (the refused ones count as used).
     assert_equal_weights(weights(daemon, train(tc)), clean)
     assert "never arrived" not in gw.log()
+
+
+def test_training_clients_at_once_are_independent(env):
+    """Three LoRA training clients of one session train at the same time
+    (threads; their requests interleave on one engine): each ends with the
+    weights it gets training alone."""
+    import threading
+    daemon, gw = env
+    with tinker.ServiceClient(base_url=gw.url, api_key=gf.KEY) as sc:
+        alone = [weights(daemon, train(sc.create_lora_training_client(
+            base_model=gf.MODEL, rank=4, seed=40 + i).result(), steps=2)) for i in range(3)]
+        clients = [sc.create_lora_training_client(base_model=gf.MODEL, rank=4,
+                                                  seed=40 + i).result() for i in range(3)]
+        paths = [None] * 3
+
+        def run(i):
+            paths[i] = train(clients[i], steps=2)
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        for i in range(3):
+            assert_equal_weights(weights(daemon, paths[i]), alone[i])
+
+
+def test_gateway_restart_loses_futures_precisely(env):
+    """A gateway restarted under a pending future: the SDK's retrieve gets
+    410 and the caller an error (never another call's result); the model is
+    unknown to the new gateway (404); new clients work."""
+    daemon, gw = env
+    import httpx
+    headers = {"X-API-Key": gf.KEY}
+    sc = tinker.ServiceClient(base_url=gw.url, api_key=gf.KEY)
+    tc = sc.create_lora_training_client(base_model=gf.MODEL, rank=4, seed=1).result()
+    r = httpx.post(gw.url + "/api/v1/optim_step", headers=headers,
+                   json={"model_id": tc.model_id, "seq_id": 1, "type": "optim_step",
+                         "adam_params": {"learning_rate": 1e-3}})
+    rid = r.json()["request_id"]
+    gw.restart()
+    r = httpx.post(gw.url + "/api/v1/retrieve_future", headers=headers,
+                   json={"request_id": rid})
+    assert r.status_code == 410 and "unknown to this gateway" in r.json()["detail"]
+    with pytest.raises(tinker.NotFoundError):
+        tc.forward_backward(datums(0), "cross_entropy").result()
+    with tinker.ServiceClient(base_url=gw.url, api_key=gf.KEY) as sc2:
+        train(sc2.create_lora_training_client(base_model=gf.MODEL, rank=4, seed=1).result(), 1)
