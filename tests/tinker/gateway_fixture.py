@@ -1,6 +1,7 @@
 """gateway_fixture.py — an engined daemon with a tiny random Llama saved by
 transformers, and engined-tinker over it, for the tests that drive the
 gateway with the real tinker SDK (tests/tinker)."""
+import contextlib
 import os
 import socket
 import subprocess
@@ -98,3 +99,15 @@ def start(n_daemons=1, extra=(), **model):
         daemons.append(Daemon("--model-root", first.model_root, "--checkpoint-root",
                               first.ckpt_root))
     return daemons, model_dir, Gateway(daemons, model_dir, extra)
+
+
+@contextlib.contextmanager
+def running(n_daemons=1, extra=(), **model):
+    """start()'s daemons, model directory and gateway, stopped at the end."""
+    daemons, model_dir, gw = start(n_daemons, extra, **model)
+    try:
+        yield daemons, model_dir, gw
+    finally:
+        gw.stop()
+        for d in daemons:
+            d.stop()

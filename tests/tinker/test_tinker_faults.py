@@ -25,12 +25,8 @@ ADAM = types.AdamParams(learning_rate=1e-2, beta2=0.95, eps=1e-12)
 
 @pytest.fixture(scope="module")
 def env():
-    daemons, model_dir, gw = gf.start(n_daemons=1)
-    try:
+    with gf.running(n_daemons=1) as (daemons, _, gw):
         yield daemons[0], gw
-    finally:
-        gw.stop()
-        daemons[0].stop()
 
 
 def datums(k):

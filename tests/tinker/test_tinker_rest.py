@@ -24,13 +24,8 @@ from test_tinker_faults import datums, weights
 def env():
     # Two engines: a full fine-tune's download needs a second one (the CLI
     # makes a training client from the checkpoint).
-    daemons, model_dir, gw = gf.start(n_daemons=2)
-    try:
+    with gf.running(n_daemons=2) as (daemons, _, gw):
         yield daemons[0], gw
-    finally:
-        gw.stop()
-        for d in daemons:
-            d.stop()
 
 
 def trained(sc, rank):

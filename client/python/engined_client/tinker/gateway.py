@@ -157,26 +157,36 @@ class Gateway:
         self.models[model_id] = m
         return m
 
-    def create_model(self, body):
+    def _create(self, body, kind, prepare):
+        """create_model and create-from-checkpoint: check the session, the
+        ids and the base model, then (once per model id: a retry gets the
+        same future) run the coroutine prepare(model_id, session_id,
+        model_seq_id) returns (it raises UserError for a bad request)."""
         sid = body.get("session_id")
         self.session(sid)
         seq = body.get("model_seq_id")
         if not isinstance(seq, int) or seq < 0:
             raise UserError("model_seq_id: %r (an integer from 0)" % (seq,))
         self._check_base(body.get("base_model"))
-        lora = self._lora_of(body.get("lora_config"), seq)
         model_id = "%s:train:%d" % (sid, seq)
         if model_id in self.creating:
             return self.creating[model_id]
-        rec = self.futures.new("CreateModel")
+        coro = prepare(model_id, sid, seq)
+        rec = self.futures.new(kind)
         self.creating[model_id] = rec
-
-        async def run():
-            m = await self._new_model(model_id, sid, lora)
-            m.user_metadata = body.get("user_metadata")
-            return {"model_id": model_id, "type": "create_model"}, "application/json"
-        self.futures.run(rec, run())
+        self.futures.run(rec, coro)
         return rec
+
+    def create_model(self, body):
+        def prepare(model_id, sid, seq):
+            lora = self._lora_of(body.get("lora_config"), seq)
+
+            async def run():
+                m = await self._new_model(model_id, sid, lora)
+                m.user_metadata = body.get("user_metadata")
+                return {"model_id": model_id, "type": "create_model"}, "application/json"
+            return run()
+        return self._create(body, "CreateModel", prepare)
 
     def get_info(self, body):
         m = self.model(body.get("model_id"))
@@ -388,31 +398,21 @@ class Gateway:
         m.version = int(step) if optimizer else m.version
 
     def _create_from_checkpoint(self, body, path, optimizer):
-        sid = body.get("session_id")
-        self.session(sid)
-        seq = body.get("model_seq_id")
-        if not isinstance(seq, int) or seq < 0:
-            raise UserError("model_seq_id: %r (an integer from 0)" % (seq,))
-        self._check_base(body.get("base_model"))
-        c = self._checkpoint(path)
-        model_id = "%s:train:%d" % (sid, seq)
-        if model_id in self.creating:
-            return self.creating[model_id]
-        rec = self.futures.new("LoadWeights")
-        self.creating[model_id] = rec
+        def prepare(model_id, sid, seq):
+            c = self._checkpoint(path)
 
-        async def run():
-            lora = dict(c["lora"], seed=0) if c["lora"] else None
-            m = await self._new_model(model_id, sid, lora)
-            try:
-                await self._load(m, c, optimizer, "tk:load:" + model_id)
-            except BaseException:
-                await self.unload(model_id)
-                raise
-            return {"path": path, "model_id": model_id, "type": "load_weights"}, \
-                "application/json"
-        self.futures.run(rec, run())
-        return rec
+            async def run():
+                lora = dict(c["lora"], seed=0) if c["lora"] else None
+                m = await self._new_model(model_id, sid, lora)
+                try:
+                    await self._load(m, c, optimizer, "tk:load:" + model_id)
+                except BaseException:
+                    await self.unload(model_id)
+                    raise
+                return ({"path": path, "model_id": model_id, "type": "load_weights"},
+                        "application/json")
+            return run()
+        return self._create(body, "LoadWeights", prepare)
 
     # --- sampling --------------------------------------------------------
     async def create_sampling_session(self, body):
