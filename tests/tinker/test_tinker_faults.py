@@ -156,14 +156,17 @@ def test_training_clients_at_once_are_independent(env):
 def test_gateway_restart_loses_futures_precisely(env):
     """A gateway restarted under a pending future: the SDK's retrieve gets
     410 and the caller an error (never another call's result); the model is
-    unknown to the new gateway (404); new clients work."""
+    unknown to the new gateway (404); its checkpoints are known (with their
+    TTLs), so a script resumes from them; new clients work."""
     daemon, gw = env
     import httpx
     headers = {"X-API-Key": gf.KEY}
     sc = tinker.ServiceClient(base_url=gw.url, api_key=gf.KEY)
     tc = sc.create_lora_training_client(base_model=gf.MODEL, rank=4, seed=1).result()
+    saved = train(tc, 1)
+    short = tc.save_state("short", ttl_seconds=7200).result().path
     r = httpx.post(gw.url + "/api/v1/optim_step", headers=headers,
-                   json={"model_id": tc.model_id, "seq_id": 1, "type": "optim_step",
+                   json={"model_id": tc.model_id, "seq_id": 6, "type": "optim_step",
                          "adam_params": {"learning_rate": 1e-3}})
     rid = r.json()["request_id"]
     gw.restart()
@@ -174,3 +177,9 @@ def test_gateway_restart_loses_futures_precisely(env):
         tc.forward_backward(datums(0), "cross_entropy").result()
     with tinker.ServiceClient(base_url=gw.url, api_key=gf.KEY) as sc2:
         train(sc2.create_lora_training_client(base_model=gf.MODEL, rank=4, seed=1).result(), 1)
+        listed = {c.tinker_path: c for c in sc2.create_rest_client().list_checkpoints(
+            tc.model_id).result().checkpoints}
+        assert set(listed) == {saved, short} and listed[short].expires_at is not None
+        resumed = sc2.create_training_client_from_state_with_optimizer(saved).result()
+        again = resumed.save_state("again").result().path
+        assert_equal_weights(weights(daemon, again), weights(daemon, saved))

@@ -10,7 +10,14 @@ per signing, valid an hour) under /api/v1/files/, which need no API key,
 as the SDK's CLI fetches them with a bare HTTP GET.
 
 Reading, deleting and serving files needs --checkpoint-root (the root as
-this host sees it); saving and loading do not (the daemons do those)."""
+this host sees it); saving and loading do not (the daemons do those).
+With it, the registry also survives a gateway restart: each training run's
+records are kept in tinker/<run>/gateway-checkpoints.json (written whole,
+then renamed) and read back at start for the directories still there, so
+that a script restarted after the gateway resumes from its checkpoints."""
+import contextlib
+import glob
+import json
 import os
 import re
 import secrets
@@ -31,11 +38,16 @@ def iso(t):
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
+RECORDS = "gateway-checkpoints.json"
+
+
 class Checkpoints:
     def __init__(self, root):
         self.root = root
         self.by_path = {}
         self._tokens = {}                 # token -> (directory, files, expires)
+        if root is not None:
+            self._read_back()
 
     @staticmethod
     def rel(model_id, kind, name):
@@ -48,15 +60,47 @@ class Checkpoints:
             "rel": self.rel(m.model_id, kind, name), "time": time.time(), "lora": m.lora,
             "version": m.version, "generation": m.generation, "size_bytes": size,
             "optimizer": optimizer, "expires": self._expiry(ttl_s)}
+        self._write(m.model_id)
         return self.by_path[path]
 
     @staticmethod
-    def _expiry(ttl_s):
-        if ttl_s is None:
-            return None
-        if not isinstance(ttl_s, (int, float)) or ttl_s <= 0:
+    def check_ttl(ttl_s):
+        """ttl_seconds as the SDK sends it: null, or seconds > 0."""
+        if ttl_s is not None and (isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float))
+                                  or not ttl_s > 0):
             raise UserError("ttl_seconds: %r (a positive number of seconds, or null)" % (ttl_s,))
-        return time.time() + float(ttl_s)
+
+    @classmethod
+    def _expiry(cls, ttl_s):
+        cls.check_ttl(ttl_s)
+        return None if ttl_s is None else time.time() + float(ttl_s)
+
+    def _write(self, model_id):
+        """Keep a run's records beside its checkpoints (none left: removed)."""
+        if self.root is None:
+            return
+        run = os.path.join(self.root, "tinker", safe(model_id))
+        records = [c for c in self.by_path.values() if c["model_id"] == model_id]
+        target = os.path.join(run, RECORDS)
+        if not records:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(target)
+            return
+        os.makedirs(run, exist_ok=True)
+        tmp = target + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(records, f)
+        os.replace(tmp, target)
+
+    def _read_back(self):
+        for records in glob.glob(os.path.join(self.root, "tinker", "*", RECORDS)):
+            try:
+                with open(records) as f:
+                    for c in json.load(f):
+                        if os.path.isdir(os.path.join(self.root, c["rel"])):
+                            self.by_path[c["path"]] = c
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # not ours, or damaged: its checkpoints stay unknown
 
     def get(self, path):
         c = self.by_path.get(path)
@@ -80,6 +124,7 @@ class Checkpoints:
     def delete(self, c):
         self._remove(self._dir(c))
         self.by_path.pop(c["path"], None)
+        self._write(c["model_id"])
 
     @staticmethod
     def _remove(d):
@@ -87,14 +132,13 @@ class Checkpoints:
         left in it (engined keeps a `latest` file there)."""
         shutil.rmtree(d, ignore_errors=True)
         parent = os.path.dirname(d)
-        try:
+        with contextlib.suppress(FileNotFoundError):
             if not any(e.is_dir() for e in os.scandir(parent)):
                 shutil.rmtree(parent, ignore_errors=True)
-        except FileNotFoundError:
-            pass
 
     def set_ttl(self, c, ttl_s):
         c["expires"] = self._expiry(ttl_s)
+        self._write(c["model_id"])
 
     def expire(self):
         """Delete the checkpoints past their TTL (and forget old URLs)."""
@@ -103,6 +147,7 @@ class Checkpoints:
             if self.root is not None:
                 self._remove(self._dir(c))
             self.by_path.pop(c["path"], None)
+            self._write(c["model_id"])
         for t in [t for t, v in self._tokens.items() if v[2] < now]:
             del self._tokens[t]
 

@@ -292,13 +292,22 @@ class Gateway:
         return self.checkpoints.add(m, kind, name, int(getattr(r, "bytes", 0) or 0),
                                     contents is None, ttl_s)
 
+    def _ttl(self, m, seq_id, body):
+        try:
+            Checkpoints.check_ttl(body.get("ttl_seconds"))
+        except UserError:
+            self.refuse_seq(m, seq_id)
+            raise
+        return body.get("ttl_seconds")
+
     def save_weights(self, body):
         m = self.model(body.get("model_id"))
         seq_id = body.get("seq_id")
         name = self._name(m, seq_id, body.get("path"))
+        ttl = self._ttl(m, seq_id, body)
 
         async def run():
-            c = await self._save(m, seq_id, "weights", name, None, body.get("ttl_seconds"),
+            c = await self._save(m, seq_id, "weights", name, None, ttl,
                                  overwrite=bool(body.get("overwrite", False)))
             return {"path": c["path"], "type": "save_weights"}, "application/json"
         return self._submit(m, seq_id, json.dumps(body, sort_keys=True), "SaveWeights", run)
@@ -313,11 +322,11 @@ class Gateway:
         elif not isinstance(sss, int):
             self.refuse_seq(m, seq_id)
             raise UserError("save_weights_for_sampler: neither path nor sampling_session_seq_id")
+        ttl = self._ttl(m, seq_id, body)
 
         async def run():
             c = await self._save(m, seq_id, "sampler_weights",
-                                 name or "unnamed-%d" % seq_id, ["model"],
-                                 body.get("ttl_seconds"))
+                                 name or "unnamed-%d" % seq_id, ["model"], ttl)
             if name is not None:
                 return ({"path": c["path"], "type": "save_weights_for_sampler"},
                         "application/json")
@@ -333,13 +342,13 @@ class Gateway:
         m = self.model(body.get("model_id"))
         seq_id = body.get("seq_id")
         name = self._name(m, seq_id, body.get("path"))
+        ttl = self._ttl(m, seq_id, body)
         if body.get("age_encryption_recipients"):
             self.refuse_seq(m, seq_id)
             raise UserError("age_encryption_recipients: encrypted exports are not supported")
 
         async def run():
-            c = await self._save(m, seq_id, "external_weights", name, ["model"],
-                                 body.get("ttl_seconds"))
+            c = await self._save(m, seq_id, "external_weights", name, ["model"], ttl)
             return ({"path": c["path"], "size_bytes": c["size_bytes"],
                      "type": "save_weights_external"}, "application/json")
         return self._submit(m, seq_id, json.dumps(body, sort_keys=True),
