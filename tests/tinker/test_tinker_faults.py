@@ -9,6 +9,7 @@ by the unchanged tinker SDK 0.38.0 (issue 29):
     not been sent)."""
 import glob
 import os
+import time
 
 import httpx
 import numpy as np
@@ -183,3 +184,32 @@ def test_gateway_restart_loses_futures_precisely(env):
         resumed = sc2.create_training_client_from_state_with_optimizer(saved).result()
         again = resumed.save_state("again").result().path
         assert_equal_weights(weights(daemon, again), weights(daemon, saved))
+
+
+def test_a_silent_session_is_ended():
+    """A session not heard from for --session-timeout (its script died: no
+    heartbeat, no request) is ended: its models are unloaded (their
+    adapters deleted in the daemon) and a late heartbeat gets 410, which
+    stops the SDK's heartbeat loop."""
+    import httpx
+    from engined_client import EngineClient
+    with gf.running(n_daemons=1, extra=["--session-timeout", "2"]) as (daemons, _, gw):
+        h = {"X-API-Key": gf.KEY}
+
+        def post(path, body):
+            return httpx.post(gw.url + "/api/v1/" + path, json=body, headers=h)
+        sid = post("create_session", {"tags": [], "type": "create_session"}).json()["session_id"]
+        rid = post("create_model", {"session_id": sid, "model_seq_id": 0,
+                                    "base_model": gf.MODEL, "lora_config": {"rank": 4},
+                                    "type": "create_model"}).json()["request_id"]
+        r = post("retrieve_future", {"request_id": rid})
+        model_id = r.json()["model_id"]
+        c = EngineClient(daemons[0].addr, timeout=60)
+        assert len(c.get_status().adapters) == 1
+        deadline = time.time() + 30  # (asking the gateway would keep it alive)
+        while c.get_status().adapters:
+            assert time.time() < deadline, "the session was not ended"
+            time.sleep(0.5)
+        assert post("get_info", {"model_id": model_id}).status_code == 404
+        assert post("session_heartbeat", {"session_id": sid}).status_code == 410
+        c.close()

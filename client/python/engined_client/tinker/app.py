@@ -25,7 +25,7 @@ from .wire import UserError
 
 log = logging.getLogger("engined_tinker")
 PROTO = "application/x-protobuf"
-HOUSEKEEPING_S = 30.0  # expired checkpoints and results
+HOUSEKEEPING_S = 30.0  # expired checkpoints, results and sessions
 
 # client/config: what the SDK is told (docs/TINKER.md 1.3). httpx rather
 # than pyqwest; forward_backward chunks one after another; no server-side
@@ -120,8 +120,7 @@ def make_app(gateway, api_keys, poll_s=25.0):
     async def finish_session(request):
         sid = request.path_params["session_id"]
         g.session(sid)
-        for mid in [m for m, x in g.models.items() if x.session_id == sid]:
-            await g.unload(mid)
+        await g.end_session(sid, "finished by its client")
         return JSONResponse({})
 
     async def healthz(request):
@@ -285,9 +284,13 @@ def make_app(gateway, api_keys, poll_s=25.0):
     ]
 
     async def housekeeping():
+        period = min(HOUSEKEEPING_S, g.session_timeout_s / 4)
         while True:
-            await asyncio.sleep(HOUSEKEEPING_S)
-            g.housekeeping()
+            await asyncio.sleep(period)
+            try:
+                await g.housekeeping()
+            except Exception:  # the next round tries again
+                log.exception("housekeeping")
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

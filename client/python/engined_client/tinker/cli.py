@@ -109,6 +109,9 @@ def parser():
     p.add_argument("--poll", type=float, default=25.0, metavar="S",
                    help="how long retrieve_future holds a pending future")
     p.add_argument("--result-ttl", type=float, default=3600.0, metavar="S")
+    p.add_argument("--session-timeout", type=float, default=300.0, metavar="S",
+                   help="end a session (unloading its models) after S seconds without a "
+                        "heartbeat or request (the SDK heartbeats every 10 s)")
     p.add_argument("--seed", type=int, metavar="N",
                    help="derive the seeds a client leaves unset (samples, LoRA "
                         "initializations) from N, so that a run repeats (default: random)")
@@ -133,7 +136,7 @@ def build(args):
                 arch=arch, eos_token_ids=eos, max_context_length=ctx,
                 lora_alpha=args.lora_alpha, checkpoint_root=args.checkpoint_root,
                 gap_wait_s=args.seq_gap_wait, seed=args.seed,
-                tokenizer=_tokenizer(args.model_dir))
+                tokenizer=_tokenizer(args.model_dir), session_timeout_s=args.session_timeout)
     return make_app(g, KeyFile(args.api_keys), poll_s=args.poll)
 
 

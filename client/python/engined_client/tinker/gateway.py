@@ -75,7 +75,7 @@ class Sampler:
 class Gateway:
     def __init__(self, engines, futures, *, model_name, tokenizer_id, arch, eos_token_ids,
                  max_context_length, lora_alpha, checkpoint_root, gap_wait_s,
-                 seed=None, tokenizer=None):
+                 seed=None, tokenizer=None, session_timeout_s=300.0):
         self.engines = engines
         self.futures = futures
         self.model_name = model_name
@@ -86,6 +86,7 @@ class Gateway:
         self.lora_alpha = lora_alpha
         self.gap_wait_s = gap_wait_s
         self.seed = seed
+        self.session_timeout_s = session_timeout_s
         self.tokenizer = tokenizer        # a tokenizers.Tokenizer, or None
         self.sessions = {}                # id -> {"created", "last_seen", ...}
         self.models = {}
@@ -115,6 +116,8 @@ class Gateway:
             raise LookupError("model_id %r is unknown to this gateway (created in another "
                               "gateway process, or unloaded)" % (model_id,))
         m.last_request = time.time()
+        if m.session_id in self.sessions:  # a request is a sign of life too
+            self.sessions[m.session_id]["last_seen"] = m.last_request
         return m
 
     # --- models ----------------------------------------------------------
@@ -665,7 +668,23 @@ class Gateway:
                      {c["model_id"] for c in self.checkpoints.by_path.values()})
         return [self.training_run(i) for i in ids]
 
-    def housekeeping(self):
-        """Periodic: expired checkpoints and results go."""
+    async def housekeeping(self):
+        """Periodic: expired checkpoints and results go, and so do the
+        sessions not heard from (no heartbeat, no request) for
+        session_timeout_s, with their models (a script that died: the SDK
+        heartbeats every 10 s while it lives)."""
         self.checkpoints.expire()
         self.futures.expire()
+        now = time.time()
+        for sid in [k for k, v in self.sessions.items()
+                    if now - v["last_seen"] > self.session_timeout_s]:
+            await self.end_session(sid, "no heartbeat for %.0f s" % self.session_timeout_s)
+
+    async def end_session(self, sid, why):
+        """Unload a session's models and forget it."""
+        models = [k for k, m in self.models.items() if m.session_id == sid]
+        if models:
+            log.warning("session %s ended (%s): unloading %s", sid, why, ", ".join(models))
+        for model_id in models:
+            await self.unload(model_id)
+        self.sessions.pop(sid, None)
