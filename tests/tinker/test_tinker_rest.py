@@ -110,3 +110,50 @@ def test_signed_urls_need_their_token(env):
         bad = url.rsplit("/", 2)
         assert httpx.get(bad[0] + "/not-a-token/" + bad[2]).status_code == 404
         assert httpx.get(bad[0] + "/" + bad[1] + "/..%2Fadapter_config.json").status_code == 404
+
+
+def test_remaining_endpoints(env):
+    """healthz (no key needed), get_server_capabilities, a sampler made from
+    a named sampler path (create_sampling_session with model_path), load_state
+    without the optimizer on a live client, unload_model."""
+    import httpx
+    from engined_client import EngineClient
+    daemon, gw = env
+    assert httpx.get(gw.url + "/api/v1/healthz").json() == {"status": "ok"}
+    with tinker.ServiceClient(base_url=gw.url, api_key=gf.KEY) as sc:
+        caps = sc.create_rest_client().get_server_capabilities().result()
+        assert [(m.model_name, m.max_context_length) for m in caps.supported_models] == \
+            [(gf.MODEL, 256)]
+        tc = trained(sc, 4)
+        named = tc.save_weights_for_sampler("named").result().path
+        state = tc.save_state("state").result().path
+        prompt = types.ModelInput.from_ints([5, 6, 7])
+        greedy = types.SamplingParams(max_tokens=6, temperature=0.0, stop=[])
+        live = tc.save_weights_and_get_sampling_client().sample(prompt, 1, greedy).result()
+        by_path = sc.create_sampling_client(model_path=named).sample(prompt, 1, greedy).result()
+        assert by_path.sequences[0].tokens == live.sequences[0].tokens
+        # Another step, then load_state (weights only): the weights are the saved ones.
+        tc.forward_backward(datums(1), "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        tc.load_state(state).result()
+        np_equal(weights(daemon, tc.save_state("reloaded").result().path),
+                 weights(daemon, state))
+        # unload_model (the SDK 0.38 never sends it): the adapter goes.
+        c = EngineClient(daemon.addr, timeout=60)
+        before = len(c.get_status().adapters)
+        h = {"X-API-Key": gf.KEY}
+        rid = httpx.post(gw.url + "/api/v1/unload_model", headers=h,
+                         json={"model_id": tc.model_id, "type": "unload_model"}).json()
+        r = httpx.post(gw.url + "/api/v1/retrieve_future", headers=h,
+                       json={"request_id": rid["request_id"]}, timeout=60)
+        assert r.json() == {"model_id": tc.model_id, "type": "unload_model"}
+        assert len(c.get_status().adapters) < before
+        assert httpx.post(gw.url + "/api/v1/get_info", headers=h,
+                          json={"model_id": tc.model_id}).status_code == 404
+        c.close()
+
+
+def np_equal(a, b):
+    assert sorted(a) == sorted(b)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
