@@ -151,9 +151,11 @@ def test_sdk_flow_equals_engined_client(env, rank):
     for got, want in zip(lps, split_logprobs(r.log_probs, data)):
         close(got, want)
 
-    # importance_sampling and ppo accumulate on the same step
+    # importance_sampling, ppo, cispo and dro accumulate on the same step
     for loss, cfg in (("importance_sampling", None),
-                      ("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1})):
+                      ("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}),
+                      ("cispo", {"clip_low_threshold": 0.5, "clip_high_threshold": 1.05}),
+                      ("dro", {"beta": 0.3})):
         data = rng_data(rng)
         old = [rng.normal(-4.5, 0.3, size=len(t)).astype(np.float32) for t, _ in data]
         adv = [rng.normal(0, 1, size=len(t)).astype(np.float32) for t, _ in data]
@@ -167,6 +169,15 @@ def test_sdk_flow_equals_engined_client(env, rank):
                         for r_, a in zip(ratio, adv))
             spec = {"name": "ppo", "policy_loss": "vanilla", "clip_ratio_low": 0.1,
                     "clip_ratio_high": 0.1, "clip_ratio_c": 1e30, "loss_agg_mode": "token-sum"}
+        elif loss == "cispo":
+            want = -sum((np.clip(r_, 0.5, 1.05) * lp * a).sum()
+                        for r_, lp, a in zip(ratio, lps, adv))
+            spec = {"name": "ppo", "policy_loss": "cispo", "clip_ratio_low": 0.5,
+                    "clip_ratio_high": 0.05, "loss_agg_mode": "token-sum"}
+        elif loss == "dro":
+            want = -sum((lp * a - 0.15 * (lp - o) ** 2).sum()
+                        for lp, o, a in zip(lps, old, adv))
+            spec = {"name": "dro", "beta": 0.3}
         else:
             want = -sum((r_ * a).sum() for r_, a in zip(ratio, adv))
             spec = "importance_sampling"
