@@ -169,6 +169,10 @@ struct engine_loss_io {
 	float *d_entropy;           /* [n] out */
 	float *d_values;            /* [n] out, value model only, else NULL */
 	bool forward_only;          /* gradients are ignored when set */
+	/* Multiplies every gradient the loss writes (not the loss or its
+	 * metrics): 1 alone; 1/W in a data-parallel group of W ranks, whose
+	 * step sums the ranks' gradients (native_dist.c). 0 means 1. */
+	double grad_scale;
 };
 typedef int (*engine_loss_fn)(void *ctx, struct engine_loss_io *io,
 			      struct eng_error *err);

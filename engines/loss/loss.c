@@ -641,10 +641,11 @@ static void set_mean(struct loss_result *res, enum loss_metric_id id,
 	set_metric(res, id, count > 0 ? sum / (double)count : 0.0, (double)count);
 }
 
-static void put(float *a, int64_t t, double v)
+/* A gradient, times the batch's grad_scale (loss.h), rounded once. */
+static void put(const struct loss_batch *b, float *a, int64_t t, double v)
 {
 	if (a)
-		a[t] = (float)v;
+		a[t] = (float)(b->grad_scale > 0 ? v * b->grad_scale : v);
 }
 
 /* geo_mean: one sequence's loss and gradients. Returns c_i * l_i. */
@@ -707,7 +708,7 @@ static int custom_compute(const struct loss_batch *b, struct loss_result *res)
 
 			if (g[k])
 				loss += gt * (double)out[k][t];
-			put(d[k], t, gt);
+			put(b, d[k], t, gt);
 		}
 	}
 	memset(res->metrics, 0, sizeof(res->metrics));
@@ -785,9 +786,9 @@ int loss_compute_checked(const struct loss_spec *s, const struct loss_batch *b,
 			double dlp = 0.0, dent = 0.0, dval = 0.0;
 
 			if (!c.m[t]) {
-				put(res->d_log_probs, t, 0.0);
-				put(res->d_entropy, t, 0.0);
-				put(res->d_values, t, 0.0);
+				put(b, res->d_log_probs, t, 0.0);
+				put(b, res->d_entropy, t, 0.0);
+				put(b, res->d_values, t, 0.0);
 				continue;
 			}
 			switch (s->name) {
@@ -851,9 +852,9 @@ int loss_compute_checked(const struct loss_spec *s, const struct loss_batch *b,
 				break;
 			}
 			}
-			put(res->d_log_probs, t, dlp);
-			put(res->d_entropy, t, dent);
-			put(res->d_values, t, dval);
+			put(b, res->d_log_probs, t, dlp);
+			put(b, res->d_entropy, t, dent);
+			put(b, res->d_values, t, dval);
 		}
 	}
 

@@ -206,6 +206,10 @@ struct loss_batch {
 	double norm_seqs;
 	double norm_horizon;
 	uint64_t rng_seed;            /* clip_cov's random choice for this batch */
+	/* Multiplies every gradient written into loss_result's d_* (in double,
+	 * before the one rounding to float), not the loss or the metrics;
+	 * <= 0 means 1 (engine_loss_io.grad_scale). */
+	double grad_scale;
 };
 
 struct loss_result {

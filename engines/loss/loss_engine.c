@@ -133,6 +133,7 @@ int loss_engine_fn(void *vctx, struct engine_loss_io *io, struct eng_error *err)
 	b.norm_seqs = ctx->call_seqs;
 	b.norm_horizon = ctx->call_horizon;
 	b.rng_seed = mix_seed(ctx->rng_seed, (uint64_t)ctx->num_micro_batches);
+	b.grad_scale = io->grad_scale;
 	if (!io->forward_only) {
 		res.d_log_probs = io->d_log_probs;
 		res.d_entropy = io->d_entropy;

@@ -6,16 +6,22 @@
  * step, which calls the group's hooks defined here)
  *   1. reduce-scatters the gradients (sum): rank r gets the sum of slice r;
  *   2. all-reduces the sum of squares of the slices: the global norm of the
- *      MEAN gradient (the sum / W) is reported and clipped against;
- *   3. runs AdamW on its slice with grad_scale = clip coefficient / W (the
- *      mean, folded into the kernel's scale: no extra pass);
+ *      summed gradient is reported and clipped against;
+ *   3. runs AdamW on its slice;
  *   4. all-gathers the parameter slices, so that every rank ends with the
  *      same parameters.
- * With each rank's loss scaled by dp_size / global counts (the loss
+ * Each rank's loss is scaled by dp_size / global counts (the loss
  * library's global_num_tokens, global_batch_size, dp_size, as verl does),
- * the mean gradient over W ranks is the gradient of the whole batch. The
- * sums are reordered (per-rank partial sums, then the library's reduction
- * order), so results match one engine on the whole batch to rounding.
+ * so that the MEAN of the ranks' gradients is the gradient of the whole
+ * batch. The mean is taken where the gradients are made, not at the step:
+ * the loss writes its gradients times 1/W (native_grad_scale, in double
+ * before their one rounding to float), so with dp_size = W a rank's
+ * gradients are what one engine computes for the same tokens with dp_size
+ * 1, and the step's sum is the whole batch's gradient with no other
+ * rounding than the sum's order. (Scaling by W in the loss and dividing
+ * by W at the step was exact only for W a power of two: at W = 3 the
+ * roundings of x3 and /3 moved elements whose gradients are near AdamW's
+ * eps by up to ~0.05 lr after 3 steps.)
  * The collectives come from engines/dist (Gloo on the CPU, NCCL on CUDA).
  *
  * Failure: a collective that fails breaks the group (dist.h). A failure in
@@ -31,6 +37,12 @@
 #include <string.h>
 
 #include "checked.h"
+
+double native_grad_scale(const struct native *n)
+{
+	return n->group.dist && n->group.dist->world_size > 1 ?
+	       1.0 / (double)n->group.dist->world_size : 1.0;
+}
 
 int64_t native_family_len(const struct native *n, enum native_fam f)
 {

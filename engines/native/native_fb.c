@@ -205,6 +205,7 @@ static int mb_forward(struct native *n, struct llama_model *m, const struct engi
 		.values = n->value_model ? out_val : NULL, .d_log_probs = h->dout,
 		.d_entropy = h->dout + T, .d_values = n->value_model ? h->dout + 2 * T : NULL,
 		.forward_only = b->forward_only,
+		.grad_scale = native_grad_scale(n),
 	};
 	rc = b->loss_fn(b->loss_ctx, &io, err);
 	if (rc)

@@ -59,6 +59,10 @@ int native_dist_sync_params(struct native *n, struct eng_error *err);
  * to every rank (all-gather), the other ranks' gradient slices dropped. */
 int native_dist_reduce_grads(struct native *n, struct eng_error *err);
 int native_dist_sum_norm(struct native *n, double *sumsq, struct eng_error *err);
+/* The factor on the gradients a loss writes: 1 alone, 1/W in a group of W
+ * ranks, so that the step's sum over the ranks is the mean of the
+ * dp_size-scaled gradients (native_dist.c). */
+double native_grad_scale(const struct native *n);
 int native_dist_gather_params(struct native *n, struct eng_error *err);
 void native_dist_leave(struct native *n);
 /* LoRA adapters in a group (docs/LORA.md): an adapter shares its base's

@@ -39,11 +39,10 @@ static int step_norm(struct native *n, double norm, double lr, double clip,
 /* The one AdamW step, alone or in a group of W ranks (native_dist.c's
  * hooks; ZeRO-1): the gradients this rank updates are its slice
  * [shard_off, shard_off + shard_len) of the table (alone: all of it),
- * summed over the ranks first; the norm is that of the mean gradient,
- * sqrt(sum of the slices' squares) / W, and the mean is folded into the
- * kernel's grad_scale (coef / W: no extra pass); the updated slices are
- * then gathered on every rank. In a group a failure before the update
- * zeroes the gradients (they were partly reduced). */
+ * summed over the ranks first (each rank's are already divided by W:
+ * native_grad_scale); the norm is sqrt(sum of the slices' squares); the
+ * updated slices are then gathered on every rank. In a group a failure
+ * before the update zeroes the gradients (they were partly reduced). */
 int native_optimizer_step(struct engine *e, const struct engine_step_params *p,
 			  struct engine_step_result *ret, struct eng_error *err)
 {
@@ -51,7 +50,6 @@ int native_optimizer_step(struct engine *e, const struct engine_step_params *p,
 	const struct kernel_table *k = n->dev->k;
 	struct engine_optim_config o = n->optim;  /* this step's */
 	double sumsq = 0, lr = p && p->has_lr ? p->lr : native_current_lr(n);
-	const int W = n->group.dist ? n->group.dist->world_size : 1;
 	float *grads = n->fam[FAM_GRADS].dev, *params = n->fam[FAM_PARAMS].dev;
 	float coef = 1.0f;
 	int rc;
@@ -72,7 +70,7 @@ int native_optimizer_step(struct engine *e, const struct engine_step_params *p,
 	}
 	if (n->group.dist && (rc = native_dist_sum_norm(n, &sumsq, err)))
 		return rc;
-	rc = step_norm(n, sqrt(sumsq) / W, lr, o.clip_grad, ret, &coef, err);
+	rc = step_norm(n, sqrt(sumsq), lr, o.clip_grad, ret, &coef, err);
 	if (rc)
 		return rc < 0 ? rc : 0;
 	n->optim_step++;
@@ -84,8 +82,7 @@ int native_optimizer_step(struct engine *e, const struct engine_step_params *p,
 		n->dev->param_version++;
 	rc = k->adamw(n->dev, params + n->group.shard_off, grads + n->group.shard_off,
 		      n->fam[FAM_EXP_AVG].dev, n->fam[FAM_EXP_AVG_SQ].dev, n->group.shard_len,
-		      lr, o.beta1, o.beta2, o.eps, o.weight_decay, n->optim_step,
-		      coef / (float)W);
+		      lr, o.beta1, o.beta2, o.eps, o.weight_decay, n->optim_step, coef);
 	if (rc) {
 		n->optim_step--;
 		if (n->group.dist)

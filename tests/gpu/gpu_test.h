@@ -305,7 +305,8 @@ static inline int gt_sft_loss(void *ctx, struct engine_loss_io *io, struct eng_e
 		for (int32_t i = 1; i < io->seq_lens[q]; i++) {
 			s -= io->log_probs[off + i];
 			if (!io->forward_only)
-				io->d_log_probs[off + i] = (float)(-1.0 / (double)n);
+				io->d_log_probs[off + i] = (float)(-1.0 / (double)n *
+						(io->grad_scale > 0 ? io->grad_scale : 1.0));
 		}
 		off += io->seq_lens[q];
 	}

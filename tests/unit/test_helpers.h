@@ -51,6 +51,8 @@ struct given_grads {
 static inline int given_loss(void *ctx, struct engine_loss_io *io, struct eng_error *err)
 {
 	struct given_grads *g = ctx;
+	/* The engine's factor on a loss's gradients (1/W in a group). */
+	double gs = io->grad_scale > 0 ? io->grad_scale : 1.0;
 
 	g->calls++;
 	if (g->calls == g->fail_call)
@@ -58,10 +60,10 @@ static inline int given_loss(void *ctx, struct engine_loss_io *io, struct eng_er
 	for (int64_t i = 0; i < io->n; i++) {
 		int64_t t = io->token_index[i];
 
-		io->d_log_probs[i] = g->g_logp ? g->g_logp[t] : 0.0f;
-		io->d_entropy[i] = g->g_ent ? g->g_ent[t] : 0.0f;
+		io->d_log_probs[i] = g->g_logp ? (float)(g->g_logp[t] * gs) : 0.0f;
+		io->d_entropy[i] = g->g_ent ? (float)(g->g_ent[t] * gs) : 0.0f;
 		if (io->d_values)
-			io->d_values[i] = g->g_val ? g->g_val[t] : 0.0f;
+			io->d_values[i] = g->g_val ? (float)(g->g_val[t] * gs) : 0.0f;
 	}
 	return 0;
 }
