@@ -160,6 +160,10 @@ int fb_request_decode(struct fb_prep *p, const Engined__V1__ForwardBackwardReque
 	b->temperature = PB_HAS(q, temperature) ? q->temperature : 1.0f;
 	b->forward_only = q->forward_only;
 	b->reduce_gradients = q->reduce_gradients;
+	if (q->_activation_recompute_case ==
+	    ENGINED__V1__FORWARD_BACKWARD_REQUEST___ACTIVATION_RECOMPUTE_ACTIVATION_RECOMPUTE)
+		b->activation_recompute = q->activation_recompute ? ENGINE_RECOMPUTE_ON
+								  : ENGINE_RECOMPUTE_OFF;
 	b->max_tokens_per_micro_batch = q->max_tokens_per_micro_batch;
 	if (q->loss && q->loss->name[0] && (r = decode_loss(p, q->loss, err)) < 0)
 		return r;

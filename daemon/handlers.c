@@ -212,6 +212,9 @@ int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err
 	c->bf16_matmul = q->bf16_matmul;
 	c->frozen_base = q->frozen_base;
 	c->kv_cache_bytes = q->kv_cache_bytes;
+	c->activation_recompute = q->_activation_recompute_case ==
+		ENGINED__V1__INITIALIZE_REQUEST___ACTIVATION_RECOMPUTE_ACTIVATION_RECOMPUTE &&
+		q->activation_recompute;
 	r = engine_init_config_check(c, err);
 	if (r < 0)
 		return r;
@@ -1060,6 +1063,7 @@ int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err)
 	resp.matmul = st.matmul;
 	mem.device_bytes = (int64_t)st.device_memory;
 	mem.host_bytes = (int64_t)st.host_memory;
+	mem.activation_bytes = (int64_t)st.activation_bytes;
 	mem.rss_bytes = rss_bytes();
 	resp.memory = &mem;
 	resp.version = (char *)ENGINED_VERSION;

@@ -109,6 +109,11 @@ struct engine_init_config {
 	/* Bytes the paged key/value cache of engine_sample may hold at most;
 	 * 0 = ENGINE_KV_CACHE_DEFAULT. */
 	int64_t kv_cache_bytes;
+	/* Activation recompute (gradient checkpointing) for training calls
+	 * that do not choose: a forward keeps each layer's input only and the
+	 * backward recomputes the layer; the gradients are bit for bit those
+	 * without it. */
+	bool activation_recompute;
 	/* Polled between tensors while the model is built (random init or
 	 * loading): true stops engine_create with -ECANCELED, nothing kept.
 	 * The daemon passes "the client went away or its deadline passed".
@@ -177,6 +182,8 @@ struct engine_loss_io {
 typedef int (*engine_loss_fn)(void *ctx, struct engine_loss_io *io,
 			      struct eng_error *err);
 
+enum { ENGINE_RECOMPUTE_DEFAULT = 0, ENGINE_RECOMPUTE_OFF = 1, ENGINE_RECOMPUTE_ON = 2 };
+
 struct engine_batch {
 	int64_t n;                  /* tokens */
 	const int32_t *input_ids;   /* [n] packed */
@@ -196,6 +203,9 @@ struct engine_batch {
 	 * cancelled (cancelled is not polled). Alone: no effect. Not with
 	 * forward_only. */
 	bool reduce_gradients;
+	/* Activation recompute for this call: ENGINE_RECOMPUTE_DEFAULT (the
+	 * engine's activation_recompute), ENGINE_RECOMPUTE_OFF or _ON. */
+	int activation_recompute;
 	int64_t max_tokens_per_micro_batch;  /* 0 = engine default */
 	engine_loss_fn loss_fn;     /* may be NULL when forward_only */
 	void *loss_ctx;
@@ -288,6 +298,10 @@ struct engine_status {
 	char matmul[192];
 	size_t device_memory;       /* bytes in use on the device */
 	size_t host_memory;         /* bytes held in host memory by the engine */
+	/* Activation bytes the last ForwardBackward needed (its longest
+	 * micro-batch; with activation recompute, one layer's and each layer's
+	 * input); 0 before the first. */
+	size_t activation_bytes;
 	/* NULL while healthy; after an unrecoverable device error (a sticky
 	 * CUDA error) the error's name: every later call fails and the process
 	 * should answer, report NOT_SERVING and exit for a restart. */

@@ -35,6 +35,13 @@
  * the input gradient scale (dy B) A. With a frozen base (m->frozen) no
  * weight of the base gets a gradient.
  *
+ * Activation recompute (m->recompute, gradient checkpointing): a training
+ * forward keeps each layer's input x_l only, all layers sharing one slot
+ * for the rest; the backward runs each layer's forward again from x_l
+ * before its backward. The kernels and their inputs are those of the
+ * first forward, so the gradients are bit for bit the same; the arena
+ * drops from L layers' activations to one layer's plus L inputs.
+ *
  * Errors: every step goes through a helper that records the first kernel
  * error in m->rc and makes later steps no-ops; a pass returns m->rc.
  */
@@ -145,11 +152,20 @@ static size_t global_floats(const struct llama_model *m, int64_t T, bool lm_cach
 	       2 * al(T * QD) + 2 * al(T * KD) + head;
 }
 
+/* Floats of the layers' part of the arena: every layer's activations
+ * (training), or with recompute one layer's plus every layer's input x_l
+ * (the recomputation's starting points), or one layer's (forward-only). */
+static size_t layers_floats(const struct llama_model *m, int64_t T, bool training,
+			    bool recompute)
+{
+	if (training && recompute)
+		return layer_floats(&m->cfg, T) + m->cfg.num_layers * al(T * m->cfg.hidden_size);
+	return (training ? m->cfg.num_layers : 1) * layer_floats(&m->cfg, T);
+}
+
 size_t llama_activation_bytes(const struct llama_model *m, int64_t T, bool training)
 {
-	int64_t slots = training ? m->cfg.num_layers : 1;
-
-	return sizeof(float) * (slots * layer_floats(&m->cfg, T) +
+	return sizeof(float) * (layers_floats(m, T, training, m->recompute) +
 				global_floats(m, T, lm_cache_fits(m, T, training)));
 }
 
@@ -163,6 +179,7 @@ int llama_reserve(struct llama_model *m, int64_t T, bool training,
 		m->cap_tokens = T;
 		m->cap_training = training;
 		m->cap_lm_cache = lm_cache_fits(m, T, training);
+		m->cap_recompute = training && m->recompute;
 		return 0;
 	}
 	a = m->dev->ops->alloc(m->dev, need * sizeof(float));
@@ -176,16 +193,21 @@ int llama_reserve(struct llama_model *m, int64_t T, bool training,
 	m->cap_tokens = T;
 	m->cap_training = training;
 	m->cap_lm_cache = lm_cache_fits(m, T, training);
+	m->cap_recompute = training && m->recompute;
 	return 0;
 }
 
-/* Carve the arena for T tokens. Layer slot l (training) or slot 0. */
+/* Carve the arena for T tokens. Layer slot l (training) or slot 0; with
+ * recompute every layer shares slot 0 but its own input x_l, kept after
+ * it. */
 static void layer_acts_at(const struct llama_model *m, int64_t T, int64_t slot,
 			  struct layer_acts *a)
 {
 	const struct model_config *c = &m->cfg;
 	int64_t QD = c->num_heads * c->head_dim, KD = c->num_kv_heads * c->head_dim;
-	float *p = m->arena + slot * layer_floats(c, T);
+	bool shared = m->cap_training && m->cap_recompute;
+	float *p = m->arena + (shared ? 0 : slot) * layer_floats(c, T);
+	float *x_l = m->arena + layer_floats(c, T) + slot * al(T * c->hidden_size);
 
 #define TAKE(n) (p += al(n), p - al(n))
 	memset(a, 0, sizeof(*a));
@@ -208,6 +230,8 @@ static void layer_acts_at(const struct llama_model *m, int64_t T, int64_t slot,
 		a->qrstd = TAKE(T * c->num_heads);
 		a->krstd = TAKE(T * c->num_kv_heads);
 	}
+	if (shared)
+		a->x = x_l;
 }
 
 /* The passes of one reservation all keep the cache or all recompute (its
@@ -217,8 +241,7 @@ static void global_acts_at(const struct llama_model *m, int64_t T, bool training
 {
 	const struct model_config *c = &m->cfg;
 	int64_t QD = c->num_heads * c->head_dim, KD = c->num_kv_heads * c->head_dim;
-	int64_t slots = training ? c->num_layers : 1;
-	float *p = m->arena + slots * layer_floats(c, T);
+	float *p = m->arena + layers_floats(m, T, training, training && m->cap_recompute);
 
 	g->resid[0] = TAKE(T * c->hidden_size);
 	g->resid[1] = TAKE(T * c->hidden_size);
@@ -737,6 +760,13 @@ int llama_backward(struct llama_model *m, const struct llama_batch *b,
 		struct layer_acts a;
 
 		layer_acts_at(m, T, l, &a);
+		if (m->cap_recompute) {
+			/* The layer's forward again from its kept input, with the
+			 * same kernels on the same data: the same activations, so
+			 * the same gradients. Its output goes to scratch. */
+			attention_block_fwd(m, b, l, &m->w.layers[l], &a);
+			mlp_block_fwd(m, T, l, &m->w.layers[l], &a, g.s1, g.resid[0]);
+		}
 		layer_bwd(m, b, l, &m->w.layers[l], &m->g.layers[l], &a, &g);
 		if (m->grads_done && !m->rc)
 			m->grads_done(m->grads_done_ctx, l);

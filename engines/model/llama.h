@@ -104,6 +104,11 @@ struct llama_model {
 	int64_t cap_tokens;
 	bool cap_training;
 	bool cap_lm_cache;         /* the arena keeps [cap_tokens, V] logits */
+	/* Set by the caller before llama_reserve: the next training pass
+	 * keeps each layer's input only and its backward recomputes the layer
+	 * (llama.c). cap_recompute: what the reservation was made for. */
+	bool recompute;
+	bool cap_recompute;
 	int rc;                    /* first kernel error of the running pass */
 	/* NULL, or called by llama_backward on the calling thread as the
 	 * gradients of a part of the model are complete for this pass: with
@@ -140,8 +145,9 @@ void llama_release(struct llama_model *m);   /* frees arena and inv_freq */
 void llama_drop_activations(struct llama_model *m);
 
 /* Bytes of activations needed for T tokens (training keeps every layer's
- * activations and, within lm_cache, the LM head's logits; forward-only
- * keeps one layer's). */
+ * activations, or with m->recompute one layer's and every layer's input,
+ * and, within lm_cache, the LM head's logits; forward-only keeps one
+ * layer's). */
 size_t llama_activation_bytes(const struct llama_model *m, int64_t T, bool training);
 /* Make the arena hold T tokens; -ENOMEM leaves the old arena in place. */
 int llama_reserve(struct llama_model *m, int64_t T, bool training,

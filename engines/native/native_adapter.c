@@ -279,6 +279,7 @@ int native_adapter_create(struct engine *base, const struct engine_adapter_confi
 	rng_seed(&n->rng, cfg->seed);
 	n->default_budget = b->default_budget;
 	n->kv_cache_bytes = b->kv_cache_bytes;
+	n->recompute = b->recompute;
 	n->io_threads = b->io_threads;
 	a->layer_targets = calloc(n->cfg.num_layers, sizeof(*a->layer_targets));
 	a->layers = calloc(n->cfg.num_layers, sizeof(*a->layers));

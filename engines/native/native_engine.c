@@ -107,6 +107,7 @@ void native_status(struct engine *e, struct engine_status *ret)
 	snprintf(ret->matmul, sizeof(ret->matmul), "%s", n->dev->matmul ? n->dev->matmul : "");
 	ret->device_memory = n->dev->ops->mem_in_use(n->dev);
 	ret->failed = n->dev->failed;
+	ret->activation_bytes = n->last_activation_bytes;
 	ret->host_memory = 0;
 	for (int f = 0; f < FAM_COUNT; f++)
 		if (n->fam[f].host)

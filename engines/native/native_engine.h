@@ -70,6 +70,10 @@ struct native {
 	struct rng rng;
 	int64_t default_budget;
 	int64_t kv_cache_bytes;        /* engine_sample's cache at most */
+	bool recompute;                /* activation_recompute's default */
+	/* Activation bytes the last ForwardBackward reserved for its longest
+	 * micro-batch (on the base for an adapter's call too: GetStatus). */
+	size_t last_activation_bytes;
 	int io_threads;                /* safetensors reads (the CPU budget) */
 	struct engine_placement place;
 	int model_fd;                  /* model_path while initializing, else -1 */

@@ -322,8 +322,14 @@ int native_forward_backward(struct engine *e, const struct engine_batch *b,
 	 * that a failure here leaves gradients untouched. */
 	if (rc == 0)
 		rc = native_fb_model(n, max_T, &m, err);
-	if (rc == 0)
+	if (rc == 0) {
+		m->recompute = b->activation_recompute == ENGINE_RECOMPUTE_DEFAULT ?
+			       n->recompute : b->activation_recompute == ENGINE_RECOMPUTE_ON;
 		rc = llama_reserve(m, max_T, !b->forward_only, err);
+		n->last_activation_bytes = llama_activation_bytes(m, max_T, !b->forward_only);
+		if (n->base)
+			n->base->last_activation_bytes = n->last_activation_bytes;
+	}
 	if (rc == 0)
 		rc = native_io_reserve(n, max_T, max_B, err);
 	if (rc == 0 && mb_host_alloc(&h, max_T, max_B))

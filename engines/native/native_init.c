@@ -208,6 +208,7 @@ int native_initialize(struct engine *e, const struct engine_init_config *cfg,
 	rng_seed(&n->rng, cfg->seed);
 	n->default_budget = cfg->max_tokens_per_micro_batch;
 	n->kv_cache_bytes = cfg->kv_cache_bytes ? cfg->kv_cache_bytes : ENGINE_KV_CACHE_DEFAULT;
+	n->recompute = cfg->activation_recompute;
 	n->frozen = cfg->frozen_base;
 	n->model.frozen = n->frozen;
 

@@ -600,10 +600,12 @@ async def _sequence(c):
 
 
 def _stable(st):
-    """A Status without what differs between two daemons or with timing."""
+    """A Status without what differs between two daemons or with timing
+    (activation_bytes: set as a call starts, so by the call in flight)."""
     return dataclasses.replace(st, uptime=0.0, last_request_id="", busy=False, current_job="",
                                queued_jobs=0, progress=None,
-                               memory=dataclasses.replace(st.memory, rss_bytes=0))
+                               memory=dataclasses.replace(st.memory, rss_bytes=0,
+                                                          activation_bytes=0))
 
 
 def test_async_client_matches_sync():

@@ -171,6 +171,66 @@ START_TEST(micro_batch_invariance)
 }
 END_TEST
 
+/* One training call of e with activation recompute `mode` (engine.h). */
+static void recompute_fb(struct engine *e, int mode, const int32_t *ids, const int32_t *lens,
+			 const float *gl, const float *ge, float *logp)
+{
+	struct given_grads gg = {.g_logp = gl, .g_ent = ge};
+	struct engine_batch b = {
+		.n = 25, .input_ids = ids, .num_seqs = 4, .seq_lens = lens,
+		.temperature = 0.7f, .max_tokens_per_micro_batch = 11,
+		.activation_recompute = mode, .loss_fn = given_loss, .loss_ctx = &gg,
+	};
+	struct engine_fb_result r = {.log_probs = logp};
+	struct eng_error err = {0};
+
+	ck_assert_msg(engine_forward_backward(e, &b, &r, &err) == 0, "%s", err.msg);
+}
+
+/* Activation recompute (issue 30): the gradients and outputs of a call
+ * are bit for bit those without it, whether the call asks for it or the
+ * engine's default does; an explicit OFF overrides an engine default ON. */
+START_TEST(activation_recompute_same_gradients)
+{
+	struct engine *plain = make_engine(TINY_QWEN2, "language_model", 3, 1e-3);
+	struct engine *per_call = make_engine(TINY_QWEN2, "language_model", 3, 1e-3);
+	struct engine_init_config cfg;
+	struct engine *by_default = NULL;
+	struct eng_error err = {0};
+	int32_t lens[4] = {7, 3, 11, 4}, ids[25];
+	float gl[25], ge[25], lp[3][25];
+	uint64_t want;
+
+	engine_init_config_defaults(&cfg);
+	cfg.hf_config_json = TINY_QWEN2;
+	cfg.model_type = "language_model";
+	cfg.seed = 3;
+	cfg.optim.lr = 1e-3;
+	cfg.threads = 2;
+	cfg.activation_recompute = true;
+	ck_assert_int_eq(engine_create(&cfg, &by_default, &err), 0);
+	tiny_batch(ids, 25, 11);
+	tiny_fill(gl, 25, 5, 1.0f);
+	tiny_fill(ge, 25, 6, 0.5f);
+	recompute_fb(plain, ENGINE_RECOMPUTE_DEFAULT, ids, lens, gl, ge, lp[0]);
+	recompute_fb(per_call, ENGINE_RECOMPUTE_ON, ids, lens, gl, ge, lp[1]);
+	recompute_fb(by_default, ENGINE_RECOMPUTE_DEFAULT, ids, lens, gl, ge, lp[2]);
+	want = state_digest(plain, true);
+	ck_assert(grad_max_abs(plain) > 1e-4);
+	ck_assert_uint_eq(state_digest(per_call, true), want);
+	ck_assert_uint_eq(state_digest(by_default, true), want);
+	ck_assert_mem_eq(lp[1], lp[0], sizeof(lp[0]));
+	ck_assert_mem_eq(lp[2], lp[0], sizeof(lp[0]));
+	/* A second call on top (accumulating), OFF on the recomputing engine. */
+	recompute_fb(plain, ENGINE_RECOMPUTE_ON, ids, lens, ge, gl, lp[0]);
+	recompute_fb(by_default, ENGINE_RECOMPUTE_OFF, ids, lens, ge, gl, lp[2]);
+	ck_assert_uint_eq(state_digest(by_default, true), state_digest(plain, true));
+	engine_destroy(plain);
+	engine_destroy(per_call);
+	engine_destroy(by_default);
+}
+END_TEST
+
 /* Every bad input is refused with a message naming the field, and neither
  * parameters nor gradients nor the step change. */
 START_TEST(bad_inputs_leave_state)
@@ -556,6 +616,7 @@ int main(void)
 	tcase_add_test(tc, create_cancelled_and_too_large);
 	tcase_add_test(tc, outputs_aligned_and_isolated);
 	tcase_add_test(tc, micro_batch_invariance);
+	tcase_add_test(tc, activation_recompute_same_gradients);
 	tcase_add_test(tc, bad_inputs_leave_state);
 	tcase_add_test(tc, prepared_call_checked_once);
 	tcase_add_test(tc, mode_context);

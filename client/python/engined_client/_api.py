@@ -151,7 +151,8 @@ class Api:
                    model_type="", backend="", device="", seed=0, optimizer=None,
                    lr_scheduler=None, offload=None, max_tokens_per_micro_batch=0,
                    dist=None, bf16_matmul=False, replace=False, frozen_base=False,
-                   kv_cache_bytes=0, timeout=None, request_id=None, progress=None):
+                   kv_cache_bytes=0, activation_recompute=None, timeout=None,
+                   request_id=None, progress=None):
         """Build the engine. Exactly one of preset, hf_config_json (a dict or
         the JSON text), model_path. replace: required to replace an engine
         that is already initialized (else FAILED_PRECONDITION); it deletes
@@ -159,7 +160,10 @@ class Api:
         for LoRA adapters (create_adapter): it keeps no gradients or
         optimizer state and only scores (forward_only) itself.
         kv_cache_bytes: the most device bytes sample's key/value cache may
-        hold (0: the daemon's default, 1 GiB). optimizer / lr_scheduler /
+        hold (0: the daemon's default, 1 GiB). activation_recompute: the
+        training calls' default (None: off): each layer's input kept, the
+        layer recomputed in the backward, the same gradients bit for bit.
+        optimizer / lr_scheduler /
         offload / dist: dicts of the proto fields. progress: a callable(done, total, phase)
         or a tqdm-like object (update(n)) told the tensors built while the
         call runs (_progress.py). Returns an InitializeResult (engine_key,
@@ -172,6 +176,8 @@ class Api:
             max_tokens_per_micro_batch=max_tokens_per_micro_batch,
             bf16_matmul=bf16_matmul, replace=replace, frozen_base=frozen_base,
             kv_cache_bytes=kv_cache_bytes)
+        if activation_recompute is not None:
+            req.activation_recompute = bool(activation_recompute)
         if optimizer:
             req.optimizer.CopyFrom(pb.OptimizerConfig(**optimizer))
         if lr_scheduler:
@@ -199,7 +205,8 @@ class Api:
                          return_log_probs=False, return_entropy=False,
                          return_values=False, max_tokens_per_micro_batch=0,
                          target_ids=None, reduce_gradients=False, adapter="",
-                         timeout=None, request_id=None, **per_token):
+                         activation_recompute=None, timeout=None, request_id=None,
+                         **per_token):
         """input_ids: int32 [N] (packed); seq_lens: sum N. loss: a name
         ("sft", "ppo", ...) or a dict {"name": ..., option: value}; options
         are stringified. Per-token float32 [N] arrays by keyword: loss_mask,
@@ -212,7 +219,8 @@ class Api:
         are reduced across the ranks during this call's backward pass
         (every rank must set it; see engine.proto). adapter: the LoRA
         adapter that runs with the base and whose gradients accumulate
-        ("": the base model alone). request_id: this
+        ("": the base model alone). activation_recompute: this call's
+        (None: the engine's; see initialize). request_id: this
         call's id (default: a fresh one). Returns a ForwardBackwardResult: loss, metrics,
         num_micro_batches and the numpy outputs asked for (log_probs,
         entropy, values; None otherwise); r["loss"] works too."""
@@ -228,6 +236,8 @@ class Api:
             reduce_gradients=reduce_gradients, adapter=adapter)
         if target_ids is not None:
             req.target_ids.CopyFrom(_token_ids(target_ids))
+        if activation_recompute is not None:
+            req.activation_recompute = bool(activation_recompute)
         spec = _loss_spec(loss, loss_options)
         if spec is not None:
             req.loss.CopyFrom(spec)

@@ -89,6 +89,7 @@ class Memory:
     device_bytes: int
     host_bytes: int
     rss_bytes: int
+    activation_bytes: int
 
     @classmethod
     def from_proto(cls, m):
