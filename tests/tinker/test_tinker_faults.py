@@ -124,6 +124,28 @@ def bad_input_session(daemon, gw, sc):
     r = httpx.post(gw.url + "/api/v1/retrieve_future", headers=headers,
                    json={"request_id": "unknown-1"})
     assert r.status_code == 410
+    # JSON fields of the wrong type or size: 400 naming them (not a 500,
+    # which the SDK would retry for minutes), before any work is done.
+    sid = tc.model_id.split(":")[0]
+    r = httpx.post(gw.url + "/api/v1/create_model", headers=headers,
+                   json={"session_id": sid, "model_seq_id": 99, "base_model": gf.MODEL,
+                         "lora_config": {"rank": "four"}})
+    assert r.status_code == 400 and "lora_config.rank" in r.json()["detail"]
+    r = httpx.post(gw.url + "/api/v1/create_sampling_session", headers=headers,
+                   json={"session_id": sid, "sampling_session_seq_id": 99,
+                         "base_model": gf.MODEL})
+    sampler = r.json()["sampling_session_id"]
+    for bad, field in (({"num_samples": 10 ** 9}, "num_samples"),
+                       ({"num_samples": "2"}, "num_samples"),
+                       ({"prompt": {"chunks": [{"tokens": ["a"], "type": "encoded_text"}]}},
+                        "prompt.chunks[0].tokens"),
+                       ({"sampling_params": {"max_tokens": 1.5}}, "max_tokens"),
+                       ({"sampling_params": {"stop": {"x": 1}}}, "stop")):
+        body = dict({"sampling_session_id": sampler, "seq_id": 0, "num_samples": 1,
+                     "prompt": {"chunks": [{"tokens": [5, 6], "type": "encoded_text"}]}},
+                    **bad)
+        r = httpx.post(gw.url + "/api/v1/asample", headers=headers, json=body)
+        assert r.status_code == 400 and field in r.json()["detail"], (bad, r.text)
     # The same client trains on, exactly as the clean one did, and no seq_id
     # was waited for (the refused ones count as used).
     assert_equal_weights(weights(daemon, train(tc)), clean)

@@ -65,10 +65,11 @@ class Checkpoints:
 
     @staticmethod
     def check_ttl(ttl_s):
-        """ttl_seconds as the SDK sends it: null, or seconds > 0."""
+        """ttl_seconds as the SDK sends it: null, or seconds > 0; returned."""
         if ttl_s is not None and (isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float))
                                   or not ttl_s > 0):
             raise UserError("ttl_seconds: %r (a positive number of seconds, or null)" % (ttl_s,))
+        return ttl_s
 
     @classmethod
     def _expiry(cls, ttl_s):

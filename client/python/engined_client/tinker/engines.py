@@ -85,7 +85,8 @@ class Engines:
         adapters), initialized for the role when it was free."""
         if role == "lora":
             for e in self.all:
-                if e.role == "lora" and len(e.models) + e.snapshots + adapters <= self.max_adapters:
+                used = len(e.models) + e.snapshots
+                if e.role == "lora" and used + adapters <= self.max_adapters:
                     e.models.add(model_id)
                     return e
         # A free engine, or an unused one of the other role (a LoRA engine

@@ -5,7 +5,8 @@ Request ids are "<boot>-<n>": boot is random per gateway process, so an id
 from before a restart is never mistaken for a new one: it is unknown, and
 retrieve_future answers 410 (the SDK resubmits a sample; a training call
 reaches its caller as an error, never as another call's result). Results
-are kept for `ttl_s` after they finish (a lost reply is polled again)."""
+are kept for `ttl_s` after they finish (a lost reply is polled again);
+expire() drops older ones (the gateway's housekeeping calls it)."""
 import asyncio
 import itertools
 import secrets
@@ -72,7 +73,6 @@ class FutureStore:
         self.ttl_s = ttl_s
 
     def new(self, kind):
-        self.expire()
         rec = Record("%s-%d" % (self.boot, next(self._n)), kind)
         self._records[rec.request_id] = rec
         return rec

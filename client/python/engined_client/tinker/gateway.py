@@ -36,6 +36,10 @@ NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 SNAPSHOTS_PER_MODEL = 2
+# Completions per sample request: engined's own bound (engine.h
+# ENGINE_SAMPLE_MAX_SAMPLES), checked here before the future's reply lists
+# one sequence id per completion.
+MAX_SAMPLES = 65536
 
 
 class Model:
@@ -127,7 +131,7 @@ class Gateway:
                             % (base_model, self.model_name))
 
     def _lora_of(self, cfg, model_seq_id):
-        rank = int((cfg or {}).get("rank") or 0)
+        rank = wire.number(cfg or {}, "rank", 0, "lora_config", integer=True)
         if rank < 0:
             raise UserError("lora_config.rank: %d (0 for full fine-tuning, or > 0)" % rank)
         if rank == 0:
@@ -138,9 +142,9 @@ class Gateway:
         if not targets:
             raise UserError("lora_config: train_attn and train_mlp both false leave nothing "
                             "to train (engined's LoRA does not reach the unembedding)")
-        seed = cfg.get("seed")
+        seed = wire.number(cfg, "seed", None, "lora_config", integer=True)
         return {"rank": rank, "alpha": self.lora_alpha, "targets": list(targets),
-                "seed": int(seed) if seed is not None else self._seed("lora:%d" % model_seq_id),
+                "seed": seed if seed is not None else self._seed("lora:%d" % model_seq_id),
                 "train_unembed": bool(cfg.get("train_unembed", True)),
                 "train_mlp": bool(cfg.get("train_mlp", True)),
                 "train_attn": bool(cfg.get("train_attn", True))}
@@ -219,29 +223,20 @@ class Gateway:
     # --- training requests ------------------------------------------------
     def _submit(self, m, seq_id, key, kind, fn):
         """Queue fn() (a coroutine returning (result, media type)) as
-        seq_id of m; the record of its future."""
-        existing = m.seq._entries.get(seq_id) if isinstance(seq_id, int) else None
-        if existing is not None and existing[0] == key and existing[1] is not None:
-            return existing[1]
-        rec = self.futures.new(kind)
+        seq_id of m; the record of its future (a retry's: the first's)."""
+        def make():
+            rec = self.futures.new(kind)
 
-        async def start():
-            await self.futures.run(rec, fn())
-        return m.seq.submit(seq_id, key, rec, start)
-
-    def refuse_seq(self, m, seq_id):
-        """A request refused at submission still uses its seq_id."""
-        if isinstance(seq_id, int) and seq_id >= m.seq.next and seq_id not in m.seq._entries:
-            m.seq.submit(seq_id, "<refused>", None, None)
+            async def start():
+                await self.futures.run(rec, fn())
+            return rec, start
+        return m.seq.submit(seq_id, key, make)
 
     def forward_backward(self, fb):
         m = self.model(fb.model_id)
         kind = "Forward" if fb.forward_only else "ForwardBackward"
-        try:
+        with m.seq.refusing(fb.seq_id):
             kwargs, lens = losses.pack(fb)
-        except UserError:
-            self.refuse_seq(m, fb.seq_id)
-            raise
 
         async def run():
             r = await m.engine.client.forward_backward(
@@ -253,7 +248,7 @@ class Gateway:
     def optim_step(self, body):
         m = self.model(body.get("model_id"))
         seq_id = body.get("seq_id")
-        try:
+        with m.seq.refusing(seq_id):
             p = body.get("adam_params")
             if p is None:
                 raise UserError("optim_step: adam_params missing (only AdamW is served)")
@@ -266,9 +261,6 @@ class Gateway:
                 if not isinstance(v, (int, float)) or not np.isfinite(v):
                     raise UserError("adam_params.%s: %r is not a finite number" % (src, v))
                 params[dst] = float(v)
-        except UserError:
-            self.refuse_seq(m, seq_id)
-            raise
 
         async def run():
             r = await m.engine.client.optimizer_step(
@@ -279,9 +271,9 @@ class Gateway:
                     "type": "optim_step"}, "application/json"
         return self._submit(m, seq_id, json.dumps(body, sort_keys=True), "OptimStep", run)
 
-    def _name(self, m, seq_id, name):
+    @staticmethod
+    def _name(name):
         if not isinstance(name, str) or not NAME_RE.match(name):
-            self.refuse_seq(m, seq_id)
             raise UserError("path %r: a checkpoint name is 1 to 128 of [A-Za-z0-9._-]" % (name,))
         return name
 
@@ -295,19 +287,12 @@ class Gateway:
         return self.checkpoints.add(m, kind, name, int(getattr(r, "bytes", 0) or 0),
                                     contents is None, ttl_s)
 
-    def _ttl(self, m, seq_id, body):
-        try:
-            Checkpoints.check_ttl(body.get("ttl_seconds"))
-        except UserError:
-            self.refuse_seq(m, seq_id)
-            raise
-        return body.get("ttl_seconds")
-
     def save_weights(self, body):
         m = self.model(body.get("model_id"))
         seq_id = body.get("seq_id")
-        name = self._name(m, seq_id, body.get("path"))
-        ttl = self._ttl(m, seq_id, body)
+        with m.seq.refusing(seq_id):
+            name = self._name(body.get("path"))
+            ttl = Checkpoints.check_ttl(body.get("ttl_seconds"))
 
         async def run():
             c = await self._save(m, seq_id, "weights", name, None, ttl,
@@ -320,12 +305,13 @@ class Gateway:
         seq_id = body.get("seq_id")
         name = body.get("path")
         sss = body.get("sampling_session_seq_id")
-        if name is not None:
-            name = self._name(m, seq_id, name)
-        elif not isinstance(sss, int):
-            self.refuse_seq(m, seq_id)
-            raise UserError("save_weights_for_sampler: neither path nor sampling_session_seq_id")
-        ttl = self._ttl(m, seq_id, body)
+        with m.seq.refusing(seq_id):
+            if name is not None:
+                name = self._name(name)
+            elif not isinstance(sss, int):
+                raise UserError("save_weights_for_sampler: neither path nor "
+                                "sampling_session_seq_id")
+            ttl = Checkpoints.check_ttl(body.get("ttl_seconds"))
 
         async def run():
             c = await self._save(m, seq_id, "sampler_weights",
@@ -344,11 +330,11 @@ class Gateway:
     def save_weights_external(self, body):
         m = self.model(body.get("model_id"))
         seq_id = body.get("seq_id")
-        name = self._name(m, seq_id, body.get("path"))
-        ttl = self._ttl(m, seq_id, body)
-        if body.get("age_encryption_recipients"):
-            self.refuse_seq(m, seq_id)
-            raise UserError("age_encryption_recipients: encrypted exports are not supported")
+        with m.seq.refusing(seq_id):
+            name = self._name(body.get("path"))
+            ttl = Checkpoints.check_ttl(body.get("ttl_seconds"))
+            if body.get("age_encryption_recipients"):
+                raise UserError("age_encryption_recipients: encrypted exports are not supported")
 
         async def run():
             c = await self._save(m, seq_id, "external_weights", name, ["model"], ttl)
@@ -377,12 +363,9 @@ class Gateway:
             return self._create_from_checkpoint(body, path, optimizer)
         m = self.model(body.get("model_id"))
         seq_id = body.get("seq_id")
-        try:
+        with m.seq.refusing(seq_id):
             c = self._checkpoint(path)
             self._compatible(m.lora, c)
-        except UserError:
-            self.refuse_seq(m, seq_id)
-            raise
 
         async def run():
             await self._load(m, c, optimizer, m.request_id(seq_id))
@@ -488,7 +471,7 @@ class Gateway:
             if ch.get("type", "encoded_text") != "encoded_text":
                 raise UserError("prompt.chunks[%d]: %s chunks are not supported (engined "
                                 "serves text models)" % (i, ch.get("type")))
-            tokens.extend(ch.get("tokens") or [])
+            tokens.extend(wire.token_ids(ch.get("tokens") or [], "prompt.chunks[%d].tokens" % i))
         if not tokens:
             raise UserError("prompt: no tokens")
         for unsupported in ("topk_prompt_logprobs", "prompt_alt_tokens_k"):
@@ -497,10 +480,10 @@ class Gateway:
         if body.get("target_prompt_logprobs") is not None or body.get("record_stability_info"):
             raise UserError("target_prompt_logprobs / record_stability_info: not supported")
         sp = body.get("sampling_params") or {}
-        n = body.get("num_samples", 1)
-        if not isinstance(n, int) or n < 1:
-            raise UserError("num_samples: %r (an integer from 1)" % (n,))
-        max_tokens = sp.get("max_tokens")
+        n = wire.number(body, "num_samples", 1, "request", integer=True)
+        if not 1 <= n <= MAX_SAMPLES:
+            raise UserError("num_samples: %d (1 to %d)" % (n, MAX_SAMPLES))
+        max_tokens = wire.number(sp, "max_tokens", None, "sampling_params", integer=True)
         if max_tokens is None:
             max_tokens = max(1, min(4096, (self.max_context_length or 4096) - len(tokens)))
         stop = sp.get("stop")
@@ -509,28 +492,30 @@ class Gateway:
             stop = [stop]
         if stop is None:
             stop_ids = list(self.eos_token_ids)
-        elif stop and all(isinstance(t, str) for t in stop):
+        elif isinstance(stop, list) and stop and all(isinstance(t, str) for t in stop):
             stop_texts = list(stop)
             stop_seqs = self._stop_sequences(stop_texts)
-        elif all(isinstance(t, int) and not isinstance(t, bool) for t in stop):
-            stop_ids = list(stop)
+        elif isinstance(stop, list) and all(isinstance(t, int) and not isinstance(t, bool)
+                                            for t in stop):
+            stop_ids = wire.token_ids(stop, "sampling_params.stop")
         else:
             raise UserError("sampling_params.stop: a string, a list of strings or a list of "
                             "token ids (got %r)" % (stop,))
-        top_k = sp.get("top_k", -1)
-        top_p = sp.get("top_p", 1.0)
-        seed = sp.get("seed")
+        top_k = wire.number(sp, "top_k", -1, "sampling_params", integer=True)
+        top_p = wire.number(sp, "top_p", 1.0, "sampling_params")
+        seed = wire.number(sp, "seed", None, "sampling_params", integer=True)
         args = dict(input_ids=np.array(tokens, dtype=np.int32), seq_lens=[len(tokens)],
-                    max_tokens=int(max_tokens), num_samples=n,
-                    temperature=float(sp.get("temperature", 1.0)),
-                    top_k=int(top_k) if top_k and top_k > 0 else 0,
-                    top_p=None if top_p is None or top_p >= 1.0 else float(top_p),
-                    seed=(int(seed) if seed is not None else self._draw_seed(body)) % (1 << 63),
+                    max_tokens=max_tokens, num_samples=n,
+                    temperature=float(wire.number(sp, "temperature", 1.0, "sampling_params")),
+                    top_k=top_k if top_k > 0 else 0,
+                    top_p=None if top_p >= 1.0 else float(top_p),
+                    seed=(seed if seed is not None else self._draw_seed(body)) % (1 << 63),
                     stop_token_ids=stop_ids, stop_sequences=stop_seqs,
-                    top_logprobs=int(body.get("topk_sample_logprobs") or 0),
+                    top_logprobs=wire.number(body, "topk_sample_logprobs", 0, "request",
+                                             integer=True),
                     prompt_logprobs=bool(body.get("prompt_logprobs")))
         args["stop_texts"] = stop_texts
-        last_n = body.get("prompt_logprobs_last_n")
+        last_n = wire.number(body, "prompt_logprobs_last_n", None, "request", integer=True)
         return args, n, last_n
 
     def _stop_sequences(self, texts):
@@ -559,7 +544,12 @@ class Gateway:
             return any(t in text for t in texts)
         if not texts or not holds(len(tokens)):
             return None
-        return next(n for n in range(1, len(tokens) + 1) if holds(n))
+        # not holds(lo), holds(hi): a prefix that holds one, longer ones do too
+        lo, hi = 0, len(tokens)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if holds(mid) else (mid, hi)
+        return hi
 
     def _draw_seed(self, body):
         """A sample's seed when the client gives none."""

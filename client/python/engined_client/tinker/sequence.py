@@ -10,6 +10,7 @@ on with the next). A missing id that may never come (its body could not
 be parsed, so its number is unknown) is waited for `gap_wait_s` while a
 later one waits, then skipped."""
 import asyncio
+import contextlib
 import logging
 
 from .wire import UserError
@@ -28,10 +29,10 @@ class Sequencer:
         self._task = None
         self.closed = False
 
-    def submit(self, seq_id, key, record, start):
-        """Queue `start` (a coroutine function) as seq_id; returns the
-        record of the call (an earlier one for a retry). record None:
-        the seq_id is consumed without running (refused)."""
+    def submit(self, seq_id, key, make):
+        """Queue a call as seq_id; returns the record of the call (an
+        earlier one for a retry). make(): (record, start) for a new call,
+        start a coroutine function run in seq_id order."""
         if not isinstance(seq_id, int) or seq_id < 1:
             raise UserError("seq_id: %r (an integer from 1)" % (seq_id,))
         if seq_id in self._entries:
@@ -45,11 +46,27 @@ class Sequencer:
         if seq_id < self.next:
             raise UserError("seq_id %d of %s is behind the requests already run (next %d)"
                             % (seq_id, self.name, self.next))
+        record, start = make()
         self._entries[seq_id] = (key, record, start)
         self._wake.set()
         if self._task is None:
             self._task = asyncio.ensure_future(self._loop())
         return record
+
+    def refuse(self, seq_id):
+        """A request refused at submission: its seq_id (when it names a
+        new one) is used up without running, so later ones do not wait."""
+        if isinstance(seq_id, int) and seq_id >= self.next and seq_id not in self._entries:
+            self.submit(seq_id, "<refused>", lambda: (None, None))
+
+    @contextlib.contextmanager
+    def refusing(self, seq_id):
+        """Checks of a submission: a UserError they raise refuses seq_id."""
+        try:
+            yield
+        except UserError:
+            self.refuse(seq_id)
+            raise
 
     async def _loop(self):
         while not self.closed:

@@ -24,6 +24,28 @@ class UserError(Exception):
     """The client's request is wrong; the message says which part."""
 
 
+def number(d, key, default, where, integer=False):
+    """d[key] (default when absent or null) checked to be a finite number
+    (an integer when asked; bool is neither): a JSON field of a request."""
+    v = d.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int if integer else (int, float)) or \
+            not math.isfinite(v):
+        raise UserError("%s.%s: %r (%s)" % (where, key, v, "an integer" if integer
+                                            else "a finite number"))
+    return v
+
+
+def token_ids(values, where):
+    """A JSON list of token ids as int32 (each in [0, 2^31))."""
+    if not isinstance(values, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2 ** 31
+            for t in values):
+        raise UserError("%s: token ids are integers in [0, 2^31)" % where)
+    return values
+
+
 @dataclass
 class Datum:
     tokens: np.ndarray                    # int32 [N], the model input
