@@ -207,6 +207,13 @@ int h_validate_initialize(struct daemon *d, struct job *j, struct eng_error *err
 		c->dist.store_root = d->cfg.dist_store_root;
 		c->dist.host = d->cfg.dist_host;
 		c->dist.bucket_bytes = g->bucket_bytes;
+		if (PB_HAS(g, zero_stage)) {
+			/* Given: 0 is refused too (c's 0 would mean "not given"). */
+			r = dist_zero_stage_check(g->zero_stage, err);
+			if (r < 0)
+				return r;
+			c->dist.zero_stage = g->zero_stage;
+		}
 	}
 	c->threads = d->cfg.threads;
 	c->bf16_matmul = q->bf16_matmul;
@@ -1064,6 +1071,10 @@ int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err)
 	mem.device_bytes = (int64_t)st.device_memory;
 	mem.host_bytes = (int64_t)st.host_memory;
 	mem.activation_bytes = (int64_t)st.activation_bytes;
+	mem.param_bytes = (int64_t)st.param_bytes;
+	mem.grad_bytes = (int64_t)st.grad_bytes;
+	mem.optimizer_bytes = (int64_t)st.optim_bytes;
+	mem.gathered_bytes = (int64_t)st.gathered_bytes;
 	mem.rss_bytes = rss_bytes();
 	resp.memory = &mem;
 	resp.version = (char *)ENGINED_VERSION;

@@ -127,6 +127,8 @@ int engine_init_config_check(const struct engine_init_config *cfg, struct eng_er
 				cfg->dist.rank);
 	} else {
 		rc = dist_group_id_check(&cfg->dist.id, false, err);
+		if (rc == 0 && cfg->dist.zero_stage)
+			rc = dist_zero_stage_check(cfg->dist.zero_stage, err);
 		if (rc)
 			return rc;
 	}

@@ -89,6 +89,15 @@ int dist_group_id_check(const struct dist_group_id *id, bool required, struct en
 	return 0;
 }
 
+int dist_zero_stage_check(int zero_stage, struct eng_error *err)
+{
+	if (zero_stage < 1 || zero_stage > 3)
+		return eng_fail(err, -EINVAL, "dist.zero_stage: %d, must be 1 (the AdamW moments "
+				"sharded, the default), 2 (and the gradients) or 3 (and the "
+				"parameters)", zero_stage);
+	return 0;
+}
+
 int dist_config_check(const struct dist_config *cfg, struct eng_error *err)
 {
 	return dist_config_check_min(cfg, 2, err);
@@ -118,7 +127,7 @@ int dist_config_check_min(const struct dist_config *cfg, int min_world, struct e
 				"or in [%lld, %lld]", (long long)cfg->bucket_bytes,
 				(long long)DIST_BUCKET_DEFAULT, (long long)DIST_BUCKET_MIN,
 				(long long)DIST_BUCKET_MAX);
-	return 0;
+	return cfg->zero_stage ? dist_zero_stage_check(cfg->zero_stage, err) : 0;
 }
 
 int dist_call_check(const struct dist *d, const char *op, int64_t count, int t,

@@ -302,6 +302,11 @@ struct engine_status {
 	 * micro-batch; with activation recompute, one layer's and each layer's
 	 * input); 0 before the first. */
 	size_t activation_bytes;
+	/* This rank's fp32 parameters and gradients (whole, or its shard of
+	 * them with dist.zero_stage 3 / 2 and 3), and the buffers a sharded
+	 * group gathers layers and reduces their gradients in (0 with ZeRO-1);
+	 * the AdamW moments are optim_bytes. */
+	size_t param_bytes, grad_bytes, gathered_bytes;
 	/* NULL while healthy; after an unrecoverable device error (a sticky
 	 * CUDA error) the error's name: every later call fails and the process
 	 * should answer, report NOT_SERVING and exit for a restart. */

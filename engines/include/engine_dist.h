@@ -37,7 +37,18 @@ struct dist_config {
 	 * (native_grad_sync.c), in bytes; 0 = DIST_BUCKET_DEFAULT, else in
 	 * [DIST_BUCKET_MIN, DIST_BUCKET_MAX]. */
 	int64_t bucket_bytes;
+	/* The engine's: what the ranks shard (engine.proto DistConfig): 1
+	 * the AdamW moments (ZeRO-1), 2 the gradients too, 3 the parameters
+	 * too; 0 = not given (1). dist_zero_stage_check is the rule. */
+	int zero_stage;
 };
+
+struct eng_error;
+
+/* The rule on a given dist.zero_stage: 1, 2 or 3 (-EINVAL naming the
+ * field; engines/dist/dist_table.c). A config's 0 means "not given" (1);
+ * a client's explicit 0 is checked here by whoever reads the wire. */
+int dist_zero_stage_check(int zero_stage, struct eng_error *err);
 
 #define DIST_BUCKET_DEFAULT (INT64_C(25) << 20)   /* torch DDP's bucket_cap_mb */
 #define DIST_BUCKET_MIN INT64_C(1024)

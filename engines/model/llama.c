@@ -557,6 +557,30 @@ static void lm_head_fwd(struct llama_model *m, const struct llama_batch *b, floa
 	}
 }
 
+/* The part hook (llama.h), once m->rc is clear: its error stops the pass. */
+static void part(struct llama_model *m, int64_t p, bool backward, bool end)
+{
+	if (m->part && !m->rc)
+		m->rc = m->part(m->part_ctx, p, backward, end);
+}
+
+int llama_walk_parts(struct llama_model *m, bool backward)
+{
+	int64_t L = m->cfg.num_layers;
+
+	m->rc = 0;
+	for (int64_t i = 0; i < L + 2; i++) {
+		/* forward: EMBED, 0 .. L-1, HEAD; backward: HEAD, L-1 .. 0, EMBED */
+		int64_t p = backward ? (i == 0 ? LLAMA_PART_HEAD(L) : i == L + 1 ?
+					LLAMA_PART_EMBED(L) : L - i)
+				     : (i == 0 ? LLAMA_PART_EMBED(L) : i - 1);
+
+		part(m, p, backward, false);
+		part(m, p, backward, true);
+	}
+	return m->rc;
+}
+
 int llama_forward(struct llama_model *m, const struct llama_batch *b,
 		  float inv_temp, bool training, float *row_logp, float *row_ent,
 		  float *row_val)
@@ -575,8 +599,10 @@ int llama_forward(struct llama_model *m, const struct llama_batch *b,
 	layer_acts_at(m, T, 0, &a);
 	if (!training)
 		a.x = g.resid[0];
+	part(m, LLAMA_PART_EMBED(L), false, false);
 	if (!m->rc)
 		m->rc = m->dev->k->embedding_fwd(m->dev, a.x, m->w.wte, b->ids, T, C);
+	part(m, LLAMA_PART_EMBED(L), false, true);
 	for (int64_t l = 0; l < L; l++) {
 		struct layer_acts next;
 		float *x_out;
@@ -589,23 +615,26 @@ int llama_forward(struct llama_model *m, const struct llama_batch *b,
 		} else {
 			x_out = g.resid[(l + 1) & 1];
 		}
+		part(m, l, false, false);
 		attention_block_fwd(m, b, l, &m->w.layers[l], &a);
 		mlp_block_fwd(m, T, l, &m->w.layers[l], &a, g.s1, x_out);
+		part(m, l, false, true);
 		if (training && l + 1 < L)
 			a = next;
 		else
 			a.x = x_out;
 	}
+	part(m, LLAMA_PART_HEAD(L), false, false);
 	norm_fwd(m, g.lnf, g.rstdf, g.xL, m->w.norm, T, C);
 	if (m->value_model) {
 		bool own = m->lora && m->lora->score;
 
 		lin_fwd(m, row_val, g.lnf, own ? m->lora->score : m->w.score, T, 1, C, 0.0f);
 		bias_add(m, row_val, own ? m->lora->score_bias : m->w.score_bias, T, 1);
-		return m->rc;
-	}
-	if (row_logp)
+	} else if (row_logp) {
 		lm_head_fwd(m, b, inv_temp, &g, row_logp, row_ent);
+	}
+	part(m, LLAMA_PART_HEAD(L), false, true);
 	return m->rc;
 }
 
@@ -752,14 +781,17 @@ int llama_backward(struct llama_model *m, const struct llama_batch *b,
 	if (!m->cap_training || T > m->cap_tokens)
 		return -EINVAL;
 	global_acts_at(m, T, true, &g);
+	part(m, LLAMA_PART_HEAD(c->num_layers), true, false);
 	head_bwd(m, b, inv_temp, &g, drow_logp, drow_ent, drow_val);
 	norm_bwd(m, g.dx, m->g.norm, g.dln, g.xL, m->w.norm, g.rstdf, T, C, 0.0f);
+	part(m, LLAMA_PART_HEAD(c->num_layers), true, true);
 	if (m->grads_done && !m->rc)
 		m->grads_done(m->grads_done_ctx, c->num_layers);
 	for (int64_t l = c->num_layers - 1; l >= 0; l--) {
 		struct layer_acts a;
 
 		layer_acts_at(m, T, l, &a);
+		part(m, l, true, false);
 		if (m->cap_recompute) {
 			/* The layer's forward again from its kept input, with the
 			 * same kernels on the same data: the same activations, so
@@ -768,12 +800,15 @@ int llama_backward(struct llama_model *m, const struct llama_batch *b,
 			mlp_block_fwd(m, T, l, &m->w.layers[l], &a, g.s1, g.resid[0]);
 		}
 		layer_bwd(m, b, l, &m->w.layers[l], &m->g.layers[l], &a, &g);
+		part(m, l, true, true);
 		if (m->grads_done && !m->rc)
 			m->grads_done(m->grads_done_ctx, l);
 	}
+	part(m, LLAMA_PART_EMBED(c->num_layers), true, false);
 	if (!m->rc && !m->frozen)
 		m->rc = m->dev->k->embedding_bwd(m->dev, m->g.wte, g.dx, b->ids, T, C,
 						 c->vocab_size);
+	part(m, LLAMA_PART_EMBED(c->num_layers), true, true);
 	m->grads_zero = false;
 	return m->rc;
 }

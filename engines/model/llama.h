@@ -118,6 +118,19 @@ struct llama_model {
 	 * returns. Work queued on a device stream may still be running. */
 	void (*grads_done)(void *ctx, int64_t layer);
 	void *grads_done_ctx;
+	/* NULL, or called on the calling thread around each part of the
+	 * model a pass uses, for a data-parallel group that shards the
+	 * parameters or gradients (engines/native/native_shard.c): before
+	 * (end false) the part's weights (and, backward, its gradients) are
+	 * read or written, and after (end true) the pass is done with them.
+	 * Parts: the layers 0 .. L-1, LLAMA_PART_HEAD(L) (the final norm and
+	 * the LM or value head), LLAMA_PART_EMBED(L) (the embedding). A
+	 * forward walks EMBED, 0 .. L-1, HEAD; a backward HEAD, L-1 .. 0,
+	 * EMBED (llama_walk_parts runs that order with no tokens). A non-zero
+	 * return becomes the pass's error (m->rc) and the pass calls no more
+	 * hooks. */
+	int (*part)(void *ctx, int64_t part, bool backward, bool end);
+	void *part_ctx;
 	/* Set by the caller when every gradient is zero: llama_backward then
 	 * writes each weight's product-gradient (dy^T x) instead of adding it
 	 * to the zeroes (its first product into that weight; biases, norms
@@ -167,6 +180,15 @@ int llama_forward(struct llama_model *m, const struct llama_batch *b,
  * temperature). A value model: -EINVAL. */
 int llama_logits(struct llama_model *m, int64_t T, const int32_t *rows, int64_t R,
 		 float *logits);
+
+#define LLAMA_PART_HEAD(L) (L)
+#define LLAMA_PART_EMBED(L) ((L) + 1)
+
+/* The hooks (m->part) of a forward (backward false) or a backward pass in
+ * their order, with no tokens and no kernels: a rank of a sharded group
+ * with fewer micro-batches than its peers takes part in their gathers and
+ * reductions with this (its gradients then add nothing). Returns m->rc. */
+int llama_walk_parts(struct llama_model *m, bool backward);
 
 /* Backward from row-aligned upstream gradients (device [T]: drow_logp and
  * drow_ent for language models, drow_val for value models);

@@ -130,43 +130,62 @@ int64_t param_table_find(const struct param_table *t, const char *name)
 	return -1;
 }
 
-static float *at(const struct param_table *t, float *base, const char *name)
+/* Point *slot at tensor `name` in base, which holds the table's elements
+ * [lo, hi), when the tensor lies there; else leave *slot (NULL when the
+ * model has no such tensor and the whole table is bound). */
+static void at(const struct param_table *t, float *base, int64_t lo, int64_t hi,
+	       const char *name, float **slot)
 {
 	int64_t i = param_table_find(t, name);
 
-	return i < 0 ? NULL : base + t->entries[i].offset;
+	if (i < 0) {
+		if (lo == 0 && hi == t->total)
+			*slot = NULL;
+		return;
+	}
+	if (t->entries[i].offset >= lo && t->entries[i].offset + t->entries[i].numel <= hi)
+		*slot = base + (t->entries[i].offset - lo);
 }
 
 void model_weights_bind(const struct param_table *t, const struct model_config *cfg,
 			float *base, struct model_weights *ret)
 {
+	model_weights_bind_range(t, cfg, base, 0, t->total, ret);
+}
+
+void model_weights_bind_range(const struct param_table *t, const struct model_config *cfg,
+			      float *base, int64_t lo, int64_t hi, struct model_weights *ret)
+{
+	bool tied = param_table_find(t, "lm_head.weight") < 0 &&
+		    param_table_find(t, "score.weight") < 0;
 	char n[96];
 
-	ret->wte = at(t, base, "model.embed_tokens.weight");
-	ret->norm = at(t, base, "model.norm.weight");
-	ret->score = at(t, base, "score.weight");
-	ret->score_bias = at(t, base, "score.bias");
-	ret->lm_head = at(t, base, "lm_head.weight");
-	if (!ret->lm_head && !ret->score)
-		ret->lm_head = ret->wte;   /* tied */
+	at(t, base, lo, hi, "model.embed_tokens.weight", &ret->wte);
+	at(t, base, lo, hi, "model.norm.weight", &ret->norm);
+	at(t, base, lo, hi, "score.weight", &ret->score);
+	at(t, base, lo, hi, "score.bias", &ret->score_bias);
+	at(t, base, lo, hi, "lm_head.weight", &ret->lm_head);
+	if (tied)
+		ret->lm_head = ret->wte;
 	for (int64_t l = 0; l < cfg->num_layers; l++) {
 		struct layer_weights *w = &ret->layers[l];
-#define G(suffix) (snprintf(n, sizeof(n), "model.layers.%lld." suffix, (long long)l), at(t, base, n))
-		w->ln1 = G("input_layernorm.weight");
-		w->wq = G("self_attn.q_proj.weight");
-		w->bq = G("self_attn.q_proj.bias");
-		w->wk = G("self_attn.k_proj.weight");
-		w->bk = G("self_attn.k_proj.bias");
-		w->wv = G("self_attn.v_proj.weight");
-		w->bv = G("self_attn.v_proj.bias");
-		w->q_norm = G("self_attn.q_norm.weight");
-		w->k_norm = G("self_attn.k_norm.weight");
-		w->wo = G("self_attn.o_proj.weight");
-		w->bo = G("self_attn.o_proj.bias");
-		w->ln2 = G("post_attention_layernorm.weight");
-		w->w_gate = G("mlp.gate_proj.weight");
-		w->w_up = G("mlp.up_proj.weight");
-		w->w_down = G("mlp.down_proj.weight");
+#define G(suffix, f) (snprintf(n, sizeof(n), "model.layers.%lld." suffix, (long long)l), \
+		      at(t, base, lo, hi, n, &w->f))
+		G("input_layernorm.weight", ln1);
+		G("self_attn.q_proj.weight", wq);
+		G("self_attn.q_proj.bias", bq);
+		G("self_attn.k_proj.weight", wk);
+		G("self_attn.k_proj.bias", bk);
+		G("self_attn.v_proj.weight", wv);
+		G("self_attn.v_proj.bias", bv);
+		G("self_attn.q_norm.weight", q_norm);
+		G("self_attn.k_norm.weight", k_norm);
+		G("self_attn.o_proj.weight", wo);
+		G("self_attn.o_proj.bias", bo);
+		G("post_attention_layernorm.weight", ln2);
+		G("mlp.gate_proj.weight", w_gate);
+		G("mlp.up_proj.weight", w_up);
+		G("mlp.down_proj.weight", w_down);
 #undef G
 	}
 }

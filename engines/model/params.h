@@ -91,4 +91,11 @@ int64_t param_table_find(const struct param_table *t, const char *name);
 void model_weights_bind(const struct param_table *t, const struct model_config *cfg,
 			float *base, struct model_weights *ret);
 
+/* The same for the tensors that lie wholly in the table's elements
+ * [lo, hi), held at base (base[0] is element lo); the other pointers stay
+ * as they are (a tied head follows the embedding). A sharded group binds
+ * each part of the model to the buffer it gathers that part in. */
+void model_weights_bind_range(const struct param_table *t, const struct model_config *cfg,
+			      float *base, int64_t lo, int64_t hi, struct model_weights *ret);
+
 #endif

@@ -137,6 +137,9 @@ int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_ste
 	if (n->frozen)
 		return eng_fail(err, -ENOSYS, "SaveCheckpoint: checkpoints of a frozen base are "
 				"not built yet (its weights never change)");
+	rc = native_refuse_sharded(n, 3, "SaveCheckpoint", err);
+	if (rc)
+		return rc;
 	if (n->group.dist)
 		return native_group_save(e, n, dir, global_step, max_to_keep, contents, ret_bytes,
 					 err);
@@ -345,6 +348,9 @@ int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 	if (n->frozen)
 		return eng_fail(err, -ENOSYS, "LoadCheckpoint: checkpoints of a frozen base are "
 				"not built yet (Initialize it from the model directory)");
+	rc = native_refuse_sharded(n, 3, "LoadCheckpoint", err);
+	if (rc)
+		return rc;
 	if (n->group.dist)
 		return native_group_load(e, n, dir, contents, ret_global_step, err);
 	rc = native_load_open(e, n, dir, contents, NULL, 0, n->table.total, true, &L, err);

@@ -48,7 +48,11 @@ int64_t native_family_len(const struct native *n, enum native_fam f)
 {
 	if (n->frozen && f != FAM_PARAMS)
 		return 0;
-	return f == FAM_EXP_AVG || f == FAM_EXP_AVG_SQ ? n->group.shard_len : n->group.padded_total;
+	if (f == FAM_EXP_AVG || f == FAM_EXP_AVG_SQ ||
+	    (f == FAM_GRADS && native_shard_grads(n)) ||
+	    (f == FAM_PARAMS && native_shard_params(n)))
+		return n->group.shard_len;
+	return n->group.padded_total;
 }
 
 /* Sum a host double over the ranks (through a device scratch where the
@@ -107,6 +111,7 @@ int native_dist_shape(struct native *n, const struct engine_init_config *cfg,
 
 	n->group.shard_len = (n->table.total + W - 1) / W;
 	n->group.shard_off = W > 1 ? (int64_t)cfg->dist.rank * n->group.shard_len : 0;
+	n->group.zero_stage = W > 1 && cfg->dist.zero_stage ? cfg->dist.zero_stage : 1;
 	if (!ck_mul_i64(n->group.shard_len, W, &n->group.padded_total))
 		return eng_fail(err, -EINVAL, "dist: %lld parameters over %lld ranks overflow",
 				(long long)n->table.total, (long long)W);
@@ -139,6 +144,7 @@ void native_dist_adapter_shape(struct native *n, const struct native *base)
 
 	n->group.dist = base->group.dist;      /* the base's: closed with it */
 	n->group.bucket_bytes = base->group.bucket_bytes;
+	n->group.zero_stage = 1;
 	n->group.shard_len = (n->table.total + W - 1) / W;
 	n->group.shard_off = W > 1 ? (int64_t)base->group.dist->rank * n->group.shard_len : 0;
 	n->group.padded_total = n->group.shard_len * W;   /* W <= DIST_MAX_WORLD: no overflow */
@@ -200,6 +206,8 @@ int native_dist_reduce_grads(struct native *n, struct eng_error *err)
 	double unreduced = n->group.grads_reduced ? 0 : 1;
 	int rc;
 
+	if (native_shard_grads(n))
+		return 0;   /* ZeRO-2/3: each backward reduced them to their holders */
 	rc = n->dev->ops->sync(n->dev);
 	/* Skipped when a reducing ForwardBackward left the sums in place on
 	 * every rank: a rank's plain calls after it (their number may differ
@@ -229,11 +237,18 @@ int native_dist_gather_params(struct native *n, struct eng_error *err)
 	float *g = n->fam[FAM_GRADS].dev, *p = n->fam[FAM_PARAMS].dev;
 	int rc;
 
+	if (native_shard_params(n)) {
+		native_shard_invalidate(n);   /* ZeRO-3: the slices are all there is */
+		return 0;
+	}
 	if ((rc = n->dev->ops->sync(n->dev)) == 0)
 		rc = n->group.dist->ops->all_gather(n->group.dist, p, p + n->group.shard_off, n->group.shard_len,
 					      DIST_F32, err);
 	/* AdamW zeroed this rank's slice of the gradients; the rest (the other
-	 * ranks' slices, reduced there) is dropped here. */
+	 * ranks' slices, reduced there) is dropped here (ZeRO-2: there is no
+	 * rest). */
+	if (native_shard_grads(n))
+		return rc;
 	if (n->group.shard_off > 0)
 		(void)n->dev->ops->memset0(n->dev, g, (size_t)n->group.shard_off * sizeof(float));
 	if (n->group.shard_off + n->group.shard_len < n->group.padded_total)

@@ -80,6 +80,7 @@ static void native_destroy(struct engine *e)
 	if (n->dev) {
 		llama_release(&n->model);
 		native_io_release(n);
+		native_shard_free(n);
 		native_families_free(n);
 		n->dev->ops->close(n->dev);
 	}
@@ -108,6 +109,9 @@ void native_status(struct engine *e, struct engine_status *ret)
 	ret->device_memory = n->dev->ops->mem_in_use(n->dev);
 	ret->failed = n->dev->failed;
 	ret->activation_bytes = n->last_activation_bytes;
+	ret->param_bytes = (size_t)native_family_len(n, FAM_PARAMS) * sizeof(float);
+	ret->grad_bytes = (size_t)native_family_len(n, FAM_GRADS) * sizeof(float);
+	ret->gathered_bytes = native_shard_bytes(n);
 	ret->host_memory = 0;
 	for (int f = 0; f < FAM_COUNT; f++)
 		if (n->fam[f].host)

@@ -235,6 +235,9 @@ void native_rebind(struct native *n);
 
 /* Floats of family f's allocation / of its meaningful part. */
 int64_t native_family_len(const struct native *n, enum native_fam f);
+/* This rank's slice [shard_off, shard_off + shard_len) of family f
+ * (native_shard.c): inside a whole family, or the family itself. */
+float *native_slice(struct native *n, enum native_fam f);
 
 /* native_ckpt.c: one engine's SaveCheckpoint / LoadCheckpoint, and the
  * parts a group's (native_ckpt_group.c) shares. */

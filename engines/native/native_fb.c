@@ -242,7 +242,7 @@ static int mb_backward(struct native *n, struct llama_model *m, const struct mb_
  * failure here is the device's: the error says the gradients are lost. */
 static void undo_gradients(struct native *n, const float *undo, struct eng_error *err)
 {
-	size_t gbytes = (size_t)n->table.total * sizeof(float);
+	size_t gbytes = (size_t)native_family_len(n, FAM_GRADS) * sizeof(float);
 	int rc;
 
 	if (undo)
@@ -285,6 +285,95 @@ static int reduce_pass(struct native *n, struct llama_model *m, const struct mb_
 	return native_sync_finish(n, err);
 }
 
+/* Why a pass of a sharded group failed: its part hook's collective when
+ * that was it (native_shard.c), else what the pass said. */
+static int shard_pass_error(struct native *n, int rc, struct eng_error *err)
+{
+	if (rc && n->group.shard_err.code) {
+		*err = n->group.shard_err;
+		rc = err->code;
+	}
+	eng_error_clear(&n->group.shard_err);
+	return rc;
+}
+
+/* The micro-batches of a call in a group that shards its gradients or
+ * parameters (dist.zero_stage 2, 3): every rank runs `passes` of them
+ * (the group's most; a rank with fewer walks its parts for the rest,
+ * adding nothing), and the ranks agree after each forward, so that a
+ * loss or input error on one rank stops them all before the backward
+ * pass that would reduce. *ret_k: the micro-batches begun. */
+static int sharded_passes(struct native *n, struct llama_model *m, const struct engine_batch *b,
+			  struct engine_fb_result *res, const struct mb_plan *plan,
+			  int64_t passes, struct mb_host *h, float inv_temp, int32_t *ret_k,
+			  struct eng_error *err)
+{
+	int32_t mine = plan->num_micro_batches;
+	int rc = 0;
+
+	for (*ret_k = 0; *ret_k < passes && rc == 0; ++*ret_k) {
+		int32_t k = *ret_k;
+
+		if (b->progress)
+			b->progress(b->progress_ctx, "forward_backward", k, (int64_t)passes,
+				    "micro-batches");
+		if (k < mine) {
+			mb_gather(b, plan, k, h);
+			rc = shard_pass_error(n, mb_forward(n, m, b, res, h, inv_temp, err), err);
+		} else if (native_shard_params(n)) {
+			rc = llama_walk_parts(m, false);
+			rc = shard_pass_error(n, rc ? eng_fail(err, rc, "forward: %s",
+							       eng_strerror(rc)) : 0, err);
+		}
+		rc = native_dist_agree(n, rc, "ForwardBackward", err);
+		if (rc || b->forward_only)
+			continue;
+		if (k < mine) {
+			rc = shard_pass_error(n, mb_backward(n, m, h, inv_temp, err), err);
+		} else {
+			rc = llama_walk_parts(m, true);
+			rc = shard_pass_error(n, rc ? eng_fail(err, rc, "backward: %s",
+							       eng_strerror(rc)) : 0, err);
+		}
+		if (rc)
+			n->group.dist->broken = true;   /* the peers are reducing */
+	}
+	return rc;
+}
+
+/* The number of micro-batches every rank of a sharded group runs: the
+ * most of any rank, once every rank is ready (rc) and makes the same
+ * kind of call. */
+static int agree_passes(struct native *n, int rc, const struct engine_batch *b,
+			int64_t *passes, struct eng_error *err)
+{
+	int W = n->group.dist->world_size;
+	int64_t mine[2] = { *passes, b->forward_only }, *all;
+
+	rc = native_dist_agree(n, rc, "ForwardBackward", err);
+	if (rc)
+		return rc;
+	all = calloc((size_t)W * 2, sizeof(*all));
+	if (!all) {
+		n->group.dist->broken = true;
+		return eng_fail(err, -ENOMEM, "ForwardBackward: out of host memory for the "
+				"group's agreement; the group is broken");
+	}
+	rc = native_dist_gather_host(n, all, mine, sizeof(mine), err);
+	for (int r = 0; r < W && rc == 0; r++) {
+		if (all[2 * r + 1] != mine[1])
+			rc = eng_fail(err, -EINVAL, "forward_only: rank %d's ForwardBackward is %s "
+				      "and this rank's is not: with dist.zero_stage %d every rank "
+				      "makes the same kind of call at once; nothing changed", r,
+				      all[2 * r + 1] ? "forward-only" : "a training call",
+				      n->group.zero_stage);
+		if (all[2 * r] > *passes)
+			*passes = all[2 * r];
+	}
+	free(all);
+	return rc;
+}
+
 int native_forward_backward(struct engine *e, const struct engine_batch *b,
 			    struct engine_fb_result *res, struct eng_error *err)
 {
@@ -294,13 +383,17 @@ int native_forward_backward(struct engine *e, const struct engine_batch *b,
 	float temp = b->temperature > 0 ? b->temperature : 1.0f;
 	/* A reducing call is a collective: it is not cancelled once it runs,
 	 * and every exit before its reduction tells the peers (agree). */
-	bool reducing = n->group.dist && b->reduce_gradients && !b->forward_only;
-	bool (*cancelled)(void *) = reducing ? NULL : b->cancelled;
+	bool reducing = n->group.dist && b->reduce_gradients && !b->forward_only &&
+			!native_shard_grads(n);
+	/* ZeRO-2: a training call reduces as its backward goes; ZeRO-3: any
+	 * call gathers the parameters. Either is a collective of every rank. */
+	bool collective = native_shard_params(n) || (native_shard_grads(n) && !b->forward_only);
+	bool (*cancelled)(void *) = reducing || collective ? NULL : b->cancelled;
 	bool agreed = false, reduced = false;
 	struct mb_plan plan = {0};
 	struct mb_host h = {0};
 	struct llama_model *m = NULL;
-	int64_t max_T = 0, max_B = 0;
+	int64_t max_T = 0, max_B = 0, passes = 0;
 	float *undo = NULL;
 	int32_t k = 0;
 	int rc;
@@ -338,9 +431,9 @@ int native_forward_backward(struct engine *e, const struct engine_batch *b,
 		rc = native_sync_prepare(n, err);
 	/* A training call that may stop part-way keeps what undoes it: nothing
 	 * when the gradients are zero now (undo = zero them), else a copy. */
-	if (rc == 0 && !b->forward_only && (cancelled || reducing) && n->grad_calls > 0 &&
-	    plan.num_micro_batches > 1) {
-		size_t gbytes = (size_t)n->table.total * sizeof(float);
+	if (rc == 0 && !b->forward_only && n->grad_calls > 0 &&
+	    (collective || ((cancelled || reducing) && plan.num_micro_batches > 1))) {
+		size_t gbytes = (size_t)native_family_len(n, FAM_GRADS) * sizeof(float);
 
 		undo = native_dalloc(n, gbytes);
 		rc = undo ? n->dev->ops->copy_d2d(n->dev, undo, n->fam[FAM_GRADS].dev, gbytes) :
@@ -351,8 +444,13 @@ int native_forward_backward(struct engine *e, const struct engine_batch *b,
 	 * them otherwise counts a call or zeroes them), so the first backward
 	 * pass writes its weight products instead of adding them. */
 	if (m)
-		m->grads_zero = n->grad_calls == 0;
-	for (k = 0; k < plan.num_micro_batches && !rc; k++) {
+		m->grads_zero = n->grad_calls == 0 && !native_shard_grads(n);
+	passes = plan.num_micro_batches;
+	if (collective)
+		rc = agree_passes(n, rc, b, &passes, err);
+	if (collective && rc == 0)
+		rc = sharded_passes(n, m, b, res, &plan, passes, &h, 1.0f / temp, &k, err);
+	for (k = collective ? k : 0; !collective && k < plan.num_micro_batches && !rc; k++) {
 		bool last = k == plan.num_micro_batches - 1;
 
 		if (b->progress)
@@ -383,8 +481,7 @@ int native_forward_backward(struct engine *e, const struct engine_batch *b,
 	if (reducing && !agreed)
 		rc = native_dist_agree(n, rc, "ForwardBackward", err);
 	if (rc == 0 && b->progress)
-		b->progress(b->progress_ctx, "forward_backward", k, plan.num_micro_batches,
-			    "micro-batches");
+		b->progress(b->progress_ctx, "forward_backward", k, passes, "micro-batches");
 	if (rc && reduced) {
 		/* Reduced in part (the group is broken): dropped, as a failed step
 		 * drops them. */

@@ -39,6 +39,12 @@ struct native_group {
 	int64_t bucket_bytes;              /* dist.bucket_bytes, the default resolved */
 	struct grad_sync *sync;            /* native_grad_sync.c; NULL until used */
 	struct native_sync_stats sync_last;  /* of the last reducing call */
+	/* dist.zero_stage 2 and 3 (native_shard.c): the part buffers; NULL
+	 * with ZeRO-1 and alone. shard_err: why a part's collective failed in
+	 * a pass (the pass's hook has no error of its own). */
+	int zero_stage;                    /* 1 alone; dist.zero_stage in a group */
+	struct native_shard *shard;
+	struct eng_error shard_err;
 };
 
 /* native_dist.c: the data-parallel group (ZeRO-1). */
@@ -83,6 +89,37 @@ int native_dist_reduce_now(struct native *n, struct eng_error *err);
 int native_dist_agree(struct native *n, int rc, const char *what, struct eng_error *err);
 /* A code from a peer as this rank reports it (a code of err.h, else -EIO). */
 int native_dist_peer_code(int64_t rc);
+
+/* native_shard.c: ZeRO-2 and ZeRO-3. setup (group.zero_stage 2 or 3 in a
+ * group; else nothing) makes the part buffers after native_dist_join; bind points
+ * the model's gradients (and with 3 its weights) at them and installs the
+ * part hooks; invalidate forgets the gathered weights (the parameters
+ * changed); free at release. */
+int native_shard_setup(struct native *n, struct eng_error *err);
+void native_shard_bind(struct native *n);
+void native_shard_invalidate(struct native *n);
+void native_shard_free(struct native *n);
+/* The stage (1 alone or with ZeRO-1); whether the gradients / the
+ * parameters are held as this rank's slice only; the part buffers' bytes. */
+int native_shard_stage(const struct native *n);
+bool native_shard_grads(const struct native *n);
+bool native_shard_params(const struct native *n);
+size_t native_shard_bytes(const struct native *n);
+/* The table's elements [lo, hi) gathered from their holders into buf (a
+ * device buffer of hi - lo floats): a collective (ZeRO-3). */
+int native_shard_gather(struct native *n, float *buf, int64_t lo, int64_t hi,
+			struct eng_error *err);
+/* -ENOSYS naming `call` when the group shards what it needs (stage 2:
+ * the gradients; 3: the parameters) and it is not built for that yet. */
+int native_refuse_sharded(const struct native *n, int stage, const char *call,
+			  struct eng_error *err);
+/* ZeRO-3: parameter tensor i whole in device memory (*ret, valid until
+ * the next call or a change of the parameters), gathered from its holders
+ * unless it was the last one asked for: a collective, so every rank asks
+ * for the same tensors in the same order. */
+int native_shard_tensor(struct native *n, int64_t i, const float **ret, struct eng_error *err);
+/* Tensor i's elements this rank holds, as table offsets [*a, *b). */
+void native_shard_held(const struct native *n, int64_t i, int64_t *a, int64_t *b);
 
 /* native_grad_sync.c: the gradient reduction of a reducing ForwardBackward,
  * in buckets during its last backward pass. prepare (before the call

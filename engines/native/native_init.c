@@ -51,21 +51,34 @@ static char *read_model_config(int dfd, const char *dir, struct eng_error *err, 
  * tensor are filled in parallel. */
 #define RANDOM_INIT_CHUNK (1 << 20)
 
-/* Draw parameter i into host (see above). */
-static void random_init_tensor(struct native *n, float *host, int64_t i)
+/* Draw elements [first, first + count) of parameter i into dst[count]
+ * (see above): the chunks that overlap them, a chunk that the range cuts
+ * drawn whole into a scratch first (a ZeRO-3 rank's slice). -ENOMEM. */
+static int random_init_range(struct native *n, float *dst, int64_t i, int64_t first,
+			     int64_t count)
 {
 	const struct param_entry *p = &n->table.entries[i];
-	int64_t nchunks = (p->numel + RANDOM_INIT_CHUNK - 1) / RANDOM_INIT_CHUNK;
+	int64_t j0 = first / RANDOM_INIT_CHUNK;
+	int64_t j1 = (first + count + RANDOM_INIT_CHUNK - 1) / RANDOM_INIT_CHUNK;
 	float std = (float)n->cfg.initializer_range;
+	int rc = 0;
 
-#pragma omp parallel for schedule(dynamic, 1) if (nchunks > 1)
-	for (int64_t j = 0; j < nchunks; j++) {
+#pragma omp parallel for schedule(dynamic, 1) if (j1 - j0 > 1)
+	for (int64_t j = j0; j < j1; j++) {
 		int64_t start = j * RANDOM_INIT_CHUNK;
 		int64_t len = p->numel - start < RANDOM_INIT_CHUNK ? p->numel - start
 								    : RANDOM_INIT_CHUNK;
-		float *x = host + p->offset + start;
+		int64_t lo = start > first ? start : first;
+		int64_t hi = start + len < first + count ? start + len : first + count;
+		bool cut = lo != start || hi != start + len;
+		float *x = cut ? malloc((size_t)len * sizeof(float)) : dst + (start - first);
 		struct rng r;
 
+		if (!x) {
+#pragma omp atomic write
+			rc = -ENOMEM;
+			continue;
+		}
 		if (p->init_ones) {
 			for (int64_t q = 0; q < len; q++)
 				x[q] = 1.0f;
@@ -75,7 +88,12 @@ static void random_init_tensor(struct native *n, float *host, int64_t i)
 			rng_seed(&r, n->seed ^ ((uint64_t)i << 40) ^ (uint64_t)j);
 			rng_normal_fill(&r, x, len, 0.0f, std);
 		}
+		if (cut) {
+			memcpy(dst + (lo - first), x + (lo - start), (size_t)(hi - lo) * sizeof(float));
+			free(x);
+		}
 	}
+	return rc;
 }
 
 /* The caller's progress hook: tensor i of the table is next. */
@@ -99,21 +117,25 @@ static int init_cancelled(const struct native *n, const struct engine_init_confi
 
 /* Refuse at once a model whose state cannot fit in the device's free
  * memory: fp32 weights, gradients and the two AdamW moments (16 bytes a
- * parameter; 18 with the bf16 copy of bf16 matmuls). Activations come on
- * top and are reserved per call. */
+ * parameter; 18 with the bf16 copy of bf16 matmuls), of the families as
+ * this rank holds them (whole, or its slice in a group: the moments with
+ * ZeRO-1, the gradients too with ZeRO-2, everything with ZeRO-3).
+ * Activations and a sharded group's part buffers (a few layers, the
+ * embedding and the head) come on top. */
 static int check_fits(const struct native *n, const struct engine_init_config *cfg,
 		      struct eng_error *err)
 {
-	/* Weights, gradients (and bf16 copy) of every parameter; in a group,
-	 * the moments of this rank's slice only (ZeRO-1). */
-	size_t per = (cfg->bf16_matmul ? 10 : 8) - (n->frozen ? 4 : 0), need, moments, avail;
+	size_t need = 0, bytes, avail;
 
-	if (!ck_mul_size((size_t)n->group.padded_total, per, &need) ||
-	    !ck_mul_size((size_t)native_family_len(n, FAM_EXP_AVG), 8, &moments) ||
-	    need > SIZE_MAX - moments)
-		need = SIZE_MAX;
-	else
-		need += moments;
+	for (int f = 0; f < FAM_COUNT && need != SIZE_MAX; f++)
+		if (!ck_mul_size((size_t)native_family_len(n, f), 4, &bytes) ||
+		    need > SIZE_MAX - bytes)
+			need = SIZE_MAX;
+		else
+			need += bytes;
+	if (cfg->bf16_matmul && !native_shard_params(n) && need != SIZE_MAX)
+		need = ck_mul_size((size_t)n->table.total, 2, &bytes) && need <= SIZE_MAX - bytes
+		       ? need + bytes : SIZE_MAX;
 	avail = n->dev->ops->mem_free ? n->dev->ops->mem_free(n->dev) : SIZE_MAX;
 	if (need <= avail)
 		return 0;
@@ -126,6 +148,39 @@ static int check_fits(const struct native *n, const struct engine_init_config *c
 			(double)avail / (1 << 30));
 }
 
+/* The elements of tensor i that this rank keeps, [*first, *first +
+ * *count) of the tensor, and where they go in host: the whole tensor at
+ * its offset, or with ZeRO-3 (host is this rank's slice) the part of it in
+ * the slice (*count 0: none). */
+static float *tensor_dst(struct native *n, float *host, int64_t i, int64_t *first,
+			 int64_t *count)
+{
+	const struct param_entry *p = &n->table.entries[i];
+	int64_t a, b;
+
+	if (!native_shard_params(n)) {
+		*first = 0;
+		*count = p->numel;
+		return host + p->offset;
+	}
+	native_shard_held(n, i, &a, &b);
+	*first = a - p->offset;
+	*count = b - a;
+	return host + (a - n->group.shard_off);
+}
+
+/* The seeded init of tensor i into host (above). */
+static int init_tensor(struct native *n, float *host, int64_t i, struct eng_error *err)
+{
+	int64_t first, count;
+	float *dst = tensor_dst(n, host, i, &first, &count);
+
+	if (count && random_init_range(n, dst, i, first, count))
+		return eng_fail(err, -ENOMEM, "%s: out of memory for its random init",
+				n->table.entries[i].name);
+	return 0;
+}
+
 /* Load every tensor of the table from a HF directory (descriptor dfd)
  * into host[total]. Tied models have no lm_head.weight; a value model may
  * lack score.* (a critic initialized from an actor): those keep their
@@ -135,6 +190,8 @@ static int load_hf_weights(struct native *n, const struct engine_init_config *cf
 {
 	const char *dir = cfg->model_path;
 	struct st_reader *r;
+	int64_t first, count;
+	float *dst;
 	int rc;
 
 	rc = st_reader_open_at(dfd, ".", dir, &r, err);
@@ -151,7 +208,7 @@ static int load_hf_weights(struct native *n, const struct engine_init_config *cf
 			break;
 		if (!t) {
 			if (n->value_model && !strncmp(p->name, "score.", 6)) {
-				random_init_tensor(n, host, i);
+				rc = init_tensor(n, host, i, err);
 				continue;
 			}
 			rc = eng_fail(err, -EINVAL, "model_path: tensor %s missing from %s",
@@ -167,7 +224,11 @@ static int load_hf_weights(struct native *n, const struct engine_init_config *cf
 				      (long long)p->shape[0], (long long)(p->ndim > 1 ? p->shape[1] : 0));
 			break;
 		}
-		rc = st_reader_read_f32(r, p->name, host + p->offset, p->numel, err);
+		dst = tensor_dst(n, host, i, &first, &count);
+		if (count == p->numel)
+			rc = st_reader_read_f32(r, p->name, dst, p->numel, err);
+		else if (count)
+			rc = st_reader_read_f32_range(r, p->name, first, count, dst, err);
 	}
 	if (rc == 0)
 		init_progress(n, cfg, "load weights", n->table.count);
@@ -246,14 +307,26 @@ int native_initialize(struct engine *e, const struct engine_init_config *cfg,
 	/* After the device's open: the CPU device sets OpenMP's thread count
 	 * to its budget. */
 	n->io_threads = cfg->threads > 0 ? cfg->threads : omp_get_max_threads();
-	bytes = n->table.total * sizeof(float);
 	rc = native_dist_shape(n, cfg, err);
+	if (rc == 0 && n->frozen && n->group.zero_stage > 1)
+		rc = eng_fail(err, -ENOSYS, "dist.zero_stage: %d with frozen_base: LoRA over a "
+			      "sharded base is not built yet (use zero_stage 1)",
+			      n->group.zero_stage);
 	if (rc == 0)
 		rc = check_fits(n, cfg, err);
 	if (rc == 0)
 		rc = native_dist_join(n, cfg, err);
+	if (rc == 0)
+		rc = native_shard_setup(n, err);
+	/* ZeRO-3: each rank draws or reads its own slice; the seed is rank
+	 * 0's, as the whole parameters are rank 0's with ZeRO-1 and 2. */
+	if (rc == 0 && native_shard_params(n)) {
+		rc = native_dist_bcast_host(n, &n->seed, sizeof(n->seed), 0, err);
+		rng_seed(&n->rng, n->seed);
+	}
 	if (rc)
 		return rc;
+	bytes = (size_t)native_family_len(n, FAM_PARAMS) * sizeof(float);
 	n->wl = calloc(n->cfg.num_layers, sizeof(*n->wl));
 	n->gl = calloc(n->cfg.num_layers, sizeof(*n->gl));
 	if (!n->wl || !n->gl)
@@ -264,7 +337,7 @@ int native_initialize(struct engine *e, const struct engine_init_config *cfg,
 
 	host = native_family_host_ptr(n, FAM_PARAMS);
 	if (!host)
-		host = malloc(bytes);
+		host = calloc(1, bytes);   /* a slice's padding past the table stays 0 */
 	if (!host)
 		return eng_fail(err, -ENOMEM, "parameters: out of host memory");
 	if (cfg->model_path) {
@@ -276,7 +349,7 @@ int native_initialize(struct engine *e, const struct engine_init_config *cfg,
 			init_progress(n, cfg, "build", i);
 			rc = init_cancelled(n, cfg, i, err);
 			if (!rc)
-				random_init_tensor(n, host, i);
+				rc = init_tensor(n, host, i, err);
 		}
 		if (rc == 0)
 			init_progress(n, cfg, "build", n->table.count);
@@ -285,8 +358,9 @@ int native_initialize(struct engine *e, const struct engine_init_config *cfg,
 		rc = native_family_write(n, FAM_PARAMS, host, err);
 	if (host != native_family_host_ptr(n, FAM_PARAMS))
 		free(host);
-	/* Every rank starts from rank 0's parameters. */
-	if (rc == 0)
+	/* Every rank starts from rank 0's parameters (ZeRO-3: its slice of
+	 * the same files or seed). */
+	if (rc == 0 && !native_shard_params(n))
 		rc = native_dist_sync_params(n, err);
 	if (rc)
 		return rc;

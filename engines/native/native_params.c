@@ -35,9 +35,11 @@ void native_fill_info(struct native *n, enum native_fam f, int64_t i,
 	ret->shape[0] = p->shape[0];
 	ret->shape[1] = p->shape[1];
 	ret->numel = p->numel;
+	if (native_family_len(n, f) != n->group.padded_total)
+		h = NULL;   /* this rank's slice only: gathered by native_view */
 	ret->host_resident = h != NULL;
 	ret->host_data = h ? h + p->offset : NULL;
-	if (f == FAM_PARAMS && n->dev->ops->params_bf16 && bf16_copy_region(n)) {
+	if (h && f == FAM_PARAMS && n->dev->ops->params_bf16 && bf16_copy_region(n)) {
 		const uint16_t *copy = n->dev->ops->params_bf16(n->dev);
 
 		ret->host_bf16 = copy ? copy + p->offset : NULL;
@@ -56,20 +58,24 @@ int native_view(struct native *n, enum native_fam f, int64_t i,
 		struct engine_param_view *ret, struct eng_error *err)
 {
 	const struct param_entry *p = &n->table.entries[i];
-	const float *h = native_family_host_ptr(n, f);
+	const float *h = native_family_host_ptr(n, f), *d = n->fam[f].dev + p->offset;
 	const float *src;
+	bool sharded = native_family_len(n, f) != n->group.padded_total;
 
-	if (h) {
+	if (sharded && f != FAM_PARAMS)
+		return eng_fail(err, -ENOSYS, "%s: this rank holds a slice of it only", p->name);
+	if (h && !sharded) {
 		src = h + p->offset;
 	} else {
 		float *s = realloc(n->stage, p->numel * sizeof(float));
-		int rc;
+		int rc = sharded ? native_shard_tensor(n, i, &d, err) : 0;
 
+		if (rc)
+			return rc;
 		if (!s)
 			return eng_fail(err, -ENOMEM, "%s: out of host memory", p->name);
 		n->stage = s;
-		rc = n->dev->ops->copy_d2h(n->dev, s, n->fam[f].dev + p->offset,
-					   p->numel * sizeof(float));
+		rc = n->dev->ops->copy_d2h(n->dev, s, d, p->numel * sizeof(float));
 		if (rc == 0)
 			rc = n->dev->ops->sync(n->dev);
 		if (rc)
@@ -92,11 +98,17 @@ int native_grad(struct engine *e, int64_t i, struct engine_param_view *ret,
 {
 	int rc = native_refuse_frozen(native_of(e), "gradients", err);
 
+	if (rc == 0)
+		rc = native_refuse_sharded(native_of(e), 2, "gradients", err);
 	return rc ? rc : native_view(native_of(e), FAM_GRADS, i, ret, err);
 }
 
 static int bf16_copy_possible(struct native *n, bool op, struct eng_error *err)
 {
+	int rc = native_refuse_sharded(n, 3, "the parameters' bf16 copy (ShareWeights)", err);
+
+	if (rc)
+		return rc;
 	if (!op || !bf16_copy_region(n))
 		return eng_fail(err, -ENOTSUP,
 				"the parameters are not in host memory with a bf16 copy "
@@ -172,8 +184,14 @@ int native_param_copy_of(struct native *n, int64_t i, enum engine_dtype dtype, i
 			 int64_t count, void *dst, struct eng_error *err)
 {
 	const struct param_entry *p = &n->table.entries[i];
-	const float *h = native_family_host_ptr(n, FAM_PARAMS);
+	const float *h = native_family_host_ptr(n, FAM_PARAMS), *d;
+	int rc;
 
+	if (native_shard_params(n)) {
+		rc = native_shard_tensor(n, i, &d, err);
+		return rc ? rc : native_copy_out(n, d + start, false, dtype, count, dst, p->name,
+						 err);
+	}
 	if (h)
 		return native_copy_out(n, h + p->offset + start, true, dtype, count, dst, p->name,
 				       err);

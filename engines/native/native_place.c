@@ -35,7 +35,8 @@ int native_families_alloc(struct native *n, struct eng_error *err)
 					bytes >> 20, (long long)n->table.total);
 		/* Everything but the parameters starts at 0, and so does the
 		 * parameters' padding past the table in a group. */
-		size_t skip = f == FAM_PARAMS ? (size_t)n->table.total * sizeof(float) : 0;
+		size_t skip = f == FAM_PARAMS && !native_shard_params(n) ?
+			      (size_t)n->table.total * sizeof(float) : 0;
 
 		rc = bytes > skip ? n->dev->ops->memset0(n->dev, (char *)n->fam[f].dev + skip,
 							 bytes - skip) : 0;
@@ -119,8 +120,12 @@ void native_rebind(struct native *n)
 		native_adapter_rebind(n);
 		return;
 	}
-	model_weights_bind(&n->table, &n->cfg, p, &n->model.w);
-	if (n->frozen) {
+	if (!native_shard_params(n))
+		model_weights_bind(&n->table, &n->cfg, p, &n->model.w);
+	if (n->group.shard) {
+		/* ZeRO-2/3: gradients (and weights) in the part buffers */
+		native_shard_bind(n);
+	} else if (n->frozen) {
 		/* no gradients: llama.c reads none (model.frozen) */
 		memset(n->gl, 0, n->cfg.num_layers * sizeof(*n->gl));
 		memset(&n->model.g, 0, sizeof(n->model.g));
@@ -129,8 +134,8 @@ void native_rebind(struct native *n)
 		model_weights_bind(&n->table, &n->cfg, g, &n->model.g);
 	}
 	/* the region where the device may cache derived copies (bf16) */
-	n->dev->param_base = n->fam[FAM_PARAMS].dev;
-	n->dev->param_bytes = n->fam[FAM_PARAMS].dev ? n->table.total * sizeof(float) : 0;
+	n->dev->param_base = native_shard_params(n) ? NULL : n->fam[FAM_PARAMS].dev;
+	n->dev->param_bytes = n->dev->param_base ? n->table.total * sizeof(float) : 0;
 	n->dev->param_version++;
 }
 
@@ -195,11 +200,14 @@ int native_zero_grad(struct engine *e, struct eng_error *err)
 	return native_zero_grads(engine_impl(e), err);
 }
 
-/* What family_read / family_write move: the table's parameters (not the
- * padding of a group), or this rank's slice of the moments. */
+/* What family_read / family_write move: the table's parameters or
+ * gradients (not the padding of a group), or this rank's slice of a
+ * sharded family (the moments; with ZeRO-2/3 the gradients; with ZeRO-3
+ * the parameters). */
 static size_t meaningful_bytes(const struct native *n, enum native_fam f)
 {
-	return (size_t)(f == FAM_PARAMS || f == FAM_GRADS ? n->table.total : n->group.shard_len) *
+	return (size_t)(native_family_len(n, f) == n->group.padded_total ? n->table.total
+									 : n->group.shard_len) *
 	       sizeof(float);
 }
 

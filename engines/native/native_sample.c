@@ -630,6 +630,9 @@ int native_sampler_open(struct engine *e, void **ret, struct eng_error *err)
 	struct native_sampler *s;
 	int rc = 0;
 
+	rc = native_refuse_sharded(n->base ? n->base : n, 3, "Sample", err);
+	if (rc)
+		return rc;
 	if (nblocks > INT32_MAX)
 		nblocks = INT32_MAX;
 	if (nblocks < 1)

@@ -37,7 +37,7 @@ static int step_norm(struct native *n, double norm, double lr, double clip,
 }
 
 /* The one AdamW step, alone or in a group of W ranks (native_dist.c's
- * hooks; ZeRO-1): the gradients this rank updates are its slice
+ * hooks; ZeRO-1, 2 and 3 alike): the gradients this rank updates are its slice
  * [shard_off, shard_off + shard_len) of the table (alone: all of it),
  * summed over the ranks first (each rank's are already divided by W:
  * native_grad_scale); the norm is sqrt(sum of the slices' squares); the
@@ -50,7 +50,7 @@ int native_optimizer_step(struct engine *e, const struct engine_step_params *p,
 	const struct kernel_table *k = n->dev->k;
 	struct engine_optim_config o = n->optim;  /* this step's */
 	double sumsq = 0, lr = p && p->has_lr ? p->lr : native_current_lr(n);
-	float *grads = n->fam[FAM_GRADS].dev, *params = n->fam[FAM_PARAMS].dev;
+	float *grads = native_slice(n, FAM_GRADS), *params = native_slice(n, FAM_PARAMS);
 	float coef = 1.0f;
 	int rc;
 
@@ -62,7 +62,7 @@ int native_optimizer_step(struct engine *e, const struct engine_step_params *p,
 		rc = native_dist_reduce_grads(n, err);
 	if (rc)
 		return rc;
-	rc = k->sumsq(n->dev, &sumsq, grads + n->group.shard_off, n->group.shard_len);
+	rc = k->sumsq(n->dev, &sumsq, grads, n->group.shard_len);
 	if (rc) {
 		if (n->group.dist)
 			(void)native_zero_grads(n, NULL);
@@ -80,7 +80,7 @@ int native_optimizer_step(struct engine *e, const struct engine_step_params *p,
 	 * made again from the gathered parameters. */
 	if (!n->lora)
 		n->dev->param_version++;
-	rc = k->adamw(n->dev, params + n->group.shard_off, grads + n->group.shard_off,
+	rc = k->adamw(n->dev, params, grads,
 		      n->fam[FAM_EXP_AVG].dev, n->fam[FAM_EXP_AVG_SQ].dev, n->group.shard_len,
 		      lr, o.beta1, o.beta2, o.eps, o.weight_decay, n->optim_step, coef);
 	if (rc) {

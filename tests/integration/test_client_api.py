@@ -51,14 +51,16 @@ def test_results_from_replies():
                               queued_jobs=2, accumulated_calls=4, last_request_id="id-1",
                               placement=pb.Placement(model=True, grad=True),
                               memory=pb.Memory(device_bytes=7, host_bytes=8, rss_bytes=9,
-                                               activation_bytes=10))
+                                               activation_bytes=10, param_bytes=11,
+                                               grad_bytes=12, optimizer_bytes=13,
+                                               gathered_bytes=14))
     s = results.Status.from_proto(st)
     assert (s.engine_key, s.step, s.lr, s.busy, s.queued_jobs, s.accumulated_calls,
             s.last_request_id) == ("k", 3, 0.5, True, 2, 4, "id-1")
     assert s.mode == pb.MODE_TRAIN and s.mode is Mode.TRAIN
     assert s.placement == results.Placement(model=True, optimizer=False, grad=True)
     assert s.placement.optimizer is False
-    assert s.memory == results.Memory(7, 8, 9, 10)
+    assert s.memory == results.Memory(7, 8, 9, 10, 11, 12, 13, 14)
     assert s == results.Status.from_proto(st) and hash(s) == hash(results.Status.from_proto(st))
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.step = 4

@@ -355,8 +355,10 @@ class _GroupBase:
         if "dist" in init_kwargs:
             raise TypeError("initialize: dist is EngineGroup's (one rank per address)")
 
-    def _dist(self, rank, dist_timeout_s, dist_bucket_bytes):
+    def _dist(self, rank, dist_timeout_s, dist_bucket_bytes, dist_zero_stage):
         d = {"rank": rank, "world_size": self.world_size, "group_id": self.group_id}
+        if dist_zero_stage is not None:
+            d["zero_stage"] = int(dist_zero_stage)
         if dist_timeout_s is not None:
             d["timeout_s"] = float(dist_timeout_s)
         if dist_bucket_bytes:
@@ -377,14 +379,15 @@ class _GroupBase:
 
     # The public calls, in GROUP_METHODS' order.
 
-    def initialize(self, *, dist_timeout_s=None, dist_bucket_bytes=None, request_id=None,
-                   **init_kwargs):
+    def initialize(self, *, dist_timeout_s=None, dist_bucket_bytes=None, dist_zero_stage=None,
+                   request_id=None, **init_kwargs):
         """Initialize every rank (init_kwargs: EngineClient.initialize's,
         the same on every rank; dist is the group's). world_size > 1:
         CreateGroup on rank 0, then all ranks' Initialize at once with
         dist {rank, world_size, group_id, timeout_s = dist_timeout_s,
         bucket_bytes = dist_bucket_bytes (the gradient bucket of a
-        forward_backward with reduce_gradients; None: 25 MiB)}.
+        forward_backward with reduce_gradients; None: 25 MiB), zero_stage =
+        dist_zero_stage (1, 2 or 3: what the ranks shard; None: 1)}.
         Returns rank 0's InitializeResult (the ranks must agree)."""
         self._check_init(init_kwargs)
         rid = request_id or new_request_id()
@@ -395,7 +398,8 @@ class _GroupBase:
         def formed(g):
             self.group_id, self.backend = g.group_id, g.backend
             return self._run("Initialize", lambda c, r: c.initialize(
-                dist=self._dist(r, dist_timeout_s, dist_bucket_bytes), request_id=rid,
+                dist=self._dist(r, dist_timeout_s, dist_bucket_bytes, dist_zero_stage),
+                request_id=rid,
                 **init_kwargs), _INIT_AGREE, rid)
         return self._then(self._rank0("CreateGroup", lambda c: c.create_group(
             self.world_size, device=init_kwargs.get("device", ""),

@@ -90,6 +90,10 @@ class Memory:
     host_bytes: int
     rss_bytes: int
     activation_bytes: int
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    gathered_bytes: int
 
     @classmethod
     def from_proto(cls, m):
