@@ -325,6 +325,10 @@ static int sharded_passes(struct native *n, struct llama_model *m, const struct 
 			rc = shard_pass_error(n, rc ? eng_fail(err, rc, "forward: %s",
 							       eng_strerror(rc)) : 0, err);
 		}
+		/* the previous backward's last reductions ran behind this
+		 * forward; the agreement is the engine thread's collective */
+		if (rc == 0)
+			rc = shard_pass_error(n, native_shard_drain(n, &n->group.shard_err), err);
 		rc = native_dist_agree(n, rc, "ForwardBackward", err);
 		if (rc || b->forward_only)
 			continue;
@@ -338,6 +342,10 @@ static int sharded_passes(struct native *n, struct llama_model *m, const struct 
 		if (rc)
 			n->group.dist->broken = true;   /* the peers are reducing */
 	}
+	if (rc == 0)
+		rc = shard_pass_error(n, native_shard_drain(n, &n->group.shard_err), err);
+	else
+		(void)native_shard_drain(n, NULL);
 	return rc;
 }
 
@@ -448,8 +456,11 @@ int native_forward_backward(struct engine *e, const struct engine_batch *b,
 	passes = plan.num_micro_batches;
 	if (collective)
 		rc = agree_passes(n, rc, b, &passes, err);
-	if (collective && rc == 0)
+	if (collective && rc == 0) {
+		native_shard_call_begin(n);
 		rc = sharded_passes(n, m, b, res, &plan, passes, &h, 1.0f / temp, &k, err);
+		native_shard_call_end(n);
+	}
 	for (k = collective ? k : 0; !collective && k < plan.num_micro_batches && !rc; k++) {
 		bool last = k == plan.num_micro_batches - 1;
 

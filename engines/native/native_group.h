@@ -109,6 +109,30 @@ size_t native_shard_bytes(const struct native *n);
  * device buffer of hi - lo floats): a collective (ZeRO-3). */
 int native_shard_gather(struct native *n, float *buf, int64_t lo, int64_t hi,
 			struct eng_error *err);
+/* A sharded call's bracket: call_begin clears the collectives'
+ * statistics; drain waits for every posted gather and reduction and adds
+ * the pending sums to the slice (before the engine thread's own
+ * collectives, and at the end of a call: -> the first failure);
+ * call_end puts the statistics in group.sync_last (GetStatus.dist). */
+void native_shard_call_begin(struct native *n);
+int native_shard_drain(struct native *n, struct eng_error *err);
+void native_shard_call_end(struct native *n);
+
+/* native_shard_comm.c: the thread of the part collectives. post queues a
+ * gather (broadcasts from the holders into buf) or a reduction (sums to
+ * the holders from buf) of the table's elements [lo, hi) and returns its
+ * ticket; wait blocks until that ticket's op ran (-> the first failure
+ * since the last stats reset, err its message); drain waits for all. */
+struct shard_comm;
+int shard_comm_start(struct native *n, struct shard_comm **ret, struct eng_error *err);
+void shard_comm_stop(struct shard_comm *c);
+int64_t shard_comm_post(struct shard_comm *c, bool reduce, float *buf, int64_t lo, int64_t hi);
+int shard_comm_wait(struct shard_comm *c, int64_t ticket, struct eng_error *err);
+int shard_comm_drain(struct shard_comm *c, struct eng_error *err);
+/* ops, bytes, busy seconds (reduce_s), the engine's waits (wait_s);
+ * reset: zero them and forget a failure. */
+void shard_comm_stats(struct shard_comm *c, struct native_sync_stats *ret, bool reset);
+
 /* -ENOSYS naming `call` when the group shards what it needs (stage 2:
  * the gradients; 3: the parameters) and it is not built for that yet. */
 int native_refuse_sharded(const struct native *n, int stage, const char *call,

@@ -20,20 +20,28 @@
  *     its slice of the gradients.
  * A tied head reads the embedding's buffer and writes the embedding's
  * gradient scratch, which is reduced after the embedding's backward.
- * The collectives run on the engine's thread, one part after another
- * (no overlap with compute yet), and every rank must run the same passes:
+ * The collectives run on a thread of their own (native_shard_comm.c), so
+ * that they overlap the compute: entering a part starts the gather of the
+ * next one (the next layer's slot is free: its last user is done), and a
+ * part's reduction runs while the backward goes on to the next part
+ * (layer gradients alternate between two scratch buffers; a buffer's
+ * pending reduction is waited for, and its sum added to the slice,
+ * before the buffer is zeroed for another part). Every rank must run the
+ * same passes:
  * ForwardBackward agrees the number of micro-batches first and a rank
  * with fewer walks the parts of the missing ones (llama_walk_parts),
  * adding zero gradients.
  */
 #include "native_engine.h"
+#include "clock.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-/* Buffer indices: weights (ZeRO-3) and gradient scratch. */
+/* Buffer indices: weights (ZeRO-3) and gradient scratch; layer l uses
+ * slot l % 2 of each. */
 enum { W_SLOT0, W_SLOT1, W_HEAD, W_EMBED, W_COUNT };
-enum { G_LAYER, G_HEAD, G_EMBED, G_COUNT };
+enum { G_SLOT0, G_SLOT1, G_HEAD, G_EMBED, G_COUNT };
 
 struct native_shard {
 	int stage;
@@ -41,8 +49,15 @@ struct native_shard {
 	bool tied;                  /* the head reads the embedding */
 	int64_t (*range)[2];        /* [L + 2]: parts' [lo, hi) of the table */
 	float *w[W_COUNT];          /* ZeRO-3 only */
-	int64_t held[W_COUNT];      /* the part a weight buffer holds, or -1 */
+	int64_t held[W_COUNT];      /* the part a weight buffer holds (or will,
+				     * once w_ticket is done), or -1 */
+	int64_t w_ticket[W_COUNT];  /* its gather's ticket; 0: complete */
 	float *g[G_COUNT];
+	int64_t g_part[G_COUNT];    /* the part whose reduction from the
+				     * buffer is pending (g_ticket), or -1 */
+	int64_t g_ticket[G_COUNT];
+	struct shard_comm *comm;
+	double pass_t0;             /* the call's start (statistics) */
 	size_t bytes;               /* of w[] and g[] */
 	/* ZeRO-3: the last tensor a reader gathered (native_shard_tensor),
 	 * kept until the parameters change; index -1: none. */
@@ -67,7 +82,7 @@ static int w_index(const struct native_shard *s, int64_t p)
 static int g_index(const struct native_shard *s, int64_t p)
 {
 	return p == LLAMA_PART_HEAD(s->L) ? G_HEAD : p == LLAMA_PART_EMBED(s->L) ? G_EMBED
-										  : G_LAYER;
+										  : (int)(p & 1);
 }
 
 static int64_t part_len(const struct native_shard *s, int64_t p)
@@ -150,8 +165,9 @@ static int shard_alloc(struct native *n, struct native_shard *s, struct eng_erro
 		s->bytes += (size_t)len[i] * sizeof(float);
 	}
 	for (int i = 0; i < G_COUNT; i++) {
-		int64_t gl = len[i == G_LAYER ? W_SLOT0 : i == G_HEAD ? W_HEAD : W_EMBED];
+		int64_t gl = len[i];   /* W_ and G_ indices name the same parts */
 
+		s->g_part[i] = -1;
 		s->g[i] = native_dalloc(n, (size_t)gl * sizeof(float));
 		if (!s->g[i])
 			return eng_fail(err, -ENOMEM, "dist.zero_stage: out of memory for the "
@@ -167,6 +183,7 @@ void native_shard_free(struct native *n)
 
 	if (!s)
 		return;
+	shard_comm_stop(s->comm);
 	for (int i = 0; i < W_COUNT; i++)
 		native_dfree(n, s->w[i]);
 	for (int i = 0; i < G_COUNT; i++)
@@ -222,61 +239,46 @@ float *native_slice(struct native *n, enum native_fam f)
 	return native_family_len(n, f) == n->group.padded_total ? p + n->group.shard_off : p;
 }
 
-/* The pieces of [lo, hi) that the ranks' slices cut it into: rank r holds
- * [r S, (r + 1) S). */
-#define FOR_PIECES(n, lo, hi, r, a, b)                                                  \
-	for (int64_t r = (lo) / (n)->group.shard_len, a, b;                              \
-	     r * (n)->group.shard_len < (hi) &&                                           \
-	     (a = (lo) > r * (n)->group.shard_len ? (lo) : r * (n)->group.shard_len,     \
-	      b = (hi) < (r + 1) * (n)->group.shard_len ? (hi)                           \
-							: (r + 1) * (n)->group.shard_len, 1); \
-	     r++)
+/* This rank's piece of [lo, hi) into buf (buf[0] is element lo), for a
+ * gather whose broadcasts bring the others'. */
+static int copy_own_piece(struct native *n, float *buf, int64_t lo, int64_t hi)
+{
+	int64_t a = lo > n->group.shard_off ? lo : n->group.shard_off;
+	int64_t b = n->group.shard_off + n->group.shard_len;
+
+	b = hi < b ? hi : b;
+	if (a >= b)
+		return 0;
+	return n->dev->ops->copy_d2d(n->dev, buf + (a - lo),
+				     native_slice(n, FAM_PARAMS) + (a - n->group.shard_off),
+				     (size_t)(b - a) * sizeof(float));
+}
+
+/* Post the gather of [lo, hi) into buf (the engine's device work first). */
+static int post_gather(struct native *n, float *buf, int64_t lo, int64_t hi, int64_t *ticket)
+{
+	int rc = copy_own_piece(n, buf, lo, hi);
+
+	if (rc == 0)
+		rc = n->dev->ops->sync(n->dev);
+	if (rc == 0)
+		*ticket = shard_comm_post(n->group.shard->comm, false, buf, lo, hi);
+	return rc;
+}
 
 int native_shard_gather(struct native *n, float *buf, int64_t lo, int64_t hi,
 			struct eng_error *err)
 {
-	struct dist *d = n->group.dist;
-	const struct device_ops *o = n->dev->ops;
-	const float *mine = native_slice(n, FAM_PARAMS);
-	int rc = 0;
+	int64_t t = 0;
+	int rc = post_gather(n, buf, lo, hi, &t);
 
-	FOR_PIECES(n, lo, hi, r, a, b) {
-		if (r == d->rank)
-			rc = o->copy_d2d(n->dev, buf + (a - lo), mine + (a - n->group.shard_off),
-					 (size_t)(b - a) * sizeof(float));
-		if (rc == 0)
-			rc = o->sync(n->dev);
-		if (rc == 0)
-			rc = d->ops->broadcast(d, buf + (a - lo), b - a, DIST_F32, (int)r, err);
-		if (rc)
-			break;
-	}
-	return rc < 0 && !err->code ? eng_fail(err, rc, "dist: gathering parameters failed")
-				    : rc;
+	if (rc)
+		return eng_fail(err, rc, "dist: copying this rank's parameters failed");
+	return shard_comm_wait(n->group.shard->comm, t, err);
 }
 
-/* Each piece of buf (the gradients of [lo, hi)) summed to its holder,
- * which adds the sum to its slice of the gradients. */
-static int reduce_range(struct native *n, float *buf, int64_t lo, int64_t hi,
-			struct eng_error *err)
-{
-	struct dist *d = n->group.dist;
-	float *mine = native_slice(n, FAM_GRADS);
-	int rc = n->dev->ops->sync(n->dev);
-
-	FOR_PIECES(n, lo, hi, r, a, b) {
-		if (rc == 0)
-			rc = d->ops->reduce(d, buf + (a - lo), b - a, DIST_F32, (int)r, NULL, err);
-		if (rc == 0 && r == d->rank)
-			rc = n->dev->k->axpby(n->dev, mine + (a - n->group.shard_off), 1.0f,
-					      buf + (a - lo), 1.0f, b - a);
-		if (rc)
-			break;
-	}
-	return rc < 0 && !err->code ? eng_fail(err, rc, "dist: reducing gradients failed") : rc;
-}
-
-static int gather_part(struct native *n, int64_t p, struct eng_error *err)
+/* Part p's weights in its buffer: gathered, or being gathered (ticket). */
+static int start_gather(struct native *n, int64_t p, struct eng_error *err)
 {
 	struct native_shard *s = n->group.shard;
 	int i = w_index(s, p), rc;
@@ -284,18 +286,78 @@ static int gather_part(struct native *n, int64_t p, struct eng_error *err)
 	if (s->held[i] == p)
 		return 0;
 	s->held[i] = -1;
-	rc = native_shard_gather(n, s->w[i], s->range[p][0], s->range[p][1], err);
-	if (rc == 0)
-		s->held[i] = p;
+	rc = post_gather(n, s->w[i], s->range[p][0], s->range[p][1], &s->w_ticket[i]);
+	if (rc)
+		return eng_fail(err, rc, "dist: copying this rank's parameters failed");
+	s->held[i] = p;
+	return 0;
+}
+
+/* Part p's weights there now. */
+static int have_weights(struct native *n, int64_t p, struct eng_error *err)
+{
+	struct native_shard *s = n->group.shard;
+	int i = w_index(s, p);
+	int rc = start_gather(n, p, err);
+
+	if (rc == 0 && s->w_ticket[i]) {
+		rc = shard_comm_wait(s->comm, s->w_ticket[i], err);
+		if (rc)
+			s->held[i] = -1;
+		else
+			s->w_ticket[i] = 0;
+	}
 	return rc;
 }
 
-static int zero_grads_of(struct native *n, int64_t p)
+/* Gradient buffer j's pending reduction done, and its sum (on the pieces
+ * this rank holds) added to this rank's slice of the gradients. */
+static int finish_reduce(struct native *n, int j, struct eng_error *err)
 {
 	struct native_shard *s = n->group.shard;
+	int64_t p = s->g_part[j], lo, hi, a, b;
+	int rc;
 
-	return n->dev->ops->memset0(n->dev, s->g[g_index(s, p)],
-				    (size_t)part_len(s, p) * sizeof(float));
+	if (p < 0)
+		return 0;
+	s->g_part[j] = -1;
+	rc = shard_comm_wait(s->comm, s->g_ticket[j], err);
+	if (rc)
+		return rc;
+	lo = s->range[p][0];
+	hi = s->range[p][1];
+	a = lo > n->group.shard_off ? lo : n->group.shard_off;
+	b = n->group.shard_off + n->group.shard_len;
+	b = hi < b ? hi : b;
+	if (a < b)
+		rc = n->dev->k->axpby(n->dev, native_slice(n, FAM_GRADS) + (a - n->group.shard_off),
+				      1.0f, s->g[j] + (a - lo), 1.0f, b - a);
+	return rc ? eng_fail(err, rc, "dist: adding the reduced gradients failed") : 0;
+}
+
+/* Gradient buffer of part p free (its last reduction finished) and zero. */
+static int fresh_grads(struct native *n, int64_t p, struct eng_error *err)
+{
+	struct native_shard *s = n->group.shard;
+	int j = g_index(s, p);
+	int rc = finish_reduce(n, j, err);
+
+	if (rc == 0 && (rc = n->dev->ops->memset0(n->dev, s->g[j], (size_t)part_len(s, p) *
+						  sizeof(float))))
+		rc = eng_fail(err, rc, "device: zeroing gradients failed");
+	return rc;
+}
+
+/* The part a pass uses after p (-1: none before the pass's end). */
+static int64_t next_part(const struct native_shard *s, int64_t p, bool backward)
+{
+	int64_t L = s->L;
+
+	if (!backward)
+		return p == LLAMA_PART_EMBED(L) ? 0 : p == LLAMA_PART_HEAD(L) ? -1 :
+		       p + 1 < L ? p + 1 : LLAMA_PART_HEAD(L);
+	return p == LLAMA_PART_HEAD(L) ? L - 1 : p == LLAMA_PART_EMBED(L) ? -1 :
+	       p > 0 ? p - 1 : LLAMA_PART_EMBED(L);
 }
 
 /* llama_model.part (llama.h). Errors are the group's: any failure here
@@ -304,28 +366,84 @@ static int part_hook(void *ctx, int64_t p, bool backward, bool end)
 {
 	struct native *n = ctx;
 	struct native_shard *s = n->group.shard;
-	int64_t head = LLAMA_PART_HEAD(s->L), embed = LLAMA_PART_EMBED(s->L);
+	int64_t head = LLAMA_PART_HEAD(s->L), embed = LLAMA_PART_EMBED(s->L), next;
 	struct eng_error *err = &n->group.shard_err;
 	int rc = 0;
 
 	if (!end) {
 		if (s->stage == 3) {
-			rc = gather_part(n, p, err);
+			rc = have_weights(n, p, err);
 			if (rc == 0 && p == head && s->tied)
-				rc = gather_part(n, embed, err);
+				rc = have_weights(n, embed, err);
+			/* the next part's weights come while this one computes
+			 * (its buffer's last user is done) */
+			next = next_part(s, p, backward);
+			if (rc == 0 && next >= 0)
+				rc = start_gather(n, next, err);
 		}
 		/* The part's gradient scratch starts at zero (a tied head's
 		 * is the embedding's, zeroed with the head's). */
 		if (rc == 0 && backward && !(p == embed && s->tied))
-			rc = zero_grads_of(n, p);
+			rc = fresh_grads(n, p, err);
 		if (rc == 0 && backward && p == head && s->tied)
-			rc = zero_grads_of(n, embed);
+			rc = fresh_grads(n, embed, err);
 	} else if (backward) {
-		rc = reduce_range(n, s->g[g_index(s, p)], s->range[p][0], s->range[p][1], err);
+		int j = g_index(s, p);
+
+		rc = n->dev->ops->sync(n->dev);
+		if (rc == 0) {
+			s->g_ticket[j] = shard_comm_post(s->comm, true, s->g[j], s->range[p][0],
+							 s->range[p][1]);
+			s->g_part[j] = p;
+		} else {
+			rc = eng_fail(err, rc, "device: gradients of a part failed");
+		}
 	}
 	if (rc)
 		n->group.dist->broken = true;
 	return rc;
+}
+
+int native_shard_drain(struct native *n, struct eng_error *err)
+{
+	struct native_shard *s = n->group.shard;
+	int rc = 0;
+
+	if (!s)
+		return 0;
+	for (int j = 0; j < G_COUNT; j++) {
+		int r = finish_reduce(n, j, err);
+
+		rc = rc ? rc : r;
+	}
+	if (rc == 0)
+		rc = shard_comm_drain(s->comm, err);
+	else
+		(void)shard_comm_drain(s->comm, NULL);
+	for (int i = 0; i < W_COUNT; i++) {
+		if (rc)
+			s->held[i] = -1;   /* a failed gather may have left it partial */
+		s->w_ticket[i] = 0;
+	}
+	return rc;
+}
+
+void native_shard_call_begin(struct native *n)
+{
+	struct native_sync_stats st;
+
+	if (!n->group.shard)
+		return;
+	shard_comm_stats(n->group.shard->comm, &st, true);
+	n->group.shard->pass_t0 = eng_now_s();
+}
+
+void native_shard_call_end(struct native *n)
+{
+	if (!n->group.shard)
+		return;
+	shard_comm_stats(n->group.shard->comm, &n->group.sync_last, false);
+	n->group.sync_last.pass_s = eng_now_s() - n->group.shard->pass_t0;
 }
 
 /* Gradients of the model bound to the scratch buffers, and with ZeRO-3
@@ -366,6 +484,8 @@ int native_shard_setup(struct native *n, struct eng_error *err)
 	rc = shard_ranges(n, s, err);
 	if (rc == 0)
 		rc = shard_alloc(n, s, err);
+	if (rc == 0)
+		rc = shard_comm_start(n, &s->comm, err);
 	return rc;
 }
 

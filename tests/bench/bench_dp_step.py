@@ -9,6 +9,13 @@ the split/merge. Two ways to reduce, interleaved round by round:
   step:     OptimizerStep reduce-scatters the gradients (after the backward);
   backward: the ForwardBackward reduces them to their owners bucket by
             bucket while its last backward pass runs (reduce_gradients).
+and the sharded stages (dist.zero_stage, the group re-initialized each
+round): ZeRO-2 (each part's gradients reduced as the backward finishes
+it) and ZeRO-3 (each part's weights gathered before the forward and the
+backward use it, the next one's while the current one computes), with
+the fraction of their collectives' time the calls did not wait for (the
+communication hidden behind compute: 1 - reduce_wait_s / reduce_s of
+GetStatus.dist, the ranks' worst).
 Medians of the steps after a warm-up, over --rounds rounds.
 
 --link-gbit R puts rank 1's daemon in a network namespace of its own,
@@ -131,9 +138,12 @@ def main():
                 one.forward_backward(ids[:half], lens[:a.seqs], loss="sft")
                 one.optimizer_step()
 
-            t = {"one": [], "step": [], "backward": []}
+            t = {"one": [], "step": [], "backward": [], 2: [], 3: []}
             waits, reduce_s, buckets = [], [], 0
+            hidden = {2: [], 3: []}
             for _ in range(a.rounds):
+                g.initialize(dist_timeout_s=600, dist_bucket_bytes=bucket, replace=True,
+                             **init)
                 t["one"] += timed_steps(one_step, a.steps)
                 t["step"] += timed_steps(group_step(False), a.steps)
                 t["backward"] += timed_steps(group_step(True), a.steps)
@@ -141,6 +151,12 @@ def main():
                 waits.append(max(s.reduce_wait_s for s in st))
                 reduce_s.append(max(s.reduce_s for s in st))
                 buckets = st[0].reduce_buckets
+                for stage in (2, 3):
+                    g.initialize(dist_timeout_s=600, dist_zero_stage=stage, replace=True,
+                                 **init)
+                    t[stage] += timed_steps(group_step(False), a.steps)
+                    st = [s.dist for s in g.get_status()]
+                    hidden[stage].append(min(1 - s.reduce_wait_s / s.reduce_s for s in st))
     finally:
         for d in ds:
             d.stop()
@@ -162,6 +178,11 @@ def main():
           % (buckets, statistics.median(reduce_s), statistics.median(waits)))
     print("reducing during the backward / in the step: %.3fx the step time"
           % (med["backward"] / med["step"]))
+    for stage in (2, 3):
+        print("2 ranks, ZeRO-%d:                             %.3f s per step  (%.3fx the "
+              "ZeRO-1 step); %.0f%% of its collectives' time hidden behind compute"
+              % (stage, med[stage], med[stage] / med["step"],
+                 100 * statistics.median(hidden[stage])))
 
 
 if __name__ == "__main__":

@@ -5,9 +5,9 @@ arithmetic for which model fits where, and the tests' reference.
 The state is fp32. A group of W ranks cuts the flat parameter table into
 W slices of ceil(P / W) floats: dist.zero_stage 1 shards the two AdamW
 moments, 2 the gradients too, 3 the parameters too. Stages 2 and 3 add
-the part buffers a pass works in: a layer's, the embedding's and the
-head's gradients (2, 3), and two layers', the embedding's and the head's
-weights (3). Activations come on top (Memory.activation_bytes)."""
+the part buffers a pass works in: two layers', the embedding's and the
+head's gradients (2, 3), and as many weights (3): a layer's collectives
+run while the next one computes. Activations come on top (Memory.activation_bytes)."""
 
 __all__ = ["rank_memory", "llama_parts"]
 
@@ -23,7 +23,7 @@ def rank_memory(P, W, stage, layer, embed, head):
     grads = 4 * (S if stage >= 2 and W > 1 else whole)
     parts = 0
     if W > 1 and stage >= 2:
-        parts += 4 * (layer + embed + head)
+        parts += 4 * (2 * layer + embed + head)
     if W > 1 and stage == 3:
         parts += 4 * (2 * layer + embed + head)
     return params, grads, 8 * S, parts
