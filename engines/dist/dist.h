@@ -67,9 +67,10 @@ struct dist_ops {
 	 * every other rank buf is zero afterwards (its part was handed to the
 	 * root). `after`: a device mark (device.h, mark) that the reduction
 	 * waits for before it reads buf, where the device runs its work on a
-	 * stream of its own (NULL: buf is ready now). The group's one call that
-	 * may run on another thread than the engine's: while it runs, no other
-	 * collective of the group may (native_grad_sync.c keeps that rule). */
+	 * stream of its own (NULL: buf is ready now). It and broadcast are
+	 * the calls that may run on another thread than the engine's: while
+	 * one runs, no other collective of the group may (native_grad_sync.c
+	 * and native_shard_comm.c keep that rule). */
 	int (*reduce)(struct dist *d, void *buf, int64_t count, enum dist_dtype t, int root,
 		      const void *after, struct eng_error *err);
 	int (*barrier)(struct dist *d, struct eng_error *err);
