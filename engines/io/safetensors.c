@@ -919,6 +919,9 @@ struct st_wentry {
 	uint64_t numel;
 	const void *data;     /* borrowed: fp32, or the stored dtype when raw */
 	bool raw;             /* data already in the stored dtype (st_writer_add_raw) */
+	/* st_writer_add_fill: the fp32 data made when it is written */
+	int (*fill)(void *ctx, float *dst, uint64_t numel, struct eng_error *err);
+	void *fill_ctx;
 };
 
 struct st_writer {
@@ -1212,6 +1215,22 @@ int st_writer_add(struct st_writer *w, const char *name, enum st_dtype stored,
 	return writer_add(w, name, stored, ndim, shape, data_f32, UINT64_MAX, err);
 }
 
+int st_writer_add_fill(struct st_writer *w, const char *name, enum st_dtype stored,
+		       int ndim, const int64_t *shape,
+		       int (*fill)(void *ctx, float *dst, uint64_t numel, struct eng_error *err),
+		       void *ctx, struct eng_error *err)
+{
+	/* the data pointer only passes writer_add's check: fill makes it */
+	int rc = writer_add(w, name, stored, ndim, shape, (const void *)1, UINT64_MAX, err);
+
+	if (rc == 0) {
+		w->e[w->n - 1].data = NULL;
+		w->e[w->n - 1].fill = fill;
+		w->e[w->n - 1].fill_ctx = ctx;
+	}
+	return rc;
+}
+
 int st_writer_add_raw(struct st_writer *w, const char *name, enum st_dtype stored,
 		      int ndim, const int64_t *shape, const void *data, uint64_t nbytes,
 		      struct eng_error *err)
@@ -1359,12 +1378,27 @@ int st_writer_finish(struct st_writer *w, uint64_t *ret_bytes,
 		hlen++;
 	}
 	for (i = 0; !rc && i < w->n; i++) {
-		const struct st_wentry *e = &w->e[i];
+		struct st_wentry filled = w->e[i];
+		const struct st_wentry *e = &filled;
+		float *made = NULL;
 
+		if (filled.fill) {
+			/* one such tensor in memory at a time */
+			made = malloc(filled.numel ? filled.numel * sizeof(float) : 1);
+			rc = made ? filled.fill(filled.fill_ctx, made, filled.numel, err)
+				  : eng_fail(err, -ENOMEM, "%s: tensor '%s': no memory", w->path,
+					     filled.name);
+			if (rc) {
+				free(made);
+				break;
+			}
+			filled.data = made;
+		}
 		if (e->dtype == ST_F32 || e->raw)
 			rc = out_write(&o, e->data, e->numel * st_dtype_size(e->dtype));
 		else
 			rc = out_write16(&o, e);
+		free(made);
 		data_bytes += (uint64_t)e->numel * st_dtype_size(e->dtype);
 		if (!rc && w->progress)
 			w->progress(w->progress_ctx, data_bytes);

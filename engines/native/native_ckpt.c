@@ -29,11 +29,14 @@ void native_ckpt_file_progress(void *ctx, uint64_t data_bytes)
 }
 
 /* Write one safetensors file holding the table's tensors of `nfam` state
- * families (data[f], names prefixed by prefix[f]) and record it. */
+ * families (data[f], names prefixed by prefix[f]) and record it. data[f]
+ * NULL: the parameters of a ZeRO-3 rank 0, each tensor gathered from the
+ * group as the file is written (native_group_fetch_tensor). */
 static int write_families(struct native *n, struct ckpt_writer *w, const char *file,
 			  int nfam, const char *const *prefix, const float *const *data,
 			  struct native_ckpt_progress *pr, struct eng_error *err)
 {
+	struct native_fetch *fetch = NULL;
 	struct st_writer *sw;
 	uint64_t bytes, xxh;
 	char name[160];
@@ -42,25 +45,35 @@ static int write_families(struct native *n, struct ckpt_writer *w, const char *f
 	rc = st_writer_new_at(ckpt_writer_dirfd(w), file, ckpt_writer_path(w, file), &sw, err);
 	if (rc)
 		return rc;
-	for (int f = 0; f < nfam; f++) {
+	for (int f = 0; f < nfam && !rc; f++) {
+		if (!data[f] && !(fetch = calloc((size_t)n->table.count, sizeof(*fetch))))
+			rc = eng_fail(err, -ENOMEM, "checkpoint: out of memory");
 		for (int64_t i = 0; i < n->table.count && !rc; i++) {
 			const struct param_entry *p = &n->table.entries[i];
 
 			snprintf(name, sizeof(name), "%s%s", prefix[f], p->name);
-			rc = st_writer_add(sw, name, ST_F32, p->ndim, p->shape,
-					   data[f] + p->offset, err);
+			if (data[f]) {
+				rc = st_writer_add(sw, name, ST_F32, p->ndim, p->shape,
+						   data[f] + p->offset, err);
+				continue;
+			}
+			fetch[i] = (struct native_fetch){ n, i };
+			rc = st_writer_add_fill(sw, name, ST_F32, p->ndim, p->shape,
+						native_group_fetch_tensor, &fetch[i], err);
 		}
 	}
 	if (rc == 0)
 		rc = st_writer_meta(sw, "format", "pt", err);
 	if (rc) {
 		st_writer_abort(sw);
+		free(fetch);
 		return rc;
 	}
 	pr->file = file;
 	native_ckpt_file_progress(pr, 0);
 	st_writer_set_progress(sw, native_ckpt_file_progress, pr);
 	rc = st_writer_finish(sw, &bytes, &xxh, err);
+	free(fetch);
 	pr->base += (int64_t)nfam * n->table.total * (int64_t)sizeof(float);
 	if (rc)
 		return rc;
@@ -80,7 +93,8 @@ int native_ckpt_write_model(struct native *n, struct ckpt_writer *w,
 				   strlen(cfg), err)
 		 : eng_fail(err, -ENOMEM, "checkpoint: out of memory");
 	free(cfg);
-	if (rc == 0)
+	data[0] = NULL;            /* ZeRO-3: gathered tensor by tensor */
+	if (rc == 0 && !native_shard_params(n))
 		rc = native_family_read(n, FAM_PARAMS, &data[0], &owned, err);
 	if (rc == 0)
 		rc = write_families(n, w, native_model_file(n), 1, prefix, data, pr, err);
@@ -137,9 +151,6 @@ int native_save_checkpoint(struct engine *e, const char *dir, int64_t global_ste
 	if (n->frozen)
 		return eng_fail(err, -ENOSYS, "SaveCheckpoint: checkpoints of a frozen base are "
 				"not built yet (its weights never change)");
-	rc = native_refuse_sharded(n, 3, "SaveCheckpoint", err);
-	if (rc)
-		return rc;
 	if (n->group.dist)
 		return native_group_save(e, n, dir, global_step, max_to_keep, contents, ret_bytes,
 					 err);
@@ -348,9 +359,6 @@ int native_load_checkpoint(struct engine *e, const char *dir, unsigned contents,
 	if (n->frozen)
 		return eng_fail(err, -ENOSYS, "LoadCheckpoint: checkpoints of a frozen base are "
 				"not built yet (Initialize it from the model directory)");
-	rc = native_refuse_sharded(n, 3, "LoadCheckpoint", err);
-	if (rc)
-		return rc;
 	if (n->group.dist)
 		return native_group_load(e, n, dir, contents, ret_global_step, err);
 	rc = native_load_open(e, n, dir, contents, NULL, 0, n->table.total, true, &L, err);

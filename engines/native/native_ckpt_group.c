@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "../checkpoint/checkpoint.h"
+#include "io/safetensors.h"
 
 enum { TEMP_NAME_MAX = 256 };
 
@@ -52,6 +53,106 @@ struct load_header {           /* rank 0 -> every rank */
 static int64_t slice_of(const struct native *n, int r)
 {
 	return (int64_t)r * n->group.shard_len;
+}
+
+/* --- ZeRO-3's parameters ----------------------------------------------- */
+
+/* Rank 0's next tensor index to every rank (-1: no more). */
+static int announce(struct native *n, int64_t *i, struct eng_error *err)
+{
+	return native_dist_bcast_words(n, i, sizeof(*i), err);
+}
+
+int native_group_fetch_tensor(void *ctx, float *dst, uint64_t numel, struct eng_error *err)
+{
+	struct native_fetch *f = ctx;
+	struct native *n = f->n;
+	int64_t i = f->i;
+	const float *d;
+	int rc = announce(n, &i, err);
+
+	if (rc == 0)
+		rc = native_shard_tensor(n, f->i, &d, err);
+	if (rc == 0 && (rc = n->dev->ops->copy_d2h(n->dev, dst, d, numel * sizeof(float))) == 0)
+		rc = n->dev->ops->sync(n->dev);
+	return rc < 0 && !err->code ? eng_fail(err, rc, "%s: copy from device failed",
+					       n->table.entries[f->i].name) : rc;
+}
+
+/* The other side of a ZeRO-3 model file: every rank but 0 gathers the
+ * tensors rank 0 names until it says there are no more; rank 0 says so
+ * (done), whether its file was written or not. */
+static int serve_fetches(struct native *n, struct eng_error *err)
+{
+	const float *d;
+	int64_t i;
+	int rc;
+
+	if (n->group.dist->rank == 0) {
+		i = -1;
+		return announce(n, &i, err);
+	}
+	for (;;) {
+		rc = announce(n, &i, err);
+		if (rc || i < 0)
+			return rc;
+		if (i >= n->table.count)
+			return eng_fail(err, -EIO, "SaveCheckpoint: rank 0 named tensor %lld of %lld",
+					(long long)i, (long long)n->table.count);
+		rc = native_shard_tensor(n, i, &d, err);
+		if (rc)
+			return rc;
+	}
+}
+
+/* ZeRO-3's load of the parameters: rank 0 reads each tensor whole and
+ * broadcasts it (after its read's code, so a failure stops every rank at
+ * the same tensor); every rank keeps its slice's part, staged, and
+ * replaces its slice only once every tensor came. */
+static int load_sliced_params(struct native *n, struct native_load *L, struct eng_error *err)
+{
+	float *slice = calloc((size_t)n->group.shard_len, sizeof(float)), *buf = NULL;
+	int me = n->group.dist->rank, rc = 0;
+
+	for (int64_t i = 0; i < n->table.count && rc == 0; i++) {
+		const struct param_entry *p = &n->table.entries[i];
+		float *nb = realloc(buf, (size_t)p->numel * sizeof(float));
+		int64_t code = 0, a, b;
+
+		if (!nb || !slice) {
+			/* no buffer to take part with: the peers time out */
+			n->group.dist->broken = true;
+			rc = eng_fail(err, -ENOMEM, "LoadCheckpoint: out of host memory for %s; "
+				      "the group is broken", p->name);
+			break;
+		}
+		buf = nb;
+		if (me == 0) {
+			code = st_reader_read_f32(L->model, p->name, buf, p->numel, err);
+			L->pr.base += p->numel * (int64_t)sizeof(float);
+			if (code == 0)
+				native_ckpt_file_progress(&L->pr, 0);
+		}
+		rc = native_dist_bcast_words(n, &code, sizeof(code), err);
+		if (rc == 0 && code)
+			rc = me == 0 ? (int)code
+				     : eng_fail(err, native_dist_peer_code(code), "LoadCheckpoint: "
+						"rank 0 could not read %s (%s); the group is "
+						"inconsistent: load again", p->name,
+						eng_strerror(native_dist_peer_code(code)));
+		if (rc == 0)
+			rc = native_dist_bcast_host(n, buf, (size_t)p->numel * sizeof(float), 0, err);
+		native_shard_held(n, i, &a, &b);
+		if (rc == 0 && a < b)
+			memcpy(slice + (a - n->group.shard_off), buf + (a - p->offset),
+			       (size_t)(b - a) * sizeof(float));
+	}
+	if (rc == 0)
+		rc = native_family_write(n, FAM_PARAMS, slice, err);
+	native_shard_invalidate(n);
+	free(buf);
+	free(slice);
+	return rc;
 }
 
 /* --- save ---------------------------------------------------------------- */
@@ -245,6 +346,14 @@ int native_group_save(struct engine *e, struct native *n, const char *dir,
 		mine.rc = native_ckpt_write_model(n, s.w, &s.pr, err);
 		if (mine.rc == 0)
 			mine.rc = native_ckpt_cancelled(e, "model.safetensors", err);
+	}
+	/* ZeRO-3: the model file's tensors were gathered from every rank (a
+	 * gather failing broke the group: the exchange below says so) */
+	if ((contents & CKPT_MODEL) && native_shard_params(n)) {
+		struct eng_error served = {0};
+
+		if (serve_fetches(n, me == 0 ? &served : err) && me != 0)
+			mine.rc = mine.rc ? mine.rc : err->code;
 	}
 	/* Exchange 3: every rank's outcome and shard; rank 0 commits. */
 	rc = native_dist_gather_host(n, s.all, &mine, sizeof(mine), err);
@@ -445,7 +554,11 @@ int native_group_load(struct engine *e, struct native *n, const char *dir, unsig
 			goto out;
 	}
 	/* Exchange 4: rank 0's parameters. */
-	if (contents & CKPT_MODEL) {
+	if ((contents & CKPT_MODEL) && native_shard_params(n)) {
+		rc = load_sliced_params(n, &L, err);
+		if (rc)
+			goto out;
+	} else if (contents & CKPT_MODEL) {
 		if (me == 0)
 			model_rc = native_load_model(n, &L, err);
 		rc = native_dist_bcast_words(n, &model_rc, sizeof(model_rc), err);

@@ -314,6 +314,14 @@ int native_load_apply(struct engine *e, struct native *n, unsigned contents,
 /* native_ckpt_group.c: SaveCheckpoint / LoadCheckpoint on every rank of a
  * group. dir is NULL on a rank other than 0 that cannot reach the
  * checkpoint's directory (rank 0 then writes or reads its part). */
+/* ZeRO-3's model file: rank 0 names each tensor in turn (a broadcast of
+ * its index) and every rank gathers it (native_shard_tensor); fetch_tensor
+ * is rank 0's st_writer_add_fill callback (ctx a struct native_fetch). */
+struct native_fetch {
+	struct native *n;
+	int64_t i;
+};
+int native_group_fetch_tensor(void *ctx, float *dst, uint64_t numel, struct eng_error *err);
 int native_group_save(struct engine *e, struct native *n, const char *dir,
 		      int64_t global_step, int max_to_keep, unsigned contents,
 		      size_t *ret_bytes, struct eng_error *err);

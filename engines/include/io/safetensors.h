@@ -99,6 +99,15 @@ int st_writer_add(struct st_writer *w, const char *name, enum st_dtype stored,
 int st_writer_add_raw(struct st_writer *w, const char *name, enum st_dtype stored,
 		      int ndim, const int64_t *shape, const void *data, uint64_t nbytes,
 		      struct eng_error *err);
+/* The same with the fp32 data made by fill(ctx, dst[numel]) when
+ * st_writer_finish writes the tensor (in the file's order; one such
+ * tensor in memory at a time): a tensor that is never whole in memory
+ * before, e.g. gathered from a group's ranks. fill's failure fails the
+ * finish. */
+int st_writer_add_fill(struct st_writer *w, const char *name, enum st_dtype stored,
+		       int ndim, const int64_t *shape,
+		       int (*fill)(void *ctx, float *dst, uint64_t numel, struct eng_error *err),
+		       void *ctx, struct eng_error *err);
 int st_writer_meta(struct st_writer *w, const char *key, const char *value,
 		   struct eng_error *err);
 int st_writer_finish(struct st_writer *w, uint64_t *ret_bytes,
