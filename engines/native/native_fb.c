@@ -327,8 +327,14 @@ static int sharded_passes(struct native *n, struct llama_model *m, const struct 
 		}
 		/* the previous backward's last reductions ran behind this
 		 * forward; the agreement is the engine thread's collective */
-		if (rc == 0)
-			rc = shard_pass_error(n, native_shard_drain(n, &n->group.shard_err), err);
+		{
+			/* drained whatever this rank's forward did: the comm
+			 * thread must be idle before this thread's collective */
+			int drained = native_shard_drain(n, &n->group.shard_err);
+
+			rc = rc ? rc : shard_pass_error(n, drained, err);
+			eng_error_clear(&n->group.shard_err);
+		}
 		rc = native_dist_agree(n, rc, "ForwardBackward", err);
 		if (rc || b->forward_only)
 			continue;

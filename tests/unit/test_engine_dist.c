@@ -67,9 +67,14 @@ static void init_config(struct engine_init_config *cfg)
 	cfg->max_tokens_per_micro_batch = 8;
 }
 
+/* The dist.zero_stage the ranks of the next run_group form their group
+ * with (0: not given, ZeRO-1); set before the fork, so each rank has it. */
+static int zero_stage;
+
 static void dist_config(struct engine_init_config *cfg, const struct dist_group_id *id,
 			int rank, int W, double timeout_s)
 {
+	cfg->dist.zero_stage = zero_stage;
 	cfg->dist.rank = rank;
 	cfg->dist.world_size = W;
 	cfg->dist.id = *id;
@@ -491,26 +496,45 @@ static void run_rank_refused(const struct dist_group_id *id, int rank, int W)
 	dist_config(&cfg, id, rank, W, 60);
 	CHILD_CHECK(engine_create(&cfg, &e, &err) == 0, "engine_create: %s", err.msg);
 	CHILD_CHECK(fb_range(e, 0, s0, s1, (float)W, false, &err) == 0, "fb: %s", err.msg);
-	grads = state_digest(e, true);
+	/* With the gradients sharded (zero_stage 2, 3) they cannot be read
+	 * whole: the step's norm below against one engine shows them. */
+	grads = zero_stage >= 2 ? 0 : state_digest(e, true);
 
 	rc = fb_call(e, 1, s0, s1, (float)W, false, &bad, &err);
 	CHILD_CHECK(rc == -EINVAL && strstr(err.msg, rank == 0 ? "vocab" : "failed on rank 0"),
 		    "bad id: %d %s", rc, err.msg);
 	eng_error_clear(&err);
-	CHILD_CHECK(state_digest(e, true) == grads, "gradients changed by a refused call");
+	CHILD_CHECK(zero_stage >= 2 || state_digest(e, true) == grads,
+		    "gradients changed by a refused call");
 
 	rc = fb_call(e, 1, s0, s1, (float)W, false, &late, &err);
 	CHILD_CHECK(rc == -EINVAL && (rank == W - 1 ? strstr(err.msg, "refused") != NULL :
 				      strstr(err.msg, "failed on rank") != NULL),
 		    "late failure: %d %s", rc, err.msg);
 	eng_error_clear(&err);
-	CHILD_CHECK(state_digest(e, true) == grads, "gradients changed by a failed call");
+	CHILD_CHECK(zero_stage >= 2 || state_digest(e, true) == grads,
+		    "gradients changed by a failed call");
 	engine_status(e, &st);
 	CHILD_CHECK(!st.dist_broken && st.accumulated_calls == 1, "status after refusals");
 
 	CHILD_CHECK(fb_call(e, 1, s0, s1, (float)W, false, &red, &err) == 0, "fb: %s", err.msg);
 	CHILD_CHECK(engine_optimizer_step(e, &sr, &err) == 0 && sr.step == 1, "step: %s",
 		    err.msg);
+	if (zero_stage >= 2) {
+		/* The two calls that succeeded, and nothing of the refused ones:
+		 * the norm of one engine fed both batches whole. */
+		struct engine *ref = NULL;
+		struct engine_step_result rr;
+
+		init_config(&cfg);
+		CHILD_CHECK(engine_create(&cfg, &ref, &err) == 0, "reference: %s", err.msg);
+		CHILD_CHECK(fb_range(ref, 0, 0, NSEQ, 1.0f, false, &err) == 0 &&
+			    fb_range(ref, 1, 0, NSEQ, 1.0f, false, &err) == 0 &&
+			    engine_optimizer_step(ref, &rr, &err) == 0, "reference: %s", err.msg);
+		CHILD_CHECK(fabs(sr.grad_norm - rr.grad_norm) <= 1e-5 * rr.grad_norm,
+			    "grad norm %.9g, one engine %.9g", sr.grad_norm, rr.grad_norm);
+		engine_destroy(ref);
+	}
 	engine_destroy(e);
 	_exit(0);
 }
@@ -574,6 +598,30 @@ END_TEST
 START_TEST(three_ranks_equal_one_engine)
 {
 	equivalence(3);
+}
+END_TEST
+
+/* dist.zero_stage 2 and 3 (native_shard.c): the same equivalence, the
+ * ranks running unequal numbers of 8-token micro-batches (5 + 3 tokens
+ * against 7, 4, 5 at W = 2), and the same refusals (up front, and a loss
+ * failing in a later micro-batch after earlier ones were reduced). */
+START_TEST(sharded_ranks_equal_one_engine)
+{
+	for (zero_stage = 2; zero_stage <= 3; zero_stage++) {
+		equivalence(2);
+		equivalence(3);
+	}
+	zero_stage = 0;
+}
+END_TEST
+
+START_TEST(sharded_refused_on_one_rank)
+{
+	for (zero_stage = 2; zero_stage <= 3; zero_stage++) {
+		run_group(2, run_rank_refused);
+		run_group(3, run_rank_refused);
+	}
+	zero_stage = 0;
 }
 END_TEST
 
@@ -733,6 +781,8 @@ int main(void)
 	tcase_add_test(tc, reduce_in_backward_two_ranks);
 	tcase_add_test(tc, reduce_in_backward_three_ranks);
 	tcase_add_test(tc, reduce_refused_on_one_rank);
+	tcase_add_test(tc, sharded_ranks_equal_one_engine);
+	tcase_add_test(tc, sharded_refused_on_one_rank);
 	tcase_add_test(tc, rank_never_arrives);
 	tcase_add_test(tc, rank_dies);
 	tcase_add_test(tc, reduce_rank_dies);
