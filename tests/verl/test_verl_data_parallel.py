@@ -53,12 +53,13 @@ def cfg():
     return vb.actor_config(clip_ratio_high=0.28, use_kl_loss=True, kl_loss_coef=0.1)
 
 
-def engine(addresses, tmp, lora=False):
+def engine(addresses, tmp, lora=False, zero_stage=None):
     lora_kw = dict(lora_rank=8, lora_alpha=16) if lora else {}
     eng = EngineRegistry.new(
         model_type="language_model", backend="engined",
         model_config=vb.model_config(tmp, **lora_kw),
-        engine_config=vb.engine_config(addresses, collective_timeout_s=60),
+        engine_config=vb.engine_config(addresses, collective_timeout_s=60,
+                                       zero_stage=zero_stage),
         optimizer_config=vb.optimizer_config(), checkpoint_config=CheckpointConfig())
     eng.initialize()
     return eng
@@ -90,11 +91,13 @@ def references(daemons):
     return get
 
 
-@pytest.mark.parametrize("lora", [False, True])
-def test_one_verl_process_drives_an_engine_group(daemons, references, lora):
+@pytest.mark.parametrize("lora,zero_stage", [(False, None), (True, None), (False, 3)])
+def test_one_verl_process_drives_an_engine_group(daemons, references, lora, zero_stage):
+    """zero_stage 3: the parameters sharded across the two daemons, the
+    weights streamed with every rank gathering each tensor."""
     want, loss, norm = references(lora)
     with tempfile.TemporaryDirectory() as tmp:
-        eng = engine([daemons[1].addr, daemons[2].addr], tmp, lora)
+        eng = engine([daemons[1].addr, daemons[2].addr], tmp, lora, zero_stage)
         assert eng.get_data_parallel_size() == 1
         got, gloss, gnorm = one_update(eng, functools.partial(ppo_loss, config=cfg()))
         st = eng.daemon.get_status()

@@ -350,6 +350,7 @@ class _GroupBase:
         self.clients = [self._client_class(a, **client_kwargs) for a in self.addresses]
         self.group_id = None
         self.backend = None
+        self.zero_stage = 1   # initialize's dist_zero_stage
 
     def _check_init(self, init_kwargs):
         if "dist" in init_kwargs:
@@ -390,6 +391,7 @@ class _GroupBase:
         dist_zero_stage (1, 2 or 3: what the ranks shard; None: 1)}.
         Returns rank 0's InitializeResult (the ranks must agree)."""
         self._check_init(init_kwargs)
+        self.zero_stage = dist_zero_stage or 1
         rid = request_id or new_request_id()
         if self.world_size == 1:
             return self._run("Initialize", lambda c, r: c.initialize(
@@ -587,13 +589,43 @@ class EngineGroup(_GroupBase):
     def stream_weights(self, dtype="float32", names=None, bucket_bytes=0, timeout=None,
                        as_torch=False, adapter="", adapter_view="adapter"):
         """EngineClient.stream_weights of rank 0 (every rank holds the full
-        parameters); a failure raises GroupError naming rank 0."""
+        parameters); a failure raises GroupError naming rank 0. With
+        dist_zero_stage 3 each tensor is gathered from every rank, so every
+        rank streams the same tensors at once: the other ranks' streams are
+        read (and dropped) on threads beside rank 0's, and all are read to
+        their end even when the caller stops early (a rank left behind
+        would hold the others in a gather until the group's timeout)."""
+        kw = dict(dtype=dtype, names=names, bucket_bytes=bucket_bytes, timeout=timeout,
+                  adapter=adapter, adapter_view=adapter_view)
+        others = []
+        if self.zero_stage == 3 and self.world_size > 1:
+            def drain(c):
+                for _ in c.stream_weights(**kw):
+                    pass
+            pool = concurrent.futures.ThreadPoolExecutor(
+                self.world_size - 1, thread_name_prefix="engined-gather")
+            others = [pool.submit(drain, c) for c in self.clients[1:]]
+            pool.shutdown(wait=False)
+        stream = self.clients[0].stream_weights(as_torch=as_torch, **kw)
+        errors = {}
         try:
-            yield from self.clients[0].stream_weights(
-                dtype=dtype, names=names, bucket_bytes=bucket_bytes, timeout=timeout,
-                as_torch=as_torch, adapter=adapter, adapter_view=adapter_view)
+            yield from stream
         except EngineError as e:
-            raise GroupError("GetPerTensorParam", {0: e}, self.addresses) from None
+            errors[0] = e
+        finally:
+            if others:
+                try:
+                    for _ in stream:   # the caller stopped early: finish rank 0's
+                        pass
+                except EngineError as e:
+                    errors.setdefault(0, e)
+            for r, f in enumerate(others, 1):
+                try:
+                    f.result()
+                except EngineError as e:
+                    errors[r] = e
+        if errors:
+            raise GroupError("GetPerTensorParam", errors, self.addresses) from None
 
 
 class AsyncEngineGroup(_GroupBase):
@@ -637,6 +669,10 @@ class AsyncEngineGroup(_GroupBase):
 
     async def stream_weights(self, dtype="float32", names=None, bucket_bytes=0,
                              timeout=None, as_torch=False, adapter="", adapter_view="adapter"):
+        if self.zero_stage == 3 and self.world_size > 1:
+            raise NotImplementedError("stream_weights of an AsyncEngineGroup with "
+                                      "dist_zero_stage 3 (every rank must stream at once): "
+                                      "use EngineGroup, or each rank's client at once")
         try:
             async for item in self.clients[0].stream_weights(
                     dtype=dtype, names=names, bucket_bytes=bucket_bytes, timeout=timeout,

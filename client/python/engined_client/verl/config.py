@@ -38,6 +38,12 @@ their meaning; the rest say where the daemons are and what they load:
                     per-call deadline, retries of UNAVAILABLE /
                     DEADLINE_EXCEEDED (same request id: exactly once), and
                     the data-parallel group's collective timeout.
+  zero_stage        what the daemons' group shards (DistConfig.zero_stage:
+                    1 the optimizer state, the default; 2 the gradients
+                    too; 3 the parameters too, verl's FSDP). With 3 the
+                    weights go by the stream (a share needs them whole),
+                    every rank reading it at once, as FSDP's full tensors
+                    need every rank.
 
 dtype is the matmul precision: "bfloat16" (verl's default) makes the
 daemon multiply in bf16 with fp32 accumulation and fp32 master weights
@@ -80,6 +86,7 @@ class EnginedEngineConfig(EngineConfig):
     timeout_s: Optional[float] = None
     retries: int = 3
     collective_timeout_s: Optional[float] = None
+    zero_stage: Optional[int] = None
 
     def __post_init__(self):
         super().__post_init__()
@@ -96,6 +103,8 @@ class EnginedEngineConfig(EngineConfig):
         if self.weight_transport not in ("auto", "share", "stream"):
             raise ValueError(f"weight_transport: {self.weight_transport!r}: 'auto', 'share' "
                              "or 'stream'")
+        if self.zero_stage not in (None, 1, 2, 3):
+            raise ValueError(f"zero_stage: {self.zero_stage!r}: 1, 2 or 3")
         if self.model_path and self.preset:
             raise ValueError("model_path and preset: give one of them")
 

@@ -55,7 +55,8 @@ _log = logging.getLogger(__name__)
 # runs on another host (its socket path is not here), or its socket's
 # group leaves this user out. weight_transport "auto" then streams.
 _NO_SHARE = {grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE,
-             grpc.StatusCode.PERMISSION_DENIED}
+             grpc.StatusCode.PERMISSION_DENIED,
+             grpc.StatusCode.UNIMPLEMENTED}   # zero_stage 3: no whole copy to share
 
 
 def _codes(e):
@@ -179,7 +180,8 @@ class EnginedEngine(BaseEngine):
         if self.world > 1:
             self._initialize_rank(kw)
         else:
-            self.daemon.initialize(dist_timeout_s=ec.collective_timeout_s, **kw)
+            self.daemon.initialize(dist_timeout_s=ec.collective_timeout_s,
+                                   dist_zero_stage=ec.zero_stage, **kw)
         if self.lora is not None:
             # The adapter's optimizer and schedule are the base engine's
             # (Initialize's, above).
@@ -201,6 +203,8 @@ class EnginedEngine(BaseEngine):
         dist = {"rank": self.rank, "world_size": self.world, "group_id": box[0]}
         if self.engine_config.collective_timeout_s is not None:
             dist["timeout_s"] = float(self.engine_config.collective_timeout_s)
+        if self.engine_config.zero_stage is not None:
+            dist["zero_stage"] = int(self.engine_config.zero_stage)
         self.daemon.initialize(dist=dist, **kw)
 
     # --- optimizer ------------------------------------------------------------
@@ -342,8 +346,8 @@ class EnginedEngine(BaseEngine):
 
     def get_per_tensor_param_shard(self, **kwargs):
         raise NotImplementedError(
-            "engined keeps the parameters whole on every rank (ZeRO-1 shards only the "
-            "optimizer state), so it has no parameter shards to export: use "
+            "engined exports whole tensors only: with zero_stage 1 and 2 every rank holds "
+            "them, with 3 each is gathered from the ranks as it streams; use "
             "get_per_tensor_param")
 
     def get_per_tensor_param_delta_shard(self, **kwargs):
