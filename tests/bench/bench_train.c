@@ -3,7 +3,7 @@
  *
  * Usage: bench_train [--steps N] [--tokens T] [--seqs S] [--micro-batch-tokens M]
  *                    [--bf16] [--threads K] [--layers L] [--vocab V]
- *                    [--lm-tile F]
+ *                    [--lm-tile F] [--recompute]
  *
  * Model: vocab 151936, hidden 896, intermediate 4864, 24 layers, 14 heads /
  * 2 kv heads (head_dim 64), qwen2 (q/k/v bias), tied embeddings, rope_theta
@@ -38,6 +38,12 @@
  * reported. Peak RSS is getrusage's ru_maxrss of this
  * process (both phases; the training phase dominates).
  *
+ * --recompute: activation recompute (ForwardBackwardRequest.
+ * activation_recompute) against none in the same run, the training steps
+ * alternating between them (each with its warm-up): the step time ratio
+ * (recomputing / not) and each one's activation bytes (GetStatus's
+ * Memory.activation_bytes, the arena the call reserved).
+ *
  * Prints a human-readable summary and one JSON line (the last line).
  */
 #include <getopt.h>
@@ -62,6 +68,7 @@ struct opts {
 	int layers;
 	int64_t vocab;
 	int64_t lm_tile;     /* the engine's lm_tile_floats (0: its default) */
+	bool recompute;      /* alternate recompute on and off (above) */
 };
 
 /* Mean SFT loss: dL/dlogp = -1/T at every predicted token. */
@@ -86,7 +93,8 @@ static int sft_loss(void *ctx, struct engine_loss_io *io, struct eng_error *err)
 static void usage(const char *argv0)
 {
 	fprintf(stderr, "usage: %s [--steps N] [--tokens T] [--seqs S] [--micro-batch-tokens M] "
-		"[--bf16] [--threads K] [--layers L] [--vocab V] [--lm-tile F]\n", argv0);
+		"[--bf16] [--threads K] [--layers L] [--vocab V] [--lm-tile F] [--recompute]\n",
+		argv0);
 }
 
 static int parse_opts(int argc, char **argv, struct opts *o)
@@ -101,6 +109,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		{ "layers", required_argument, NULL, 'l' },
 		{ "vocab", required_argument, NULL, 'v' },
 		{ "lm-tile", required_argument, NULL, 'T' },
+		{ "recompute", no_argument, NULL, 'r' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -119,6 +128,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		case 'l': o->layers = atoi(optarg); break;
 		case 'v': o->vocab = atoll(optarg); break;
 		case 'T': o->lm_tile = atoll(optarg); break;
+		case 'r': o->recompute = true; break;
 		default: return -1;
 		}
 	}
@@ -128,6 +138,46 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		return -1;
 	if (o->mb_tokens == 0)
 		o->mb_tokens = o->tokens;
+	return 0;
+}
+
+/* --recompute: training steps alternating without and with activation
+ * recompute (a warm-up of each first); the medians, their ratio and each
+ * one's activation bytes. */
+static int recompute_compare(struct engine *e, struct engine_batch *b,
+			     struct engine_fb_result *res, const struct opts *o, double flops,
+			     struct eng_error *err)
+{
+	double t[2][64], med[2];
+	size_t act[2] = {0, 0};
+	int n = o->steps < 64 ? o->steps : 64;
+	struct engine_step_result sr;
+	struct engine_status st;
+
+	for (int s = -2; s < 2 * n; s++) {
+		int on = s & 1;
+		double t0 = now_s();
+		int rc;
+
+		b->activation_recompute = on ? ENGINE_RECOMPUTE_ON : ENGINE_RECOMPUTE_OFF;
+		rc = engine_forward_backward(e, b, res, err);
+		if (!rc)
+			rc = engine_optimizer_step(e, &sr, err);
+		if (rc)
+			return rc;
+		engine_status(e, &st);
+		act[on] = st.activation_bytes;
+		if (s >= 0)
+			t[on][s / 2] = now_s() - t0;
+		fprintf(stderr, "recompute %s: %.3f s\n", on ? "on " : "off", now_s() - t0);
+	}
+	b->activation_recompute = ENGINE_RECOMPUTE_DEFAULT;
+	med[0] = median(t[0], n);
+	med[1] = median(t[1], n);
+	printf("activation recompute: step %.3f s (%.1f GFLOP/s of model work) against %.3f s "
+	       "without: %.3fx; activations %.1f MiB against %.1f MiB (%.3fx)\n", med[1],
+	       flops / med[1] / 1e9, med[0], med[1] / med[0], act[1] / 1048576.0,
+	       act[0] / 1048576.0, (double)act[1] / (double)act[0]);
 	return 0;
 }
 
@@ -256,6 +306,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "train step %d: %.3f s (forward_backward %.3f s in %d micro-batches, "
 			"optimizer_step %.3f s), grad_norm %.4g\n", s + 1, now_s() - t0, t1 - t0,
 			res.num_micro_batches, now_s() - t1, sr.grad_norm);
+	}
+	if (o.recompute) {
+		rc = recompute_compare(e, &b, &res, &o, f_train, &err);
+		if (rc)
+			goto fail;
 	}
 	rc = engine_set_mode(e, ENGINE_MODE_EVAL, false, &err);
 	if (rc)
