@@ -6,6 +6,7 @@ stage 3 are refused by name. Skipped where the daemon has no Gloo."""
 import concurrent.futures as cf
 import os
 import shutil
+import signal
 
 import grpc
 import numpy as np
@@ -282,3 +283,25 @@ def test_stage_3_loads_each_slice_from_the_model_directory(dist_daemons):
                            seed=21, optimizer=INIT["optimizer"])
         for w in group_weights(g):
             assert all(np.array_equal(w[k], want[k]) for k in want)
+
+
+def test_stopped_rank_times_out_a_sharded_call(three_daemons):
+    """Rank 1 stopped (SIGSTOP: its sockets stay open, nothing answers):
+    rank 0's ZeRO-3 ForwardBackward answers DEADLINE_EXCEEDED within the
+    group's timeout, naming the collective, and the group is broken on
+    rank 0; rank 1, continued, serves and is re-formed with rank 0."""
+    ds = three_daemons
+    lens, b = step_batch(5)
+    with EngineGroup([d.addr for d in ds[:2]], timeout=120) as g:
+        initialize_or_skip(g, dist_timeout_s=3, dist_zero_stage=3, **INIT)
+        os.kill(ds[1].proc.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(EngineError) as e:
+                g.clients[0].forward_backward(b["ids"][:24], [24], loss="sft")
+            assert e.value.code() == SC.DEADLINE_EXCEEDED, e.value
+            assert g.clients[0].get_status().dist.broken
+        finally:
+            os.kill(ds[1].proc.pid, signal.SIGCONT)
+        g.initialize(dist_timeout_s=60, dist_zero_stage=3, replace=True, **INIT)
+        g.forward_backward(b["ids"], lens, loss="sft", loss_mask=b["loss_mask"])
+        assert g.optimizer_step().step == 1
