@@ -58,7 +58,7 @@ int native_view(struct native *n, enum native_fam f, int64_t i,
 		struct engine_param_view *ret, struct eng_error *err)
 {
 	const struct param_entry *p = &n->table.entries[i];
-	const float *h = native_family_host_ptr(n, f), *d = n->fam[f].dev + p->offset;
+	const float *h = native_family_host_ptr(n, f), *d = NULL;
 	const float *src;
 	bool sharded = native_family_len(n, f) != n->group.padded_total;
 
@@ -68,7 +68,12 @@ int native_view(struct native *n, enum native_fam f, int64_t i,
 		src = h + p->offset;
 	} else {
 		float *s = realloc(n->stage, p->numel * sizeof(float));
-		int rc = sharded ? native_shard_tensor(n, i, &d, err) : 0;
+		int rc = 0;
+
+		if (sharded)   /* a collective: before any local failure returns */
+			rc = native_shard_tensor(n, i, &d, err);
+		else
+			d = n->fam[f].dev + p->offset;   /* not host-readable: on the device */
 
 		if (rc)
 			return rc;
