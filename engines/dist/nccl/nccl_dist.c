@@ -368,16 +368,27 @@ static int nccl_all_gather(struct dist *d, void *out, const void *in, int64_t co
 						       n->comm, n->stream), err);
 }
 
+/* On the group's comm stream, complete when it returns: buf must be ready
+ * (the caller synchronized its writes). May run on a thread of its own
+ * (native_shard_comm.c, a ZeRO-3 layer's gather beside the engine's
+ * compute), which must first select the group's device. */
 static int nccl_broadcast(struct dist *d, void *buf, int64_t count, enum dist_dtype t, int root,
 			  struct eng_error *err)
 {
 	struct nccl_dist *n = (struct nccl_dist *)d;
 	int r = dist_rooted_check(d, "broadcast", buf, count, (int)t, root, NULL, err);
+	ncclResult_t res;
+	cudaError_t ce;
 
 	if (r)
 		return r < 0 ? r : 0;
-	return finish(n, "broadcast", nccl.broadcast(buf, buf, (size_t)count, nccl_type(t), root,
-						     n->comm, n->stream), err);
+	ce = cudaSetDevice(n->device);
+	if (ce != cudaSuccess)
+		return fail_cuda(n, "broadcast", ce, err);
+	res = nccl.broadcast(buf, buf, (size_t)count, nccl_type(t), root, n->comm, n->comm_stream);
+	if (res != ncclSuccess && res != ncclInProgress)
+		return fail_nccl(n, "broadcast", res, err);
+	return wait_done_on(n, "broadcast", true, n->comm_stream, err);
 }
 
 /* On the group's comm stream, after the engine's mark: the sum to the
