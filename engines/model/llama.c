@@ -564,17 +564,23 @@ static void part(struct llama_model *m, int64_t p, bool backward, bool end)
 		m->rc = m->part(m->part_ctx, p, backward, end);
 }
 
+int64_t llama_part_next(int64_t L, int64_t p, bool backward)
+{
+	/* forward: EMBED, 0 .. L-1, HEAD; backward: HEAD, L-1 .. 0, EMBED */
+	if (!backward)
+		return p < 0 ? LLAMA_PART_EMBED(L) : p == LLAMA_PART_EMBED(L) ? 0 :
+		       p == LLAMA_PART_HEAD(L) ? -1 : p + 1 < L ? p + 1 : LLAMA_PART_HEAD(L);
+	return p < 0 ? LLAMA_PART_HEAD(L) : p == LLAMA_PART_HEAD(L) ? L - 1 :
+	       p == LLAMA_PART_EMBED(L) ? -1 : p > 0 ? p - 1 : LLAMA_PART_EMBED(L);
+}
+
 int llama_walk_parts(struct llama_model *m, bool backward)
 {
 	int64_t L = m->cfg.num_layers;
 
 	m->rc = 0;
-	for (int64_t i = 0; i < L + 2; i++) {
-		/* forward: EMBED, 0 .. L-1, HEAD; backward: HEAD, L-1 .. 0, EMBED */
-		int64_t p = backward ? (i == 0 ? LLAMA_PART_HEAD(L) : i == L + 1 ?
-					LLAMA_PART_EMBED(L) : L - i)
-				     : (i == 0 ? LLAMA_PART_EMBED(L) : i - 1);
-
+	for (int64_t p = llama_part_next(L, -1, backward); p >= 0;
+	     p = llama_part_next(L, p, backward)) {
 		part(m, p, backward, false);
 		part(m, p, backward, true);
 	}

@@ -184,6 +184,10 @@ int llama_logits(struct llama_model *m, int64_t T, const int32_t *rows, int64_t 
 #define LLAMA_PART_HEAD(L) (L)
 #define LLAMA_PART_EMBED(L) ((L) + 1)
 
+/* The part a pass of L layers uses after part p (p < 0: its first; -1
+ * after its last), in the order above: the one place for that order. */
+int64_t llama_part_next(int64_t L, int64_t p, bool backward);
+
 /* The hooks (m->part) of a forward (backward false) or a backward pass in
  * their order, with no tokens and no kernels: a rank of a sharded group
  * with fewer micro-batches than its peers takes part in their gathers and

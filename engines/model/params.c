@@ -130,6 +130,11 @@ int64_t param_table_find(const struct param_table *t, const char *name)
 	return -1;
 }
 
+bool param_table_tied(const struct param_table *t)
+{
+	return param_table_find(t, "lm_head.weight") < 0 && param_table_find(t, "score.weight") < 0;
+}
+
 /* Point *slot at tensor `name` in base, which holds the table's elements
  * [lo, hi), when the tensor lies there; else leave *slot (NULL when the
  * model has no such tensor and the whole table is bound). */
@@ -156,8 +161,7 @@ void model_weights_bind(const struct param_table *t, const struct model_config *
 void model_weights_bind_range(const struct param_table *t, const struct model_config *cfg,
 			      float *base, int64_t lo, int64_t hi, struct model_weights *ret)
 {
-	bool tied = param_table_find(t, "lm_head.weight") < 0 &&
-		    param_table_find(t, "score.weight") < 0;
+	bool tied = param_table_tied(t);
 	char n[96];
 
 	at(t, base, lo, hi, "model.embed_tokens.weight", &ret->wte);

@@ -85,6 +85,8 @@ int param_table_append(struct param_table *t, int64_t *cap, const char *name, in
 
 /* Index of a name, or -1. */
 int64_t param_table_find(const struct param_table *t, const char *name);
+/* The LM head is the embedding (no lm_head.weight, not a value model). */
+bool param_table_tied(const struct param_table *t);
 
 /* Resolve pointers against `base` (a flat array of t->total floats).
  * ret->layers must point to an array of cfg->num_layers. */

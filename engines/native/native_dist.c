@@ -55,6 +55,11 @@ int64_t native_family_len(const struct native *n, enum native_fam f)
 	return n->group.padded_total;
 }
 
+bool native_family_sliced(const struct native *n, enum native_fam f)
+{
+	return native_family_len(n, f) != n->group.padded_total;
+}
+
 /* Sum a host double over the ranks (through a device scratch where the
  * device has its own memory). */
 static int sum_scalar(struct native *n, double *v, struct eng_error *err)

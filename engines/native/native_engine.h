@@ -235,6 +235,9 @@ void native_rebind(struct native *n);
 
 /* Floats of family f's allocation / of its meaningful part. */
 int64_t native_family_len(const struct native *n, enum native_fam f);
+/* Family f holds this rank's slice only (the moments in a group; with
+ * ZeRO-2/3 the gradients, with ZeRO-3 the parameters), not the table. */
+bool native_family_sliced(const struct native *n, enum native_fam f);
 /* This rank's slice [shard_off, shard_off + shard_len) of family f
  * (native_shard.c): inside a whole family, or the family itself. */
 float *native_slice(struct native *n, enum native_fam f);

@@ -297,6 +297,19 @@ static int shard_pass_error(struct native *n, int rc, struct eng_error *err)
 	return rc;
 }
 
+/* A rank's pass with no micro-batch of its own: its part of the group's
+ * gathers and reductions (llama_walk_parts). */
+static int walk_parts(struct native *n, struct llama_model *m, bool backward,
+		      struct eng_error *err)
+{
+	int rc = llama_walk_parts(m, backward);
+
+	if (rc)
+		rc = eng_fail(err, rc, "%s: %s", backward ? "backward" : "forward",
+			      eng_strerror(rc));
+	return shard_pass_error(n, rc, err);
+}
+
 /* The micro-batches of a call in a group that shards its gradients or
  * parameters (dist.zero_stage 2, 3): every rank runs `passes` of them
  * (the group's most; a rank with fewer walks its parts for the rest,
@@ -321,9 +334,7 @@ static int sharded_passes(struct native *n, struct llama_model *m, const struct 
 			mb_gather(b, plan, k, h);
 			rc = shard_pass_error(n, mb_forward(n, m, b, res, h, inv_temp, err), err);
 		} else if (native_shard_params(n)) {
-			rc = llama_walk_parts(m, false);
-			rc = shard_pass_error(n, rc ? eng_fail(err, rc, "forward: %s",
-							       eng_strerror(rc)) : 0, err);
+			rc = walk_parts(n, m, false, err);
 		}
 		/* the previous backward's last reductions ran behind this
 		 * forward; the agreement is the engine thread's collective */
@@ -341,9 +352,7 @@ static int sharded_passes(struct native *n, struct llama_model *m, const struct 
 		if (k < mine) {
 			rc = shard_pass_error(n, mb_backward(n, m, h, inv_temp, err), err);
 		} else {
-			rc = llama_walk_parts(m, true);
-			rc = shard_pass_error(n, rc ? eng_fail(err, rc, "backward: %s",
-							       eng_strerror(rc)) : 0, err);
+			rc = walk_parts(n, m, true, err);
 		}
 		if (rc)
 			n->group.dist->broken = true;   /* the peers are reducing */

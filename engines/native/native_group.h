@@ -99,9 +99,8 @@ int native_shard_setup(struct native *n, struct eng_error *err);
 void native_shard_bind(struct native *n);
 void native_shard_invalidate(struct native *n);
 void native_shard_free(struct native *n);
-/* The stage (1 alone or with ZeRO-1); whether the gradients / the
- * parameters are held as this rank's slice only; the part buffers' bytes. */
-int native_shard_stage(const struct native *n);
+/* Whether the gradients / the parameters are held as this rank's slice
+ * only; the part buffers' bytes. */
 bool native_shard_grads(const struct native *n);
 bool native_shard_params(const struct native *n);
 size_t native_shard_bytes(const struct native *n);

@@ -35,7 +35,7 @@ void native_fill_info(struct native *n, enum native_fam f, int64_t i,
 	ret->shape[0] = p->shape[0];
 	ret->shape[1] = p->shape[1];
 	ret->numel = p->numel;
-	if (native_family_len(n, f) != n->group.padded_total)
+	if (native_family_sliced(n, f))
 		h = NULL;   /* this rank's slice only: gathered by native_view */
 	ret->host_resident = h != NULL;
 	ret->host_data = h ? h + p->offset : NULL;
@@ -60,7 +60,7 @@ int native_view(struct native *n, enum native_fam f, int64_t i,
 	const struct param_entry *p = &n->table.entries[i];
 	const float *h = native_family_host_ptr(n, f), *d = NULL;
 	const float *src;
-	bool sharded = native_family_len(n, f) != n->group.padded_total;
+	bool sharded = native_family_sliced(n, f);
 
 	if (sharded && f != FAM_PARAMS)
 		return eng_fail(err, -ENOSYS, "%s: this rank holds a slice of it only", p->name);

@@ -206,8 +206,7 @@ int native_zero_grad(struct engine *e, struct eng_error *err)
  * the parameters). */
 static size_t meaningful_bytes(const struct native *n, enum native_fam f)
 {
-	return (size_t)(native_family_len(n, f) == n->group.padded_total ? n->table.total
-									 : n->group.shard_len) *
+	return (size_t)(native_family_sliced(n, f) ? n->group.shard_len : n->table.total) *
 	       sizeof(float);
 }
 

@@ -38,24 +38,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Buffer indices: weights (ZeRO-3) and gradient scratch; layer l uses
- * slot l % 2 of each. */
-enum { W_SLOT0, W_SLOT1, W_HEAD, W_EMBED, W_COUNT };
-enum { G_SLOT0, G_SLOT1, G_HEAD, G_EMBED, G_COUNT };
+/* Buffer indices, the same for the weights (ZeRO-3) and the gradient
+ * scratch: layer l uses slot l % 2, the head and the embedding their own. */
+enum { B_SLOT0, B_SLOT1, B_HEAD, B_EMBED, B_COUNT };
 
 struct native_shard {
 	int stage;
 	int64_t L;
 	bool tied;                  /* the head reads the embedding */
 	int64_t (*range)[2];        /* [L + 2]: parts' [lo, hi) of the table */
-	float *w[W_COUNT];          /* ZeRO-3 only */
-	int64_t held[W_COUNT];      /* the part a weight buffer holds (or will,
+	float *w[B_COUNT];          /* ZeRO-3 only */
+	int64_t held[B_COUNT];      /* the part a weight buffer holds (or will,
 				     * once w_ticket is done), or -1 */
-	int64_t w_ticket[W_COUNT];  /* its gather's ticket; 0: complete */
-	float *g[G_COUNT];
-	int64_t g_part[G_COUNT];    /* the part whose reduction from the
+	int64_t w_ticket[B_COUNT];  /* its gather's ticket; 0: complete */
+	float *g[B_COUNT];
+	int64_t g_part[B_COUNT];    /* the part whose reduction from the
 				     * buffer is pending (g_ticket), or -1 */
-	int64_t g_ticket[G_COUNT];
+	int64_t g_ticket[B_COUNT];
 	struct shard_comm *comm;
 	double pass_t0;             /* the call's start (statistics) */
 	size_t bytes;               /* of w[] and g[] */
@@ -73,15 +72,9 @@ static int64_t part_of(const struct param_entry *e, int64_t L)
 							     : LLAMA_PART_EMBED(L);
 }
 
-static int w_index(const struct native_shard *s, int64_t p)
+static int buf_index(const struct native_shard *s, int64_t p)
 {
-	return p == LLAMA_PART_HEAD(s->L) ? W_HEAD : p == LLAMA_PART_EMBED(s->L) ? W_EMBED
-										  : (int)(p & 1);
-}
-
-static int g_index(const struct native_shard *s, int64_t p)
-{
-	return p == LLAMA_PART_HEAD(s->L) ? G_HEAD : p == LLAMA_PART_EMBED(s->L) ? G_EMBED
+	return p == LLAMA_PART_HEAD(s->L) ? B_HEAD : p == LLAMA_PART_EMBED(s->L) ? B_EMBED
 										  : (int)(p & 1);
 }
 
@@ -100,11 +93,6 @@ bool native_shard_grads(const struct native *n)
 	return n->group.zero_stage >= 2;
 }
 
-int native_shard_stage(const struct native *n)
-{
-	return n->group.zero_stage;
-}
-
 size_t native_shard_bytes(const struct native *n)
 {
 	return n->group.shard ? n->group.shard->bytes : 0;
@@ -114,11 +102,14 @@ size_t native_shard_bytes(const struct native *n)
  * each part's tensors lie end to end. */
 static int shard_ranges(struct native *n, struct native_shard *s, struct eng_error *err)
 {
-	int64_t parts = s->L + 2, sum;
+	int64_t parts = s->L + 2, *sum;
 
 	s->range = malloc((size_t)parts * sizeof(*s->range));
-	if (!s->range)
+	sum = calloc((size_t)parts, sizeof(*sum));
+	if (!s->range || !sum) {
+		free(sum);
 		return eng_fail(err, -ENOMEM, "dist: out of memory");
+	}
 	for (int64_t p = 0; p < parts; p++) {
 		s->range[p][0] = n->table.total;
 		s->range[p][1] = 0;
@@ -131,30 +122,29 @@ static int shard_ranges(struct native *n, struct native_shard *s, struct eng_err
 			s->range[p][0] = e->offset;
 		if (e->offset + e->numel > s->range[p][1])
 			s->range[p][1] = e->offset + e->numel;
+		sum[p] += e->numel;
 	}
-	for (int64_t p = 0; p < parts; p++) {
-		sum = 0;
-		for (int64_t i = 0; i < n->table.count; i++)
-			if (part_of(&n->table.entries[i], s->L) == p)
-				sum += n->table.entries[i].numel;
-		if (sum != part_len(s, p))
+	for (int64_t p = 0; p < parts; p++)
+		if (sum[p] != part_len(s, p)) {
+			free(sum);
 			return eng_fail(err, -EINVAL, "dist.zero_stage: part %lld of the model is "
 					"not contiguous in its parameter table", (long long)p);
-	}
+		}
+	free(sum);
 	return 0;
 }
 
 static int shard_alloc(struct native *n, struct native_shard *s, struct eng_error *err)
 {
-	int64_t layer = 0, len[W_COUNT];
+	int64_t layer = 0, len[B_COUNT];
 
 	for (int64_t l = 0; l < s->L; l++)
 		if (part_len(s, l) > layer)
 			layer = part_len(s, l);
-	len[W_SLOT0] = len[W_SLOT1] = layer;
-	len[W_HEAD] = part_len(s, LLAMA_PART_HEAD(s->L));
-	len[W_EMBED] = part_len(s, LLAMA_PART_EMBED(s->L));
-	for (int i = 0; i < W_COUNT; i++) {
+	len[B_SLOT0] = len[B_SLOT1] = layer;
+	len[B_HEAD] = part_len(s, LLAMA_PART_HEAD(s->L));
+	len[B_EMBED] = part_len(s, LLAMA_PART_EMBED(s->L));
+	for (int i = 0; i < B_COUNT; i++) {
 		s->held[i] = -1;
 		if (s->stage < 3)
 			continue;
@@ -164,15 +154,13 @@ static int shard_alloc(struct native *n, struct native_shard *s, struct eng_erro
 					"gathered layers (%lld floats)", (long long)len[i]);
 		s->bytes += (size_t)len[i] * sizeof(float);
 	}
-	for (int i = 0; i < G_COUNT; i++) {
-		int64_t gl = len[i];   /* W_ and G_ indices name the same parts */
-
+	for (int i = 0; i < B_COUNT; i++) {
 		s->g_part[i] = -1;
-		s->g[i] = native_dalloc(n, (size_t)gl * sizeof(float));
+		s->g[i] = native_dalloc(n, (size_t)len[i] * sizeof(float));
 		if (!s->g[i])
 			return eng_fail(err, -ENOMEM, "dist.zero_stage: out of memory for the "
-					"gradient buffers (%lld floats)", (long long)gl);
-		s->bytes += (size_t)gl * sizeof(float);
+					"gradient buffers (%lld floats)", (long long)len[i]);
+		s->bytes += (size_t)len[i] * sizeof(float);
 	}
 	return 0;
 }
@@ -184,9 +172,9 @@ void native_shard_free(struct native *n)
 	if (!s)
 		return;
 	shard_comm_stop(s->comm);
-	for (int i = 0; i < W_COUNT; i++)
+	for (int i = 0; i < B_COUNT; i++)
 		native_dfree(n, s->w[i]);
-	for (int i = 0; i < G_COUNT; i++)
+	for (int i = 0; i < B_COUNT; i++)
 		native_dfree(n, s->g[i]);
 	native_dfree(n, s->tensor);
 	free(s->range);
@@ -201,7 +189,7 @@ void native_shard_invalidate(struct native *n)
 
 	if (!s)
 		return;
-	for (int i = 0; i < W_COUNT; i++)
+	for (int i = 0; i < B_COUNT; i++)
 		s->held[i] = -1;
 	native_dfree(n, s->tensor);
 	s->tensor = NULL;
@@ -236,18 +224,29 @@ float *native_slice(struct native *n, enum native_fam f)
 {
 	float *p = n->fam[f].dev ? n->fam[f].dev : n->fam[f].host;
 
-	return native_family_len(n, f) == n->group.padded_total ? p + n->group.shard_off : p;
+	return native_family_sliced(n, f) ? p : p + n->group.shard_off;
+}
+
+/* The part of the table's [lo, hi) in this rank's slice: [*a, *b), empty
+ * (a == b) when none. */
+static void own_range(const struct native *n, int64_t lo, int64_t hi, int64_t *a, int64_t *b)
+{
+	int64_t s0 = n->group.shard_off, s1 = s0 + n->group.shard_len;
+
+	*a = lo > s0 ? lo : s0;
+	*b = hi < s1 ? hi : s1;
+	if (*b < *a)
+		*b = *a;
 }
 
 /* This rank's piece of [lo, hi) into buf (buf[0] is element lo), for a
  * gather whose broadcasts bring the others'. */
 static int copy_own_piece(struct native *n, float *buf, int64_t lo, int64_t hi)
 {
-	int64_t a = lo > n->group.shard_off ? lo : n->group.shard_off;
-	int64_t b = n->group.shard_off + n->group.shard_len;
+	int64_t a, b;
 
-	b = hi < b ? hi : b;
-	if (a >= b)
+	own_range(n, lo, hi, &a, &b);
+	if (a == b)
 		return 0;
 	return n->dev->ops->copy_d2d(n->dev, buf + (a - lo),
 				     native_slice(n, FAM_PARAMS) + (a - n->group.shard_off),
@@ -281,7 +280,7 @@ int native_shard_gather(struct native *n, float *buf, int64_t lo, int64_t hi,
 static int start_gather(struct native *n, int64_t p, struct eng_error *err)
 {
 	struct native_shard *s = n->group.shard;
-	int i = w_index(s, p), rc;
+	int i = buf_index(s, p), rc;
 
 	if (s->held[i] == p)
 		return 0;
@@ -297,7 +296,7 @@ static int start_gather(struct native *n, int64_t p, struct eng_error *err)
 static int have_weights(struct native *n, int64_t p, struct eng_error *err)
 {
 	struct native_shard *s = n->group.shard;
-	int i = w_index(s, p);
+	int i = buf_index(s, p);
 	int rc = start_gather(n, p, err);
 
 	if (rc == 0 && s->w_ticket[i]) {
@@ -326,9 +325,7 @@ static int finish_reduce(struct native *n, int j, struct eng_error *err)
 		return rc;
 	lo = s->range[p][0];
 	hi = s->range[p][1];
-	a = lo > n->group.shard_off ? lo : n->group.shard_off;
-	b = n->group.shard_off + n->group.shard_len;
-	b = hi < b ? hi : b;
+	own_range(n, lo, hi, &a, &b);
 	if (a < b)
 		rc = n->dev->k->axpby(n->dev, native_slice(n, FAM_GRADS) + (a - n->group.shard_off),
 				      1.0f, s->g[j] + (a - lo), 1.0f, b - a);
@@ -339,25 +336,13 @@ static int finish_reduce(struct native *n, int j, struct eng_error *err)
 static int fresh_grads(struct native *n, int64_t p, struct eng_error *err)
 {
 	struct native_shard *s = n->group.shard;
-	int j = g_index(s, p);
+	int j = buf_index(s, p);
 	int rc = finish_reduce(n, j, err);
 
 	if (rc == 0 && (rc = n->dev->ops->memset0(n->dev, s->g[j], (size_t)part_len(s, p) *
 						  sizeof(float))))
 		rc = eng_fail(err, rc, "device: zeroing gradients failed");
 	return rc;
-}
-
-/* The part a pass uses after p (-1: none before the pass's end). */
-static int64_t next_part(const struct native_shard *s, int64_t p, bool backward)
-{
-	int64_t L = s->L;
-
-	if (!backward)
-		return p == LLAMA_PART_EMBED(L) ? 0 : p == LLAMA_PART_HEAD(L) ? -1 :
-		       p + 1 < L ? p + 1 : LLAMA_PART_HEAD(L);
-	return p == LLAMA_PART_HEAD(L) ? L - 1 : p == LLAMA_PART_EMBED(L) ? -1 :
-	       p > 0 ? p - 1 : LLAMA_PART_EMBED(L);
 }
 
 /* llama_model.part (llama.h). Errors are the group's: any failure here
@@ -377,7 +362,7 @@ static int part_hook(void *ctx, int64_t p, bool backward, bool end)
 				rc = have_weights(n, embed, err);
 			/* the next part's weights come while this one computes
 			 * (its buffer's last user is done) */
-			next = next_part(s, p, backward);
+			next = llama_part_next(s->L, p, backward);
 			if (rc == 0 && next >= 0)
 				rc = start_gather(n, next, err);
 		}
@@ -388,7 +373,7 @@ static int part_hook(void *ctx, int64_t p, bool backward, bool end)
 		if (rc == 0 && backward && p == head && s->tied)
 			rc = fresh_grads(n, embed, err);
 	} else if (backward) {
-		int j = g_index(s, p);
+		int j = buf_index(s, p);
 
 		rc = n->dev->ops->sync(n->dev);
 		if (rc == 0) {
@@ -411,7 +396,7 @@ int native_shard_drain(struct native *n, struct eng_error *err)
 
 	if (!s)
 		return 0;
-	for (int j = 0; j < G_COUNT; j++) {
+	for (int j = 0; j < B_COUNT; j++) {
 		int r = finish_reduce(n, j, err);
 
 		rc = rc ? rc : r;
@@ -420,7 +405,7 @@ int native_shard_drain(struct native *n, struct eng_error *err)
 		rc = shard_comm_drain(s->comm, err);
 	else
 		(void)shard_comm_drain(s->comm, NULL);
-	for (int i = 0; i < W_COUNT; i++) {
+	for (int i = 0; i < B_COUNT; i++) {
 		if (rc)
 			s->held[i] = -1;   /* a failed gather may have left it partial */
 		s->w_ticket[i] = 0;
@@ -454,9 +439,9 @@ void native_shard_bind(struct native *n)
 
 	for (int64_t p = 0; p < s->L + 2; p++) {
 		if (s->stage == 3)
-			model_weights_bind_range(&n->table, &n->cfg, s->w[w_index(s, p)],
+			model_weights_bind_range(&n->table, &n->cfg, s->w[buf_index(s, p)],
 						 s->range[p][0], s->range[p][1], &n->model.w);
-		model_weights_bind_range(&n->table, &n->cfg, s->g[g_index(s, p)],
+		model_weights_bind_range(&n->table, &n->cfg, s->g[buf_index(s, p)],
 					 s->range[p][0], s->range[p][1], &n->model.g);
 	}
 	n->model.part = part_hook;
@@ -479,8 +464,7 @@ int native_shard_setup(struct native *n, struct eng_error *err)
 	s->stage = stage;
 	s->tensor_i = -1;
 	s->L = n->cfg.num_layers;
-	s->tied = param_table_find(&n->table, "lm_head.weight") < 0 &&
-		  param_table_find(&n->table, "score.weight") < 0;
+	s->tied = param_table_tied(&n->table);
 	rc = shard_ranges(n, s, err);
 	if (rc == 0)
 		rc = shard_alloc(n, s, err);
@@ -494,12 +478,8 @@ int native_shard_setup(struct native *n, struct eng_error *err)
 void native_shard_held(const struct native *n, int64_t i, int64_t *a, int64_t *b)
 {
 	const struct param_entry *e = &n->table.entries[i];
-	int64_t lo = n->group.shard_off, hi = lo + n->group.shard_len;
 
-	*a = e->offset > lo ? e->offset : lo;
-	*b = e->offset + e->numel < hi ? e->offset + e->numel : hi;
-	if (*b < *a)
-		*b = *a;
+	own_range(n, e->offset, e->offset + e->numel, a, b);
 }
 
 int native_refuse_sharded(const struct native *n, int stage, const char *call,

@@ -27,11 +27,17 @@ INIT = dict(preset="tiny", seed=21, optimizer={"lr": 1e-3, "weight_decay": 0.0})
 MB = 40
 
 
+def on_all(g, fn):
+    """fn(client) on every rank at once (a ZeRO-3 group's calls are
+    collectives)."""
+    with cf.ThreadPoolExecutor(len(g.clients)) as ex:
+        return list(ex.map(fn, g.clients))
+
+
 def group_weights(g):
     """Every rank's exported parameters, the ranks asked at once (with
     zero_stage 3 each tensor is gathered: a collective)."""
-    with cf.ThreadPoolExecutor(len(g.clients)) as ex:
-        return list(ex.map(lambda c: weights(c.stream_weights()), g.clients))
+    return on_all(g, lambda c: weights(c.stream_weights()))
 
 
 @pytest.mark.parametrize("dist_daemons,stage", [(2, 3), (3, 3), (2, 2), (3, 2)],
@@ -161,13 +167,6 @@ def test_what_stage_3_does_not_build_yet_is_refused(dist_daemons):
         lens, b = step_batch(3)
         g.forward_backward(b["ids"], lens, loss="sft", loss_mask=b["loss_mask"])
         assert g.optimizer_step().step == 1
-
-
-def on_all(g, fn):
-    """fn(client) on every rank at once (a ZeRO-3 group's calls are
-    collectives)."""
-    with cf.ThreadPoolExecutor(len(g.clients)) as ex:
-        return list(ex.map(fn, g.clients))
 
 
 @pytest.fixture
