@@ -304,3 +304,28 @@ def test_stopped_rank_times_out_a_sharded_call(three_daemons):
         g.initialize(dist_timeout_s=60, dist_zero_stage=3, replace=True, **INIT)
         g.forward_backward(b["ids"], lens, loss="sft", loss_mask=b["loss_mask"])
         assert g.optimizer_step().step == 1
+
+
+@pytest.mark.parametrize("dist_daemons", [2], indirect=True)
+def test_ranks_making_different_kinds_of_call_are_refused(dist_daemons):
+    """ZeRO-3: rank 0 forward-only while rank 1 trains: INVALID_ARGUMENT on
+    both naming forward_only, nothing changed, and the group goes on."""
+    with EngineGroup([d.addr for d in dist_daemons[:2]], timeout=300) as g:
+        initialize_or_skip(g, dist_timeout_s=60, dist_zero_stage=3, **INIT)
+        lens, b = step_batch(7)
+        before = group_weights(g)[0]
+
+        def call(c):
+            try:
+                c.forward_backward(b["ids"][:24], [24], loss="sft",
+                                   forward_only=c is g.clients[0])
+            except EngineError as e:
+                return e
+        errs = on_all(g, call)
+        for e in errs:
+            assert isinstance(e, EngineError) and e.code() == SC.INVALID_ARGUMENT, e
+            assert "forward_only" in e.details(), e
+        assert [s.accumulated_calls for s in g.get_status()] == [0, 0]
+        assert all(np.array_equal(w, before[k]) for k, w in group_weights(g)[0].items())
+        g.forward_backward(b["ids"], lens, loss="sft", loss_mask=b["loss_mask"])
+        assert g.optimizer_step().step == 1
