@@ -1097,6 +1097,7 @@ int h_run_get_status(struct daemon *d, struct job *j, struct eng_error *err)
 		ds.reduce_bytes = st.reduce_bytes;
 		ds.reduce_s = st.reduce_s;
 		ds.reduce_wait_s = st.reduce_wait_s;
+		ds.zero_stage = st.dist_zero_stage;
 		resp.dist = &ds;
 	}
 	if (jv.busy) {

@@ -179,6 +179,29 @@ int params_use_bf16_copy(struct engine *e, struct param_set *s, bool lend,
 	return 1;
 }
 
+int params_export_agree(struct engine *e, int rc, const char *what, struct eng_error *err)
+{
+	struct engine_status st;
+
+	engine_status(e, &st);
+	if (st.dist_world_size > 1 && st.dist_zero_stage == 3)
+		return engine_group_agree(e, rc, what, err);
+	return rc;
+}
+
+int params_take_part(struct engine *e, const struct param_set *s, struct eng_error *err)
+{
+	for (int64_t i = 0; i < s->n; i++) {
+		float one;
+		int r = s->t[i].numel ? engine_param_copy(e, s->t[i].index, ENGINE_DTYPE_F32, 0, 1,
+							  &one, err) : 0;
+
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
 void params_set_free(struct param_set *s)
 {
 	free(s->t);

@@ -86,6 +86,19 @@ int params_use_bf16_copy(struct engine *e, struct param_set *s, bool lend,
 int params_read(struct engine *e, const struct param_set *s, const struct param_ref *t,
 		int64_t start, int64_t count, void *dst, struct eng_error *err);
 
+/* The ranks' agreement before an export's first gather (engine thread):
+ * where the engine's group shards its parameters (dist.zero_stage 3) every
+ * rank makes the call, so every rank comes here, also after a local
+ * failure (a rank must not wait in a gather for a peer that gave up), and
+ * gets every rank's code (engine_group_agree). Any other engine: rc. */
+int params_export_agree(struct engine *e, int rc, const char *what, struct eng_error *err);
+
+/* A rank taking part in another rank's export of the set (the requests'
+ * gather_only; engine thread): each tensor read in turn, one element of it,
+ * which makes an engine that holds a slice of the parameters (ZeRO-3)
+ * gather the whole tensor with the other ranks; nothing is kept. */
+int params_take_part(struct engine *e, const struct param_set *s, struct eng_error *err);
+
 /* fp32 [n] -> bf16 / f16 [n], rounded to nearest even as the engine's own
  * kernels and the checkpoint writer do (engines/io). */
 void params_convert(enum engine_dtype dt, const float *src, uint16_t *dst, int64_t n);

@@ -38,6 +38,12 @@
  * on. An engine that cannot lend (device memory, no such copy) copies, and
  * so does one whose copy holds a tensor asked for at an offset that is not
  * a multiple of SHARE_ALIGN (odd model sizes: the reply promises it).
+ *
+ * A ZeRO-3 group (dist.zero_stage 3): no rank holds whole parameters, so
+ * the copy reads each tensor gathered from every rank (engine_param_copy
+ * gathers a tensor once and serves its units from the gathered copy); the
+ * other ranks make the same request with gather_only and only take part in
+ * the gathers (params_take_part), writing nothing.
  */
 #include "export.h"
 
@@ -91,8 +97,15 @@ int h_validate_share_weights(struct daemon *d, struct job *j, struct eng_error *
 	const Engined__V1__ShareWeightsRequest *q = (const void *)j->req;
 	int r = params_check_request(q->dtype, q->names, q->n_names, err);
 
-	if (r < 0)
-		return r;
+	(void)d;
+	return r;
+}
+
+/* What a share needs besides its tensors, checked in the job (where a
+ * ZeRO-3 group's ranks agree on it: share_weights_run). */
+static int check_share(const struct daemon *d, const Engined__V1__ShareWeightsRequest *q,
+		       struct eng_error *err)
+{
 	if (q->uses < 0 || q->uses > SHARE_MAX_USES)
 		return eng_fail(err, -EINVAL, "uses: %d not in [0, %d] (0: 1)", (int)q->uses,
 				SHARE_MAX_USES);
@@ -395,6 +408,19 @@ static int reply(struct daemon *d, struct job *j, const struct share_job *s,
 	return r;
 }
 
+/* gather_only: no handle, the step the gathered weights are of. */
+static int reply_gathered(struct job *j, struct engine *e, struct eng_error *err)
+{
+	Engined__V1__ShareWeightsResponse resp = ENGINED__V1__SHARE_WEIGHTS_RESPONSE__INIT;
+	struct engine_status st;
+	int r;
+
+	engine_status(e, &st);
+	resp.step = st.step;
+	r = job_set_reply(j, &resp.base);
+	return r < 0 ? eng_fail(err, r, "out of memory for the reply") : 0;
+}
+
 int h_run_share_weights(struct daemon *d, struct job *j, struct eng_error *err)
 {
 	const Engined__V1__ShareWeightsRequest *q = (const void *)j->req;
@@ -419,14 +445,24 @@ int h_run_share_weights(struct daemon *d, struct job *j, struct eng_error *err)
 	s.e = e;
 	if (r == 0)
 		r = params_collect(e, q->dtype, q->names, q->n_names, true, &s.set, err);
-	if (r < 0)
+	if (q->gather_only) {   /* another rank shares (the header) */
+		r = params_export_agree(d->engine, r, "ShareWeights", err);
+		if (r == 0)
+			r = params_take_part(e, &s.set, err);
+		if (r == 0)
+			r = reply_gathered(j, e, err);
 		goto out;
-	lent = lend(&s, err);
-	r = lent < 0 ? lent : lent ? 0 : plan(&s, err);
+	}
+	if (r == 0)
+		r = check_share(d, q, err);
+	lent = r == 0 ? lend(&s, err) : 0;
+	if (r == 0)
+		r = lent < 0 ? lent : lent ? 0 : plan(&s, err);
 	if (r == 0)
 		r = share_table_admit(d->shares, s.total, share_table_now_ms(), err);
 	if (r == 0 && !lent)
 		r = check_host_memory(s.total, err);
+	r = params_export_agree(d->engine, r, "ShareWeights", err);
 	if (r == 0 && !lent)
 		r = write_file(&s, j->call, err);
 	if (r < 0)

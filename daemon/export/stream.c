@@ -29,6 +29,12 @@
  * A ring buffer goes back to the ring from its slice's release callback
  * (not from the send completion: gRPC may still be writing it).
  *
+ * A ZeRO-3 group (dist.zero_stage 3) holds no whole tensor on any rank:
+ * the slices come through engine_param_copy, which gathers each tensor from
+ * every rank once; the other ranks make the same request with gather_only
+ * and take part in the gathers only (params_take_part), after the ranks
+ * agree that all can go on (params_export_agree).
+ *
  * Threads: the engine thread plans nothing itself when there are workers;
  * it takes ready buckets in order, waits for the previous send (one in
  * flight, the flow control of docs/GRPC_NOTES.md) and starts the next. Workers claim
@@ -586,18 +592,20 @@ int h_run_get_params(struct daemon *d, struct job *j, struct eng_error *err)
 	s.bucket_bytes = (q->bucket_bytes ? q->bucket_bytes : DEFAULT_BUCKET_BYTES) & ~(int64_t)3;
 
 	r = daemon_engine_of(d, q->adapter, &s.e, err);
+	if (r == 0 && q->adapter_view && !q->adapter[0])
+		r = eng_fail(err, -EINVAL, "adapter_view: needs an adapter");
+	if (r == 0 && q->adapter[0])
+		r = engine_adapter_set_view(s.e, (enum engine_adapter_view)q->adapter_view, err);
+	if (r == 0)
+		r = params_collect(s.e, q->dtype, q->names, q->n_names, false, &s.set, err);
+	/* A ZeRO-3 group's ranks agree before the first gather (params.h). */
+	r = params_export_agree(d->engine, r, "GetPerTensorParam", err);
 	if (r < 0)
 		goto out;
-	if (q->adapter_view && !q->adapter[0]) {
-		r = eng_fail(err, -EINVAL, "adapter_view: needs an adapter");
+	if (q->gather_only) {   /* another rank exports; no bucket from here */
+		r = params_take_part(s.e, &s.set, err);
 		goto out;
 	}
-	if (q->adapter[0] &&
-	    (r = engine_adapter_set_view(s.e, (enum engine_adapter_view)q->adapter_view, err)) < 0)
-		goto out;
-	r = params_collect(s.e, q->dtype, q->names, q->n_names, false, &s.set, err);
-	if (r < 0)
-		goto out;
 	if (!s.set.in_place) {
 		struct eng_error why;
 

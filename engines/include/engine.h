@@ -313,6 +313,7 @@ struct engine_status {
 	const char *failed;
 	/* Data parallelism: world_size 1 when alone (the rest then 0). */
 	int dist_rank, dist_world_size;
+	int dist_zero_stage;        /* DistConfig.zero_stage: 1, 2 or 3 */
 	const char *dist_backend;   /* "gloo" | "nccl" */
 	int64_t optim_shard_params; /* AdamW moments held by this rank */
 	size_t optim_bytes;

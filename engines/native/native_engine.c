@@ -118,6 +118,7 @@ void native_status(struct engine *e, struct engine_status *ret)
 			ret->host_memory += (size_t)native_family_len(n, f) * sizeof(float);
 	ret->dist_world_size = n->group.dist ? n->group.dist->world_size : 1;
 	ret->dist_rank = n->group.dist ? n->group.dist->rank : 0;
+	ret->dist_zero_stage = n->group.dist ? n->group.zero_stage : 0;
 	ret->dist_backend = n->group.dist ? n->group.dist->ops->name : NULL;
 	ret->dist_broken = n->group.dist && n->group.dist->broken;
 	ret->optim_shard_params = native_family_len(n, FAM_EXP_AVG);

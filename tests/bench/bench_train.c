@@ -3,7 +3,7 @@
  *
  * Usage: bench_train [--steps N] [--tokens T] [--seqs S] [--micro-batch-tokens M]
  *                    [--bf16] [--threads K] [--layers L] [--vocab V]
- *                    [--lm-tile F] [--recompute]
+ *                    [--lm-tile F] [--recompute] [--one-step]
  *
  * Model: vocab 151936, hidden 896, intermediate 4864, 24 layers, 14 heads /
  * 2 kv heads (head_dim 64), qwen2 (q/k/v bias), tied embeddings, rope_theta
@@ -44,6 +44,16 @@
  * (recomputing / not) and each one's activation bytes (GetStatus's
  * Memory.activation_bytes, the arena the call reserved).
  *
+ * --one-step: one training step and nothing else (no warm-up, no timed
+ * steps, no forward-only phase), with activation recompute when
+ * --recompute is given (the engine's default then): the long-sequence
+ * check, e.g. --tokens 32768 --recompute --one-step is a 32k-token step of
+ * the 0.5B shape, whose peak RSS shows whether it fits the host, and
+ * --layers 1 / 2 without --recompute give one layer's activations at that
+ * length (the difference) for the arithmetic of a whole model without it.
+ * Prints the step's time, its activation bytes, the grad norm and the
+ * peak RSS, and one JSON line.
+ *
  * Prints a human-readable summary and one JSON line (the last line).
  */
 #include <getopt.h>
@@ -69,6 +79,7 @@ struct opts {
 	int64_t vocab;
 	int64_t lm_tile;     /* the engine's lm_tile_floats (0: its default) */
 	bool recompute;      /* alternate recompute on and off (above) */
+	bool one_step;       /* one training step only (above) */
 };
 
 /* Mean SFT loss: dL/dlogp = -1/T at every predicted token. */
@@ -93,7 +104,8 @@ static int sft_loss(void *ctx, struct engine_loss_io *io, struct eng_error *err)
 static void usage(const char *argv0)
 {
 	fprintf(stderr, "usage: %s [--steps N] [--tokens T] [--seqs S] [--micro-batch-tokens M] "
-		"[--bf16] [--threads K] [--layers L] [--vocab V] [--lm-tile F] [--recompute]\n",
+		"[--bf16] [--threads K] [--layers L] [--vocab V] [--lm-tile F] [--recompute] "
+		"[--one-step]\n",
 		argv0);
 }
 
@@ -110,6 +122,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		{ "vocab", required_argument, NULL, 'v' },
 		{ "lm-tile", required_argument, NULL, 'T' },
 		{ "recompute", no_argument, NULL, 'r' },
+		{ "one-step", no_argument, NULL, 'o' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -129,6 +142,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		case 'v': o->vocab = atoll(optarg); break;
 		case 'T': o->lm_tile = atoll(optarg); break;
 		case 'r': o->recompute = true; break;
+		case 'o': o->one_step = true; break;
 		default: return -1;
 		}
 	}
@@ -181,6 +195,42 @@ static int recompute_compare(struct engine *e, struct engine_batch *b,
 	return 0;
 }
 
+/* --one-step: one training step (the engine's default says whether it
+ * recomputes); its time, activation bytes, grad norm and the peak RSS. */
+static int one_step(struct engine *e, struct engine_batch *b, struct engine_fb_result *res,
+		    const struct opts *o, int64_t n_params, struct eng_error *err)
+{
+	struct engine_step_result sr;
+	struct engine_status st;
+	struct rusage ru;
+	double t0 = now_s(), t1, t2;
+	int rc = engine_set_mode(e, ENGINE_MODE_TRAIN, false, err);
+
+	if (!rc)
+		rc = engine_forward_backward(e, b, res, err);
+	t1 = now_s();
+	if (!rc)
+		rc = engine_optimizer_step(e, &sr, err);
+	t2 = now_s();
+	if (rc)
+		return rc;
+	engine_status(e, &st);
+	getrusage(RUSAGE_SELF, &ru);
+	printf("one training step of %d x %lld tokens, %d layers, recompute %s: "
+	       "forward_backward %.1f s, optimizer_step %.1f s, grad_norm %.6g; activations "
+	       "%.1f MiB; peak RSS %.1f MiB (params+grads+Adam = %.1f MiB)\n", o->seqs,
+	       (long long)o->tokens, o->layers, o->recompute ? "on" : "off", t1 - t0, t2 - t1,
+	       sr.grad_norm, st.activation_bytes / 1048576.0, ru.ru_maxrss / 1024.0,
+	       16.0 * (double)n_params / 1048576.0);
+	printf("{\"bench\": \"engine_train_one_step\", \"tokens\": %lld, \"seqs\": %d,"
+	       " \"layers\": %d, \"recompute\": %s, \"threads\": %d, \"fb_s\": %.3f,"
+	       " \"opt_s\": %.3f, \"grad_norm\": %.9g, \"activation_bytes\": %zu,"
+	       " \"peak_rss_mib\": %.1f, \"n_params\": %lld}\n", (long long)o->tokens, o->seqs,
+	       o->layers, o->recompute ? "true" : "false", o->threads, t1 - t0, t2 - t1,
+	       sr.grad_norm, st.activation_bytes, ru.ru_maxrss / 1024.0, (long long)n_params);
+	return isfinite(sr.grad_norm) ? 0 : eng_fail(err, -EIO, "grad_norm %g", sr.grad_norm);
+}
+
 int main(int argc, char **argv)
 {
 	/* Qwen2.5-0.5B shape; layers/vocab filled in from the options. */
@@ -229,6 +279,7 @@ int main(int argc, char **argv)
 	cfg.threads = o.threads;
 	cfg.bf16_matmul = o.bf16;
 	cfg.lm_tile_floats = o.lm_tile;
+	cfg.activation_recompute = o.one_step && o.recompute;
 
 	total = o.tokens * o.seqs;
 	ids = malloc((size_t)total * sizeof(*ids));
@@ -282,6 +333,12 @@ int main(int argc, char **argv)
 	res.log_probs = lp;
 	res.entropy = ent;
 
+	if (o.one_step) {
+		rc = one_step(e, &b, &res, &o, n_params, &err);
+		if (rc)
+			goto fail;
+		goto out;
+	}
 	rc = engine_set_mode(e, ENGINE_MODE_TRAIN, false, &err);
 	if (rc)
 		goto fail;

@@ -3,18 +3,20 @@
 daemon's own split noise; the ranks agree bit for bit; GetStatus's Memory
 shows each family's share; bad stages and what is not built yet for
 stage 3 are refused by name. Skipped where the daemon has no Gloo."""
+import asyncio
 import concurrent.futures as cf
 import os
 import shutil
 import signal
+import time
 
 import grpc
 import numpy as np
 import pytest
 
 from daemon_fixture import Daemon, make_tmp
-from engined_client import (EngineClient, EngineError, EngineGroup, global_loss_options,
-                            split_sequences)
+from engined_client import (AsyncEngineGroup, EngineClient, EngineError, EngineGroup,
+                            global_loss_options, split_sequences)
 from engined_client.memory import rank_memory
 from test_engine_group import (dist_daemons, initialize_or_skip, max_diff,  # noqa: F401
                                step_batch, weights)
@@ -329,3 +331,93 @@ def test_ranks_making_different_kinds_of_call_are_refused(dist_daemons):
         assert all(np.array_equal(w, before[k]) for k, w in group_weights(g)[0].items())
         g.forward_backward(b["ids"], lens, loss="sft", loss_mask=b["loss_mask"])
         assert g.optimizer_step().step == 1
+
+
+@pytest.fixture
+def share_daemons():
+    """Two daemons on one Gloo store; rank 0 has a share socket, rank 1
+    none (it only takes part in rank 0's shares)."""
+    store = make_tmp(prefix="engined-dist-")
+    sock = os.path.join(make_tmp(prefix="engined-share-"), "rank0.sock")
+    ds = [Daemon("--dist-store-root", store, "--share-socket", sock),
+          Daemon("--dist-store-root", store)]
+    yield ds
+    assert [d.stop() for d in ds] == [0, 0]
+
+
+def bits(arrays):
+    """name -> the raw bits of each array (bf16 as ml_dtypes or uint16)."""
+    return {k: np.array(v).view(np.uint16 if np.array(v).itemsize == 2 else np.uint32)
+            for k, v in arrays}
+
+
+def timed_on_both(g, calls):
+    """calls[r](clients[r]) on both ranks at once: each one's result or
+    EngineError, and the seconds until both returned."""
+    def one(rc):
+        r, call = rc
+        try:
+            return call(g.clients[r])
+        except EngineError as e:
+            return e
+    t0 = time.monotonic()
+    with cf.ThreadPoolExecutor(2) as ex:
+        out = list(ex.map(one, enumerate(calls)))
+    return out, time.monotonic() - t0
+
+
+def test_stage_3_exports_gather_each_tensor_with_the_other_ranks(share_daemons):
+    """ZeRO-3 ShareWeights and GetPerTensorParam: rank 0 exports, rank 1
+    makes the same request with gather_only (each tensor is gathered from
+    both slices) and sends nothing. The share equals the stream bit for
+    bit, in float32 and bfloat16, and so does AsyncEngineGroup's stream. A
+    failure on one rank before the first gather (an unknown tensor name on
+    rank 1; a share asked of rank 1, which has no share socket) is answered
+    on both ranks at once, by the ranks' agreement, not after the group's
+    timeout (120 s here), and the group trains on."""
+    with EngineGroup([d.addr for d in share_daemons], timeout=300) as g:
+        initialize_or_skip(g, dist_timeout_s=120, dist_zero_stage=3, **INIT)
+        assert [s.dist.zero_stage for s in g.get_status()] == [3, 3]
+        lens, b = step_batch(4)
+        g.forward_backward(b["ids"], lens, loss="sft", loss_mask=b["loss_mask"])
+        g.optimizer_step()
+        want = bits(g.stream_weights())
+        with g.share_weights() as w:
+            got = bits(w.items())
+        assert list(got) == list(want)
+        assert all(np.array_equal(got[k], want[k]) for k in want)
+        want16 = bits(g.stream_weights(dtype="bfloat16"))
+        with g.share_weights(dtype="bfloat16") as w:
+            got16 = bits(w.items())
+        assert all(np.array_equal(got16[k], want16[k]) for k in want16)
+        # rank 0 stops reading after one tensor: the group finishes its
+        # gathers and the next export is whole.
+        next(iter(g.stream_weights()))
+        assert all(np.array_equal(v, want[k]) for k, v in bits(g.stream_weights()).items())
+
+        name = next(iter(want))
+        out, dt = timed_on_both(g, [lambda c: dict(c.stream_weights(names=[name])),
+                                    lambda c: c.gather_weights(names=["nope.weight"])])
+        assert isinstance(out[1], EngineError) and out[1].code() == SC.NOT_FOUND, out[1]
+        assert "nope.weight" in out[1].details()
+        assert isinstance(out[0], EngineError) and out[0].code() == SC.NOT_FOUND, out[0]
+        assert "rank 1" in out[0].details(), out[0]
+        assert dt < 60, dt
+        out, dt = timed_on_both(g, [lambda c: c.gather_weights(share=True),
+                                    lambda c: c.share_weights()])
+        assert isinstance(out[1], EngineError) and out[1].code() == SC.FAILED_PRECONDITION
+        assert "share_socket" in out[1].details(), out[1]
+        assert isinstance(out[0], EngineError) and "rank 1" in out[0].details(), out[0]
+        assert dt < 60, dt
+        assert [s.dist.broken for s in g.get_status()] == [False, False]
+
+        g.forward_backward(b["ids"], lens, loss="sft", loss_mask=b["loss_mask"])
+        assert g.optimizer_step().step == 2
+        want = bits(g.stream_weights())
+
+    async def async_stream():
+        async with AsyncEngineGroup([d.addr for d in share_daemons], timeout=300) as ag:
+            ag.zero_stage = 3   # the group the daemons formed above
+            return bits([kv async for kv in ag.stream_weights()])
+    got = asyncio.run(async_stream())
+    assert all(np.array_equal(got[k], want[k]) for k in want)

@@ -90,12 +90,12 @@ ADAPTER_VIEWS = {"adapter": pb.ADAPTER_VIEW_ADAPTER, "base": pb.ADAPTER_VIEW_BAS
 
 
 def param_request(dtype="float32", names=None, bucket_bytes=0, adapter="",
-                  adapter_view="adapter"):
+                  adapter_view="adapter", gather_only=False):
     dt = DTYPES[dtype] if isinstance(dtype, str) else dtype
     view = ADAPTER_VIEWS[adapter_view] if isinstance(adapter_view, str) else adapter_view
     return pb.GetPerTensorParamRequest(dtype=dt, names=list(names or []),
                                        bucket_bytes=bucket_bytes, adapter=adapter,
-                                       adapter_view=view)
+                                       adapter_view=view, gather_only=gather_only)
 
 
 # PEFT LoraConfig's defaults (r, lora_alpha; target_modules for the Llama
@@ -104,11 +104,12 @@ ADAPTER_DEFAULT_RANK = 8
 ADAPTER_DEFAULT_TARGETS = ("q_proj", "v_proj")
 
 
-def share_request(dtype="float32", names=None, uses=1, adapter="", adapter_view="adapter"):
+def share_request(dtype="float32", names=None, uses=1, adapter="", adapter_view="adapter",
+                  gather_only=False):
     dt = DTYPES[dtype] if isinstance(dtype, str) else dtype
     view = ADAPTER_VIEWS[adapter_view] if isinstance(adapter_view, str) else adapter_view
     return pb.ShareWeightsRequest(dtype=dt, names=list(names or []), uses=uses,
-                                  adapter=adapter, adapter_view=view)
+                                  adapter=adapter, adapter_view=view, gather_only=gather_only)
 
 
 def _sample_request_of(args):
@@ -332,6 +333,24 @@ class Api:
         return self._rpc("ShareWeights", share_request(dtype, names, uses, adapter,
                                                        adapter_view),
                          pb.ShareWeightsResponse, R.ShareTicket.from_proto, timeout)
+
+    def gather_weights(self, dtype="float32", names=None, share=False, timeout=None,
+                       adapter="", adapter_view="adapter"):
+        """This daemon's part in another rank's export when the group
+        shards its parameters (dist_zero_stage 3: each tensor is gathered
+        from every rank's slice, so every rank makes the call at once): the
+        exporting rank's stream_weights (share=False) or share_weights
+        (share=True) request with gather_only. Nothing is sent or shared
+        from here; returns None once every tensor was gathered.
+        EngineGroup.stream_weights and share_weights send it to every rank
+        but rank 0."""
+        if share:
+            return self._rpc("ShareWeights", share_request(dtype, names, 1, adapter,
+                                                           adapter_view, True),
+                             pb.ShareWeightsResponse, _none, timeout)
+        return self._rpc_stream("GetPerTensorParam",
+                                param_request(dtype, names, 0, adapter, adapter_view, True),
+                                pb.ParamBucket, _none, timeout)
 
     def get_status(self, timeout=None, adapter=""):
         """Returns a Status (every GetStatusResponse field; .adapters: the

@@ -508,10 +508,24 @@ class _GroupBase:
     def share_weights(self, dtype="float32", names=None, as_torch=False, timeout=None,
                       adapter="", adapter_view="adapter"):
         """EngineClient.share_weights of rank 0 (whose daemon must run on
-        this host); a failure raises GroupError naming rank 0."""
-        return self._rank0("ShareWeights", lambda c: c.share_weights(
-            dtype=dtype, names=names, as_torch=as_torch, timeout=timeout, adapter=adapter,
-            adapter_view=adapter_view))
+        this host); a failure raises GroupError naming rank 0. With
+        dist_zero_stage 3 each tensor is gathered from every rank: the other
+        ranks take part at once (gather_weights) and share nothing, and a
+        failure on any rank raises GroupError naming it."""
+        kw = dict(dtype=dtype, names=names, timeout=timeout, adapter=adapter,
+                  adapter_view=adapter_view)
+        if self.zero_stage != 3 or self.world_size == 1:
+            return self._rank0("ShareWeights", lambda c: c.share_weights(as_torch=as_torch,
+                                                                         **kw))
+        return self._run("ShareWeights", lambda c, r: c.share_weights(as_torch=as_torch, **kw)
+                         if r == 0 else c.gather_weights(share=True, **kw), _first)
+
+    def _gathering(self, kw):
+        """Whether an export of rank 0's needs the other ranks' gathers,
+        and the keywords of their gather_weights."""
+        return self.zero_stage == 3 and self.world_size > 1, dict(
+            dtype=kw["dtype"], names=kw["names"], timeout=kw["timeout"],
+            adapter=kw["adapter"], adapter_view=kw["adapter_view"])
 
 
 GROUP_METHODS = ("initialize", "forward_backward", "optimizer_step", "zero_grad",
@@ -590,26 +604,25 @@ class EngineGroup(_GroupBase):
                        as_torch=False, adapter="", adapter_view="adapter"):
         """EngineClient.stream_weights of rank 0 (every rank holds the full
         parameters); a failure raises GroupError naming rank 0. With
-        dist_zero_stage 3 each tensor is gathered from every rank, so every
-        rank streams the same tensors at once: the other ranks' streams are
-        read (and dropped) on threads beside rank 0's, and all are read to
-        their end even when the caller stops early (a rank left behind
-        would hold the others in a gather until the group's timeout)."""
+        dist_zero_stage 3 each tensor is gathered from every rank, so the
+        other ranks take part at once (gather_weights, on threads beside
+        rank 0's stream; they send nothing), and rank 0's stream is read to
+        its end even when the caller stops early (a rank left behind would
+        hold the others in a gather until the group's timeout)."""
         kw = dict(dtype=dtype, names=names, bucket_bytes=bucket_bytes, timeout=timeout,
                   adapter=adapter, adapter_view=adapter_view)
         others = []
-        if self.zero_stage == 3 and self.world_size > 1:
-            def drain(c):
-                for _ in c.stream_weights(**kw):
-                    pass
+        gathering, gkw = self._gathering(kw)
+        if gathering:
             pool = concurrent.futures.ThreadPoolExecutor(
                 self.world_size - 1, thread_name_prefix="engined-gather")
-            others = [pool.submit(drain, c) for c in self.clients[1:]]
+            others = [pool.submit(c.gather_weights, **gkw) for c in self.clients[1:]]
             pool.shutdown(wait=False)
         stream = self.clients[0].stream_weights(as_torch=as_torch, **kw)
         errors = {}
         try:
-            yield from stream
+            for item in stream:   # not `yield from`: closing this must not close it
+                yield item
         except EngineError as e:
             errors[0] = e
         finally:
@@ -669,17 +682,34 @@ class AsyncEngineGroup(_GroupBase):
 
     async def stream_weights(self, dtype="float32", names=None, bucket_bytes=0,
                              timeout=None, as_torch=False, adapter="", adapter_view="adapter"):
-        if self.zero_stage == 3 and self.world_size > 1:
-            raise NotImplementedError("stream_weights of an AsyncEngineGroup with "
-                                      "dist_zero_stage 3 (every rank must stream at once): "
-                                      "use EngineGroup, or each rank's client at once")
+        """EngineGroup.stream_weights as an async generator (the other
+        ranks' gather_weights as tasks beside rank 0's stream)."""
+        kw = dict(dtype=dtype, names=names, bucket_bytes=bucket_bytes, timeout=timeout,
+                  adapter=adapter, adapter_view=adapter_view)
+        gathering, gkw = self._gathering(kw)
+        others = [asyncio.ensure_future(c.gather_weights(**gkw))
+                  for c in self.clients[1:]] if gathering else []
+        stream = self.clients[0].stream_weights(as_torch=as_torch, **kw)
+        errors = {}
         try:
-            async for item in self.clients[0].stream_weights(
-                    dtype=dtype, names=names, bucket_bytes=bucket_bytes, timeout=timeout,
-                    as_torch=as_torch, adapter=adapter, adapter_view=adapter_view):
+            async for item in stream:
                 yield item
         except EngineError as e:
-            raise GroupError("GetPerTensorParam", {0: e}, self.addresses) from None
+            errors[0] = e
+        finally:
+            if others:
+                try:
+                    async for _ in stream:   # the caller stopped early: finish rank 0's
+                        pass
+                except EngineError as e:
+                    errors.setdefault(0, e)
+                for r, t in enumerate(others, 1):
+                    try:
+                        await t
+                    except EngineError as e:
+                        errors[r] = e
+        if errors:
+            raise GroupError("GetPerTensorParam", errors, self.addresses) from None
 
 
 as_coroutines(AsyncEngineGroup, _GroupBase, GROUP_METHODS)

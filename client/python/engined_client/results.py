@@ -160,6 +160,7 @@ class DistStatus:
     reduce_bytes: int
     reduce_s: float
     reduce_wait_s: float
+    zero_stage: int   # what the group shards: 1, 2 or 3 (DistConfig.zero_stage)
 
     @classmethod
     def from_proto(cls, m):

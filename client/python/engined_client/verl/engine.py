@@ -55,8 +55,7 @@ _log = logging.getLogger(__name__)
 # runs on another host (its socket path is not here), or its socket's
 # group leaves this user out. weight_transport "auto" then streams.
 _NO_SHARE = {grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE,
-             grpc.StatusCode.PERMISSION_DENIED,
-             grpc.StatusCode.UNIMPLEMENTED}   # zero_stage 3: no whole copy to share
+             grpc.StatusCode.PERMISSION_DENIED}
 
 
 def _codes(e):
