@@ -179,13 +179,16 @@ int params_use_bf16_copy(struct engine *e, struct param_set *s, bool lend,
 	return 1;
 }
 
-int params_export_agree(struct engine *e, int rc, const char *what, struct eng_error *err)
+int params_export_agree(struct engine *base, const char *adapter, int adapter_view, int rc,
+			const char *what, struct eng_error *err)
 {
 	struct engine_status st;
 
-	engine_status(e, &st);
+	if (adapter[0] && adapter_view == ENGINED__V1__ADAPTER_VIEW__ADAPTER_VIEW_ADAPTER)
+		return rc;
+	engine_status(base, &st);
 	if (st.dist_world_size > 1 && st.dist_zero_stage == 3)
-		return engine_group_agree(e, rc, what, err);
+		return engine_group_agree(base, rc, what, err);
 	return rc;
 }
 

@@ -87,11 +87,16 @@ int params_read(struct engine *e, const struct param_set *s, const struct param_
 		int64_t start, int64_t count, void *dst, struct eng_error *err);
 
 /* The ranks' agreement before an export's first gather (engine thread):
- * where the engine's group shards its parameters (dist.zero_stage 3) every
- * rank makes the call, so every rank comes here, also after a local
- * failure (a rank must not wait in a gather for a peer that gave up), and
- * gets every rank's code (engine_group_agree). Any other engine: rc. */
-int params_export_agree(struct engine *e, int rc, const char *what, struct eng_error *err);
+ * where the base engine's group shards its parameters (dist.zero_stage 3)
+ * and the export reads them (the base, or an adapter's BASE or MERGED
+ * view: an adapter's own tensors are whole on every rank, so its ADAPTER
+ * view gathers nothing and one rank may export it alone), every rank makes
+ * the call, so every rank comes here, also after a local failure (a rank
+ * must not wait in a gather for a peer that gave up), and gets every
+ * rank's code (engine_group_agree). The rule reads the request alone, so
+ * that every rank decides alike. Any other export: rc. */
+int params_export_agree(struct engine *base, const char *adapter, int adapter_view, int rc,
+			const char *what, struct eng_error *err);
 
 /* A rank taking part in another rank's export of the set (the requests'
  * gather_only; engine thread): each tensor read in turn, one element of it,

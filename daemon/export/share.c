@@ -446,7 +446,7 @@ int h_run_share_weights(struct daemon *d, struct job *j, struct eng_error *err)
 	if (r == 0)
 		r = params_collect(e, q->dtype, q->names, q->n_names, true, &s.set, err);
 	if (q->gather_only) {   /* another rank shares (the header) */
-		r = params_export_agree(d->engine, r, "ShareWeights", err);
+		r = params_export_agree(d->engine, q->adapter, q->adapter_view, r, "ShareWeights", err);
 		if (r == 0)
 			r = params_take_part(e, &s.set, err);
 		if (r == 0)
@@ -462,7 +462,7 @@ int h_run_share_weights(struct daemon *d, struct job *j, struct eng_error *err)
 		r = share_table_admit(d->shares, s.total, share_table_now_ms(), err);
 	if (r == 0 && !lent)
 		r = check_host_memory(s.total, err);
-	r = params_export_agree(d->engine, r, "ShareWeights", err);
+	r = params_export_agree(d->engine, q->adapter, q->adapter_view, r, "ShareWeights", err);
 	if (r == 0 && !lent)
 		r = write_file(&s, j->call, err);
 	if (r < 0)

@@ -599,7 +599,7 @@ int h_run_get_params(struct daemon *d, struct job *j, struct eng_error *err)
 	if (r == 0)
 		r = params_collect(s.e, q->dtype, q->names, q->n_names, false, &s.set, err);
 	/* A ZeRO-3 group's ranks agree before the first gather (params.h). */
-	r = params_export_agree(d->engine, r, "GetPerTensorParam", err);
+	r = params_export_agree(d->engine, q->adapter, q->adapter_view, r, "GetPerTensorParam", err);
 	if (r < 0)
 		goto out;
 	if (q->gather_only) {   /* another rank exports; no bucket from here */

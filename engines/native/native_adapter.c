@@ -302,6 +302,18 @@ int native_adapter_create(struct engine *base, const struct engine_adapter_confi
 		rc = eng_fail(err, -ENOMEM, "adapter: out of host memory");
 		goto fail;
 	}
+	/* ZeRO-3: the base's score head is gathered (a collective), so the
+	 * ranks agree first that every one got this far. */
+	if (n->value_model && native_shard_params(b)) {
+		joined = true;
+		rc = native_dist_agree(b, 0, "CreateAdapter", err);
+		if (rc) {
+			if (host != native_family_host_ptr(n, FAM_PARAMS))
+				free(host);
+			goto fail;
+		}
+		joined = false;
+	}
 	rc = copy_base_score(n, host, err);
 	if (rc == 0 && cfg->peft_dir)
 		rc = native_peft_read(n, &peft, host, err);

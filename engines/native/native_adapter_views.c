@@ -3,7 +3,8 @@
  * under verl's base_layer names, or its base with every targeted weight
  * merged (W + scale B A), and a value model's score head the adapter's
  * own (PEFT's modules_to_save). The base's tensors are shown as the base shows
- * them (in place when host-resident, its bf16 copy included); a merged
+ * them (in place when host-resident, its bf16 copy included; gathered from
+ * the ranks, one at a time, when a ZeRO-3 group shards them); a merged
  * weight is computed on the device into the adapter's merge buffer, one
  * tensor at a time, and is never host-resident. */
 #include "native_engine.h"
@@ -97,9 +98,15 @@ static int merged(struct native *n, int64_t i, struct eng_error *err)
 		a->merged = buf;
 		a->merged_floats = p->numel + r * nin;
 	}
-	W = W ? W + p->offset : b->fam[FAM_PARAMS].dev + p->offset;
-	As = a->merged + p->numel;
 	a->merged_index = -1;
+	if (native_shard_params(b)) {   /* ZeRO-3: gathered (a collective) */
+		rc = native_shard_tensor(b, i, &W, err);
+		if (rc)
+			return rc;
+	} else {
+		W = W ? W + p->offset : b->fam[FAM_PARAMS].dev + p->offset;
+	}
+	As = a->merged + p->numel;
 	/* W + B (scale A): scale A into the buffer's tail, then one product
 	 * added to the copy of W */
 	rc = n->dev->ops->copy_d2d(n->dev, a->merged, W, p->numel * sizeof(float));

@@ -285,15 +285,24 @@ static int reduce_pass(struct native *n, struct llama_model *m, const struct mb_
 	return native_sync_finish(n, err);
 }
 
+/* The engine whose model a pass runs, and whose part buffers and hooks
+ * gather its weights: an adapter's base, else n itself. */
+static struct native *pass_owner(struct native *n)
+{
+	return n->base ? n->base : n;
+}
+
 /* Why a pass of a sharded group failed: its part hook's collective when
  * that was it (native_shard.c), else what the pass said. */
 static int shard_pass_error(struct native *n, int rc, struct eng_error *err)
 {
-	if (rc && n->group.shard_err.code) {
-		*err = n->group.shard_err;
+	struct native *o = pass_owner(n);
+
+	if (rc && o->group.shard_err.code) {
+		*err = o->group.shard_err;
 		rc = err->code;
 	}
-	eng_error_clear(&n->group.shard_err);
+	eng_error_clear(&o->group.shard_err);
 	return rc;
 }
 
@@ -311,7 +320,8 @@ static int walk_parts(struct native *n, struct llama_model *m, bool backward,
 }
 
 /* The micro-batches of a call in a group that shards its gradients or
- * parameters (dist.zero_stage 2, 3): every rank runs `passes` of them
+ * parameters (dist.zero_stage 2, 3; an adapter's call over a base whose
+ * parameters are sharded): every rank runs `passes` of them
  * (the group's most; a rank with fewer walks its parts for the rest,
  * adding nothing), and the ranks agree after each forward, so that a
  * loss or input error on one rank stops them all before the backward
@@ -322,6 +332,7 @@ static int sharded_passes(struct native *n, struct llama_model *m, const struct 
 			  struct eng_error *err)
 {
 	int32_t mine = plan->num_micro_batches;
+	struct native *o = pass_owner(n);
 	int rc = 0;
 
 	for (*ret_k = 0; *ret_k < passes && rc == 0; ++*ret_k) {
@@ -333,7 +344,7 @@ static int sharded_passes(struct native *n, struct llama_model *m, const struct 
 		if (k < mine) {
 			mb_gather(b, plan, k, h);
 			rc = shard_pass_error(n, mb_forward(n, m, b, res, h, inv_temp, err), err);
-		} else if (native_shard_params(n)) {
+		} else if (native_shard_params(o)) {
 			rc = walk_parts(n, m, false, err);
 		}
 		/* the previous backward's last reductions ran behind this
@@ -341,10 +352,10 @@ static int sharded_passes(struct native *n, struct llama_model *m, const struct 
 		{
 			/* drained whatever this rank's forward did: the comm
 			 * thread must be idle before this thread's collective */
-			int drained = native_shard_drain(n, &n->group.shard_err);
+			int drained = native_shard_drain(o, &o->group.shard_err);
 
 			rc = rc ? rc : shard_pass_error(n, drained, err);
-			eng_error_clear(&n->group.shard_err);
+			eng_error_clear(&o->group.shard_err);
 		}
 		rc = native_dist_agree(n, rc, "ForwardBackward", err);
 		if (rc || b->forward_only)
@@ -358,9 +369,9 @@ static int sharded_passes(struct native *n, struct llama_model *m, const struct 
 			n->group.dist->broken = true;   /* the peers are reducing */
 	}
 	if (rc == 0)
-		rc = shard_pass_error(n, native_shard_drain(n, &n->group.shard_err), err);
+		rc = shard_pass_error(n, native_shard_drain(o, &o->group.shard_err), err);
 	else
-		(void)native_shard_drain(n, NULL);
+		(void)native_shard_drain(o, NULL);
 	return rc;
 }
 
@@ -409,8 +420,10 @@ int native_forward_backward(struct engine *e, const struct engine_batch *b,
 	bool reducing = n->group.dist && b->reduce_gradients && !b->forward_only &&
 			!native_shard_grads(n);
 	/* ZeRO-2: a training call reduces as its backward goes; ZeRO-3: any
-	 * call gathers the parameters. Either is a collective of every rank. */
-	bool collective = native_shard_params(n) || (native_shard_grads(n) && !b->forward_only);
+	 * call gathers the parameters (an adapter's, its base's). Either is a
+	 * collective of every rank. */
+	bool collective = native_shard_params(pass_owner(n)) ||
+			  (native_shard_grads(n) && !b->forward_only);
 	bool (*cancelled)(void *) = reducing || collective ? NULL : b->cancelled;
 	bool agreed = false, reduced = false;
 	struct mb_plan plan = {0};
@@ -472,9 +485,18 @@ int native_forward_backward(struct engine *e, const struct engine_batch *b,
 	if (collective)
 		rc = agree_passes(n, rc, b, &passes, err);
 	if (collective && rc == 0) {
-		native_shard_call_begin(n);
+		native_shard_call_begin(pass_owner(n));
 		rc = sharded_passes(n, m, b, res, &plan, passes, &h, 1.0f / temp, &k, err);
-		native_shard_call_end(n);
+		native_shard_call_end(pass_owner(n));
+		/* An adapter over a ZeRO-3 base: its own gradients (whole on
+		 * every rank, ZeRO-1) reduced once the passes agreed and ran. */
+		agreed = reducing;
+		if (reducing && rc == 0) {
+			reduced = true;
+			rc = native_dist_reduce_now(n, err);
+			if (rc)
+				n->group.dist->broken = true;   /* the peers are reducing */
+		}
 	}
 	for (k = collective ? k : 0; !collective && k < plan.num_micro_batches && !rc; k++) {
 		bool last = k == plan.num_micro_batches - 1;

@@ -91,7 +91,9 @@ int native_dist_agree(struct native *n, int rc, const char *what, struct eng_err
 int native_dist_peer_code(int64_t rc);
 
 /* native_shard.c: ZeRO-2 and ZeRO-3. setup (group.zero_stage 2 or 3 in a
- * group; else nothing) makes the part buffers after native_dist_join; bind points
+ * group; else nothing; a frozen base (frozen_base: LoRA) has no gradients,
+ * so 2 is 1 for it and 3 gathers its weights only) makes the part buffers
+ * after native_dist_join; bind points
  * the model's gradients (and with 3 its weights) at them and installs the
  * part hooks; invalidate forgets the gathered weights (the parameters
  * changed); free at release. */

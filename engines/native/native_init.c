@@ -308,10 +308,6 @@ int native_initialize(struct engine *e, const struct engine_init_config *cfg,
 	 * to its budget. */
 	n->io_threads = cfg->threads > 0 ? cfg->threads : omp_get_max_threads();
 	rc = native_dist_shape(n, cfg, err);
-	if (rc == 0 && n->frozen && n->group.zero_stage > 1)
-		rc = eng_fail(err, -ENOSYS, "dist.zero_stage: %d with frozen_base: LoRA over a "
-			      "sharded base is not built yet (use zero_stage 1)",
-			      n->group.zero_stage);
 	if (rc == 0)
 		rc = check_fits(n, cfg, err);
 	if (rc == 0)

@@ -122,15 +122,14 @@ void native_rebind(struct native *n)
 	}
 	if (!native_shard_params(n))
 		model_weights_bind(&n->table, &n->cfg, p, &n->model.w);
-	if (n->group.shard) {
-		/* ZeRO-2/3: gradients (and weights) in the part buffers */
+	if (n->group.shard)   /* ZeRO-2/3: gradients (and weights) in the part buffers */
 		native_shard_bind(n);
-	} else if (n->frozen) {
+	if (n->frozen) {
 		/* no gradients: llama.c reads none (model.frozen) */
 		memset(n->gl, 0, n->cfg.num_layers * sizeof(*n->gl));
 		memset(&n->model.g, 0, sizeof(n->model.g));
 		n->model.g.layers = n->gl;
-	} else {
+	} else if (!native_shard_grads(n)) {
 		model_weights_bind(&n->table, &n->cfg, g, &n->model.g);
 	}
 	/* the region where the device may cache derived copies (bf16) */

@@ -90,7 +90,7 @@ bool native_shard_params(const struct native *n)
 
 bool native_shard_grads(const struct native *n)
 {
-	return n->group.zero_stage >= 2;
+	return n->group.zero_stage >= 2 && !n->frozen;   /* a frozen base has none */
 }
 
 size_t native_shard_bytes(const struct native *n)
@@ -154,8 +154,9 @@ static int shard_alloc(struct native *n, struct native_shard *s, struct eng_erro
 					"gathered layers (%lld floats)", (long long)len[i]);
 		s->bytes += (size_t)len[i] * sizeof(float);
 	}
-	for (int i = 0; i < B_COUNT; i++) {
+	for (int i = 0; i < B_COUNT; i++)
 		s->g_part[i] = -1;
+	for (int i = 0; i < B_COUNT && native_shard_grads(n); i++) {
 		s->g[i] = native_dalloc(n, (size_t)len[i] * sizeof(float));
 		if (!s->g[i])
 			return eng_fail(err, -ENOMEM, "dist.zero_stage: out of memory for the "
@@ -368,11 +369,12 @@ static int part_hook(void *ctx, int64_t p, bool backward, bool end)
 		}
 		/* The part's gradient scratch starts at zero (a tied head's
 		 * is the embedding's, zeroed with the head's). */
+		backward = backward && native_shard_grads(n);   /* a frozen base: none */
 		if (rc == 0 && backward && !(p == embed && s->tied))
 			rc = fresh_grads(n, p, err);
 		if (rc == 0 && backward && p == head && s->tied)
 			rc = fresh_grads(n, embed, err);
-	} else if (backward) {
+	} else if (backward && native_shard_grads(n)) {
 		int j = buf_index(s, p);
 
 		rc = n->dev->ops->sync(n->dev);
@@ -441,8 +443,9 @@ void native_shard_bind(struct native *n)
 		if (s->stage == 3)
 			model_weights_bind_range(&n->table, &n->cfg, s->w[buf_index(s, p)],
 						 s->range[p][0], s->range[p][1], &n->model.w);
-		model_weights_bind_range(&n->table, &n->cfg, s->g[buf_index(s, p)],
-					 s->range[p][0], s->range[p][1], &n->model.g);
+		if (native_shard_grads(n))
+			model_weights_bind_range(&n->table, &n->cfg, s->g[buf_index(s, p)],
+						 s->range[p][0], s->range[p][1], &n->model.g);
 	}
 	n->model.part = part_hook;
 	n->model.part_ctx = n;
@@ -455,8 +458,8 @@ int native_shard_setup(struct native *n, struct eng_error *err)
 	struct native_shard *s;
 	int rc;
 
-	if (stage < 2 || !n->group.dist)
-		return 0;
+	if (!n->group.dist || !(native_shard_params(n) || native_shard_grads(n)))
+		return 0;   /* ZeRO-1, or 2 over a frozen base (no gradients to shard) */
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return eng_fail(err, -ENOMEM, "dist: out of memory");

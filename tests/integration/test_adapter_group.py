@@ -13,7 +13,13 @@ same adapter on the whole batch:
     there) fails on every rank, naming that rank, and creates nothing;
     the group goes on;
   - the adapter's group checkpoint: a PEFT directory on rank 0's root,
-    restored bit for bit on every rank.
+    restored bit for bit on every rank;
+  - over a base whose group shards its parameters (dist.zero_stage 3:
+    every adapter call gathers the base's layers as the ranks go) the
+    same, and the adapter's BASE and MERGED views gathered tensor by
+    tensor: the base bit for bit, each merged weight W + (alpha / r) B A
+    of rank 0's own A and B. zero_stage 2 over a frozen base is 1 (it has
+    no gradients to shard).
 
 Run: ENGINED_BIN=build/daemon/engined PYTHONPATH=client/python:build/client/python
 /usr/bin/python3 -m pytest tests/integration/test_adapter_group.py [-k name]
@@ -70,14 +76,26 @@ def max_diff(a, b):
     return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
 
 
-@pytest.mark.parametrize("dist_daemons,reduce", [(2, False), (3, True), (2, True)],
+def merged_of(base, adapter, scale):
+    """The MERGED view by hand: each targeted weight W + scale B A."""
+    out = dict(base)
+    for k in base:
+        a = "base_model.model.%s.lora_A.weight" % k[:-len(".weight")]
+        if a in adapter:
+            out[k] = base[k] + scale * (adapter[a.replace("lora_A", "lora_B")] @ adapter[a])
+    return out
+
+
+@pytest.mark.parametrize("dist_daemons,reduce,stage",
+                         [(2, False, 1), (3, True, 1), (2, True, 1), (2, False, 3),
+                          (3, True, 3), (2, True, 2)],
                          indirect=["dist_daemons"])
-def test_group_adapter_equals_one_daemon(dist_daemons, reduce):
+def test_group_adapter_equals_one_daemon(dist_daemons, reduce, stage):
     world = len(dist_daemons) - 1
     lens = [24, 17, 31, 8, 40, 5, 12, 20]
     with EngineGroup([d.addr for d in dist_daemons[:world]], timeout=300) as g, \
             EngineClient(dist_daemons[world].addr, timeout=300) as ref:
-        g.initialize(dist_timeout_s=120, **INIT)
+        g.initialize(dist_timeout_s=120, dist_zero_stage=stage, **INIT)
         ref.initialize(**INIT)
         base0 = weights(ref.stream_weights())
         made = g.create_adapter("a", **ADAPTER)
@@ -110,10 +128,28 @@ def test_group_adapter_equals_one_daemon(dist_daemons, reduce):
             # wrong reduction would move most elements by ~lr.
             assert int((d > 1e-6).sum()) <= d.size // 1000, r
             assert d.max() <= 0.1 * 3 * INIT["optimizer"]["lr"], r
-            assert max_diff(weights(c.stream_weights()), base0) == 0.0, r
+            if stage < 3:
+                assert max_diff(weights(c.stream_weights()), base0) == 0.0, r
         # ZeRO-1 over the adapter's table: each rank steps its slice of it.
         st = g.get_status(adapter="a")
         assert all(s.step == 3 for s in st)
+        # the base's fp32 parameters: the whole table padded to W slices,
+        # or with 3 this rank's slice; no gradients (frozen)
+        mem = g.get_status()[0].memory
+        slice_len = -(-sum(v.size for v in base0.values()) // world)
+        assert mem.param_bytes == 4 * slice_len * (1 if stage == 3 else world)
+        assert mem.grad_bytes == 0
+        # The base and the merged views through the group (with 3 each
+        # tensor gathered from the ranks as it streams).
+        assert max_diff(weights(g.stream_weights()), base0) == 0.0
+        got = weights(g.stream_weights(adapter="a", adapter_view="base"))
+        assert any(".base_layer." in k for k in got)
+        assert max_diff({k.replace(".base_layer", ""): v for k, v in got.items()},
+                        base0) == 0.0
+        mine = weights(g.clients[0].stream_weights(adapter="a"))
+        want = merged_of(base0, mine, ADAPTER["alpha"] / ADAPTER["rank"])
+        got = weights(g.stream_weights(adapter="a", adapter_view="merged"))
+        assert max_diff(got, want) <= 1e-6
 
 
 @pytest.mark.parametrize("dist_daemons", [2], indirect=True)
@@ -149,3 +185,21 @@ def test_group_adapter_create_failure_and_checkpoint(dist_daemons):
         assert g.load_checkpoint("ad", adapter="a") == 1
         for c in g.clients:
             assert max_diff(weights(c.stream_weights(adapter="a")), before) == 0.0
+
+
+@pytest.mark.parametrize("dist_daemons", [2], indirect=True)
+def test_value_adapter_over_a_sharded_base_copies_the_gathered_score_head(dist_daemons):
+    # A value model's adapter starts from the base's score head, which a
+    # zero_stage 3 base holds in slices: CreateAdapter gathers it.
+    init = dict(INIT, model_type="value_model")
+    with EngineGroup([d.addr for d in dist_daemons[:2]], timeout=300) as g, \
+            EngineClient(dist_daemons[2].addr, timeout=300) as ref:
+        g.initialize(dist_timeout_s=120, dist_zero_stage=3, **init)
+        ref.initialize(**init)
+        g.create_adapter("a", **ADAPTER)
+        ref.create_adapter("a", **ADAPTER)
+        want = weights(ref.stream_weights(adapter="a"))
+        assert any(k.endswith("score.weight") for k in want)
+        for c in g.clients:
+            assert max_diff(weights(c.stream_weights(adapter="a")), want) == 0.0
+        assert max_diff(weights(g.stream_weights()), weights(ref.stream_weights())) == 0.0
