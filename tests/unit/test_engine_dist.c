@@ -70,6 +70,10 @@ static void init_config(struct engine_init_config *cfg)
 /* The dist.zero_stage the ranks of the next run_group form their group
  * with (0: not given, ZeRO-1); set before the fork, so each rank has it. */
 static int zero_stage;
+/* The group's ranks keep their parameters and optimizer state in host
+ * memory (param_offload, optimizer_offload) on a CPU device that keeps
+ * device and host allocations apart (ENGINED_CPU_DISCRETE, as CUDA). */
+static bool offload;
 
 static void dist_config(struct engine_init_config *cfg, const struct dist_group_id *id,
 			int rank, int W, double timeout_s)
@@ -170,7 +174,11 @@ static void run_rank(const struct dist_group_id *id, int rank, int W)
 
 	init_config(&cfg);
 	dist_config(&cfg, id, rank, W, 60);
+	cfg.param_offload = cfg.optimizer_offload = offload;
+	if (offload)
+		setenv("ENGINED_CPU_DISCRETE", "1", 1);
 	CHILD_CHECK(engine_create(&cfg, &e, &err) == 0, "engine_create: %s", err.msg);
+	unsetenv("ENGINED_CPU_DISCRETE");
 	init_config(&cfg);
 	CHILD_CHECK(engine_create(&cfg, &ref, &err) == 0, "reference: %s", err.msg);
 	engine_status(e, &st);
@@ -200,6 +208,21 @@ static void run_rank(const struct dist_group_id *id, int rank, int W)
 	double d = max_abs_diff(e, ref);
 
 	CHILD_CHECK(d <= 1e-6, "parameters differ from one engine by %g", d);
+	if (offload) {
+		/* Between calls the slices are on the host: this rank's
+		 * parameters, gradients and moments, 4 x 4 bytes a float of
+		 * the slice; the device keeps the part buffers and less than
+		 * one family's slice (small tables: RoPE's, the arenas). */
+		engine_status(e, &st);
+		CHILD_CHECK(!st.placement.model && !st.placement.optimizer && !st.placement.grad,
+			    "placement after the steps");
+		CHILD_CHECK(st.host_memory == 16 * (size_t)st.optim_shard_params,
+			    "host memory %zu, slice %lld floats", st.host_memory,
+			    (long long)st.optim_shard_params);
+		CHILD_CHECK(st.device_memory < st.gathered_bytes + 4 * (size_t)st.optim_shard_params,
+			    "device memory %zu, part buffers %zu", st.device_memory,
+			    st.gathered_bytes);
+	}
 	snprintf(path, sizeof(path), "%s/digest-%d", root, rank);
 	f = fopen(path, "w");
 	CHILD_CHECK(f && fprintf(f, "%016llx\n", (unsigned long long)state_digest(e, false)) > 0,
@@ -615,6 +638,34 @@ START_TEST(sharded_ranks_equal_one_engine)
 }
 END_TEST
 
+/* ZeRO-3 with the parameters and the optimizer state offloaded (verl's
+ * param_offload and optimizer_offload): each rank's slices live in host
+ * memory between calls and move in around each call, and the group ends
+ * bit for bit where the group that kept them resident ends. */
+START_TEST(sharded_offloaded_equal_resident)
+{
+	char resident[32], path[300];
+	FILE *f;
+
+	zero_stage = 3;
+	equivalence(2);
+	snprintf(path, sizeof(path), "%s/digest-0", root);
+	f = fopen(path, "r");
+	ck_assert_ptr_nonnull(f);
+	ck_assert_ptr_nonnull(fgets(resident, sizeof(resident), f));
+	fclose(f);
+	offload = true;
+	equivalence(2);
+	offload = false;
+	zero_stage = 0;
+	f = fopen(path, "r");
+	ck_assert_ptr_nonnull(f);
+	ck_assert_ptr_nonnull(fgets(path, sizeof(path), f));
+	fclose(f);
+	ck_assert_str_eq(path, resident);
+}
+END_TEST
+
 START_TEST(sharded_refused_on_one_rank)
 {
 	for (zero_stage = 2; zero_stage <= 3; zero_stage++) {
@@ -782,6 +833,7 @@ int main(void)
 	tcase_add_test(tc, reduce_in_backward_three_ranks);
 	tcase_add_test(tc, reduce_refused_on_one_rank);
 	tcase_add_test(tc, sharded_ranks_equal_one_engine);
+	tcase_add_test(tc, sharded_offloaded_equal_resident);
 	tcase_add_test(tc, sharded_refused_on_one_rank);
 	tcase_add_test(tc, rank_never_arrives);
 	tcase_add_test(tc, rank_dies);
