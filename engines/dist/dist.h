@@ -115,7 +115,9 @@ int dist_config_check_min(const struct dist_config *cfg, int min_world, struct e
 /* The checks every backend's collective makes first, one rule for all:
  * a group that is not broken (-ENOTCONN), count >= 0, a known dtype (t
  * as an int: a C caller may pass any), and count elements times `slices`
- * within INT64_MAX bytes (-EINVAL); *ret_bytes (may be NULL) gets them. */
+ * within INT64_MAX bytes (-EINVAL); *ret_bytes (may be NULL) gets them.
+ * Also the failure tests' hook: ENGINED_TEST_DIST_EXIT_AT="op:N" kills
+ * the process (SIGKILL) as it enters its N-th collective named op. */
 int dist_call_check(const struct dist *d, const char *op, int64_t count, int t,
 		    size_t slices, size_t *ret_bytes, struct eng_error *err);
 /* A broadcast's root: in [0, world_size) (-EINVAL). */

@@ -8,6 +8,10 @@
 #include "dist/dist.h"
 
 #include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "checked.h"
@@ -130,11 +134,43 @@ int dist_config_check_min(const struct dist_config *cfg, int min_world, struct e
 	return cfg->zero_stage ? dist_zero_stage_check(cfg->zero_stage, err) : 0;
 }
 
+/* ENGINED_TEST_DIST_EXIT_AT="op:N", for the failure tests (as the CPU
+ * device's ENGINED_CPU_FAIL_AT_ALLOC): the process kills itself (SIGKILL,
+ * its sockets closed by the kernel) on entering its N-th collective named
+ * op, counted from 0, so that a test kills a rank inside a given
+ * collective deterministically rather than by timing. */
+static char fault_op[32];
+static long fault_at = -1;
+static atomic_long fault_seen;
+static pthread_once_t fault_once = PTHREAD_ONCE_INIT;
+
+static void fault_read(void)
+{
+	const char *e = getenv("ENGINED_TEST_DIST_EXIT_AT");
+	const char *colon = e ? strchr(e, ':') : NULL;
+
+	if (!colon || colon == e || (size_t)(colon - e) >= sizeof(fault_op))
+		return;
+	memcpy(fault_op, e, (size_t)(colon - e));
+	fault_at = atol(colon + 1);
+}
+
+static void fault_point(const char *op)
+{
+	(void)pthread_once(&fault_once, fault_read);
+	if (fault_at < 0 || strcmp(op, fault_op) != 0 ||
+	    atomic_fetch_add(&fault_seen, 1) != fault_at)
+		return;
+	fprintf(stderr, "engined: ENGINED_TEST_DIST_EXIT_AT: killed at %s %ld\n", op, fault_at);
+	raise(SIGKILL);
+}
+
 int dist_call_check(const struct dist *d, const char *op, int64_t count, int t,
 		    size_t slices, size_t *ret_bytes, struct eng_error *err)
 {
 	size_t bytes = 0;
 
+	fault_point(op);
 	if (!d)
 		return eng_fail(err, -EINVAL, "dist %s: no group", op);
 	if (d->broken)

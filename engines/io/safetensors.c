@@ -1388,9 +1388,9 @@ int st_writer_finish(struct st_writer *w, uint64_t *ret_bytes,
 			rc = made ? filled.fill(filled.fill_ctx, made, filled.numel, err)
 				  : eng_fail(err, -ENOMEM, "%s: tensor '%s': no memory", w->path,
 					     filled.name);
-			if (rc) {
+			if (rc) {       /* fill's own code and message, not a write's */
 				free(made);
-				break;
+				goto out;
 			}
 			filled.data = made;
 		}

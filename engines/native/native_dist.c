@@ -342,7 +342,10 @@ int native_dist_agree(struct native *n, int rc, const char *what, struct eng_err
 				      "(%s; its reply says why); nothing changed on any rank", what,
 				      r, eng_strerror(native_dist_peer_code(all[r])));
 	free(all);
-	return got ? got : rc;
+	/* A local failure stays the answer (err has its message) also when
+	 * the exchange failed too: a dead peer's broadcast is UNAVAILABLE,
+	 * not the broken group's FAILED_PRECONDITION that followed it. */
+	return rc ? rc : got;
 }
 
 void native_dist_leave(struct native *n)

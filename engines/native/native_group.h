@@ -121,13 +121,15 @@ void native_shard_call_end(struct native *n);
 
 /* native_shard_comm.c: the thread of the part collectives. post queues a
  * gather (broadcasts from the holders into buf) or a reduction (sums to
- * the holders from buf) of the table's elements [lo, hi) and returns its
- * ticket; wait blocks until that ticket's op ran (-> the first failure
+ * the holders from buf) of the table's elements [lo, hi), model part
+ * `part` (llama.h; -1: a tensor an export reads, for the failure's
+ * message), and returns its ticket; wait blocks until that ticket's op ran (-> the first failure
  * since the last stats reset, err its message); drain waits for all. */
 struct shard_comm;
 int shard_comm_start(struct native *n, struct shard_comm **ret, struct eng_error *err);
 void shard_comm_stop(struct shard_comm *c);
-int64_t shard_comm_post(struct shard_comm *c, bool reduce, float *buf, int64_t lo, int64_t hi);
+int64_t shard_comm_post(struct shard_comm *c, bool reduce, float *buf, int64_t lo, int64_t hi,
+			int64_t part);
 int shard_comm_wait(struct shard_comm *c, int64_t ticket, struct eng_error *err);
 int shard_comm_drain(struct shard_comm *c, struct eng_error *err);
 /* ops, bytes, busy seconds (reduce_s), the engine's waits (wait_s);

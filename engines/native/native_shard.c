@@ -254,15 +254,17 @@ static int copy_own_piece(struct native *n, float *buf, int64_t lo, int64_t hi)
 				     (size_t)(b - a) * sizeof(float));
 }
 
-/* Post the gather of [lo, hi) into buf (the engine's device work first). */
-static int post_gather(struct native *n, float *buf, int64_t lo, int64_t hi, int64_t *ticket)
+/* Post the gather of [lo, hi) into buf, model part `part` or -1 (the
+ * engine's device work first). */
+static int post_gather(struct native *n, float *buf, int64_t lo, int64_t hi, int64_t part,
+		       int64_t *ticket)
 {
 	int rc = copy_own_piece(n, buf, lo, hi);
 
 	if (rc == 0)
 		rc = n->dev->ops->sync(n->dev);
 	if (rc == 0)
-		*ticket = shard_comm_post(n->group.shard->comm, false, buf, lo, hi);
+		*ticket = shard_comm_post(n->group.shard->comm, false, buf, lo, hi, part);
 	return rc;
 }
 
@@ -270,7 +272,7 @@ int native_shard_gather(struct native *n, float *buf, int64_t lo, int64_t hi,
 			struct eng_error *err)
 {
 	int64_t t = 0;
-	int rc = post_gather(n, buf, lo, hi, &t);
+	int rc = post_gather(n, buf, lo, hi, -1, &t);
 
 	if (rc)
 		return eng_fail(err, rc, "dist: copying this rank's parameters failed");
@@ -286,7 +288,7 @@ static int start_gather(struct native *n, int64_t p, struct eng_error *err)
 	if (s->held[i] == p)
 		return 0;
 	s->held[i] = -1;
-	rc = post_gather(n, s->w[i], s->range[p][0], s->range[p][1], &s->w_ticket[i]);
+	rc = post_gather(n, s->w[i], s->range[p][0], s->range[p][1], p, &s->w_ticket[i]);
 	if (rc)
 		return eng_fail(err, rc, "dist: copying this rank's parameters failed");
 	s->held[i] = p;
@@ -380,7 +382,7 @@ static int part_hook(void *ctx, int64_t p, bool backward, bool end)
 		rc = n->dev->ops->sync(n->dev);
 		if (rc == 0) {
 			s->g_ticket[j] = shard_comm_post(s->comm, true, s->g[j], s->range[p][0],
-							 s->range[p][1]);
+							 s->range[p][1], p);
 			s->g_part[j] = p;
 		} else {
 			rc = eng_fail(err, rc, "device: gradients of a part failed");

@@ -17,6 +17,7 @@
 #include "clock.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,6 +27,7 @@ struct shard_op {
 	bool reduce;                /* else a gather (broadcasts from holders) */
 	float *buf;                 /* the part's buffer: elements [lo, hi) */
 	int64_t lo, hi;
+	int64_t part;               /* the model part (llama.h), -1: one tensor */
 };
 
 struct shard_comm {
@@ -62,6 +64,26 @@ static int run_op(struct native *n, const struct shard_op *op, struct eng_error 
 	return rc;
 }
 
+/* The first failure, naming what failed: "dist: gathering the weights of
+ * layer 3: " and the collective's own message. */
+static void op_failed(struct shard_comm *c, const struct shard_op *op, int rc,
+		      const struct eng_error *err)
+{
+	int64_t L = c->n->cfg.num_layers;
+	char part[48];
+
+	if (op->part < 0)
+		snprintf(part, sizeof(part), "a tensor");
+	else if (op->part < L)
+		snprintf(part, sizeof(part), "layer %lld", (long long)op->part);
+	else
+		snprintf(part, sizeof(part), "%s", op->part == LLAMA_PART_HEAD(L) ? "the head" :
+			 "the embedding");
+	eng_fail(&c->err, rc, "dist: %s of %s: %s",
+		 op->reduce ? "reducing the gradients" : "gathering the weights", part,
+		 err->code ? err->msg : "failed");
+}
+
 static void *comm_main(void *arg)
 {
 	struct shard_comm *c = arg;
@@ -88,10 +110,7 @@ static void *comm_main(void *arg)
 		c->bytes += (op.hi - op.lo) * (int64_t)sizeof(float);
 		if (rc && !c->rc) {
 			c->rc = rc;
-			c->err = err;
-			if (!c->err.code)
-				eng_fail(&c->err, rc, "dist: %s of a model part failed",
-					 op.reduce ? "reducing the gradients" : "gathering the weights");
+			op_failed(c, &op, rc, &err);
 		}
 		c->done++;
 		pthread_cond_broadcast(&c->cv);
@@ -133,14 +152,15 @@ void shard_comm_stop(struct shard_comm *c)
 	free(c);
 }
 
-int64_t shard_comm_post(struct shard_comm *c, bool reduce, float *buf, int64_t lo, int64_t hi)
+int64_t shard_comm_post(struct shard_comm *c, bool reduce, float *buf, int64_t lo, int64_t hi,
+			int64_t part)
 {
 	int64_t t;
 
 	pthread_mutex_lock(&c->mu);
 	while (c->posted - c->done == QUEUE)
 		pthread_cond_wait(&c->cv, &c->mu);
-	c->q[c->posted % QUEUE] = (struct shard_op){ reduce, buf, lo, hi };
+	c->q[c->posted % QUEUE] = (struct shard_op){ reduce, buf, lo, hi, part };
 	t = ++c->posted;
 	pthread_cond_broadcast(&c->cv);
 	pthread_mutex_unlock(&c->mu);

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from daemon_fixture import Daemon, make_tmp
-from engined_client import (AsyncEngineGroup, EngineClient, EngineError, EngineGroup,
+from engined_client import (AsyncEngineGroup, EngineClient, EngineError, EngineGroup, GroupError,
                             global_loss_options, split_sequences)
 from engined_client.memory import rank_memory
 from test_engine_group import (dist_daemons, initialize_or_skip, max_diff,  # noqa: F401
@@ -259,6 +259,60 @@ def test_killed_rank_breaks_a_sharded_call_and_the_group_reforms(three_daemons):
         g.initialize(dist_timeout_s=60, dist_zero_stage=3, replace=True, **INIT)
         g.forward_backward(b["ids"], lens, loss="sft", loss_mask=b["loss_mask"])
         assert g.optimizer_step().step == 1
+
+
+# Rank 1's broadcasts before it dies (ENGINED_TEST_DIST_EXIT_AT, a hook of
+# dist_call_check): those of Initialize, a training step, a checkpoint and
+# an export come first, so the 136th is one of layer 3's in the next
+# ForwardBackward (the sequence is the same on every run; where a change
+# moves it, the test says which part the death fell in).
+DIES_AT_BROADCAST = 135
+
+
+def test_rank_killed_inside_a_layer_gather(tmp_path):
+    """Rank 1 dies (SIGKILL) as it enters a broadcast of the layer gathers
+    of a ZeRO-3 ForwardBackward: rank 0, inside that gather, answers
+    UNAVAILABLE naming the layer, keeps its slice (the step, Memory) and
+    reports the group broken; a new group with a third daemon in rank 1's
+    place loads the last checkpoint (saved before, on the shared root) and
+    its exports are that checkpoint's parameters bit for bit."""
+    store = make_tmp(prefix="engined-dist-")
+    root = make_tmp(prefix="engined-ckpt-")
+    args = ("--dist-store-root", store, "--checkpoint-root", root)
+    ds = [Daemon(*args),
+          Daemon(*args, env={"ENGINED_TEST_DIST_EXIT_AT": "broadcast:%d" % DIES_AT_BROADCAST}),
+          Daemon(*args)]
+    try:
+        lens, b = step_batch(4)
+        kw = dict(loss="sft", loss_mask=b["loss_mask"])
+        with EngineGroup([d.addr for d in ds[:2]], timeout=120) as g:
+            initialize_or_skip(g, dist_timeout_s=5, dist_zero_stage=3, **INIT)
+            g.forward_backward(b["ids"], lens, **kw)
+            g.optimizer_step()
+            g.save_checkpoint("last", global_step=1)
+            want = group_weights(g)[0]
+            before = g.clients[0].get_status().memory
+            with pytest.raises(GroupError) as e:
+                g.forward_backward(b["ids"], lens, **kw)
+            err0 = e.value.errors[0]
+            assert err0.code() == SC.UNAVAILABLE, err0
+            assert "gathering the weights of layer" in err0.details(), err0
+            assert ds[1].proc.wait(timeout=60) == -signal.SIGKILL
+            st = g.clients[0].get_status()
+            assert st.dist.broken and st.step == 1
+            assert st.memory.param_bytes == before.param_bytes
+        with EngineGroup([ds[0].addr, ds[2].addr], timeout=120) as g:
+            g.initialize(dist_timeout_s=60, dist_zero_stage=3, replace=True, **INIT)
+            assert on_all(g, lambda c: c.load_checkpoint("last")) == [1, 1]
+            for w in group_weights(g):
+                assert all(np.array_equal(w[k], want[k]) for k in want)
+            g.forward_backward(b["ids"], lens, **kw)
+            assert g.optimizer_step().step == 2
+    finally:
+        codes = [d.stop() for d in ds]
+        shutil.rmtree(store, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
+    assert codes[0] == 0 and codes[2] == 0, codes
 
 
 @pytest.mark.parametrize("dist_daemons", [3], indirect=True)
