@@ -138,6 +138,32 @@ enum matmul_precision {
 	               const float *dout, const float *gate,                                \
 	               const float *up, int64_t n))                                         \
                                                                                             \
+	/* Mixture of experts (llama.c). moe_route_fwd: per row t of probs[T,E],          \
+	 * which holds the router's logits on entry: probs = softmax of them; idx[t]      \
+	 * the k experts of highest probability, highest first (ties: the lower           \
+	 * index); w[t,j] = probs[t, idx[t,j]], divided by their sum when norm.           \
+	 * moe_route_bwd: dz[T,E] = (overwritten) the gradient of the logits from         \
+	 * dw[T,k] and the forward's probs, idx and w. */                                 \
+	X(moe_route_fwd, (struct device *dev, float *probs, int32_t *idx, float *w,        \
+	                  int64_t T, int64_t E, int64_t k, bool norm))                     \
+	X(moe_route_bwd, (struct device *dev, float *dz, const float *dw,                  \
+	                  const float *probs, const int32_t *idx, const float *w,          \
+	                  int64_t T, int64_t E, int64_t k, bool norm))                     \
+	/* dst[r] = src[rows[r]] for r < R, rows of C floats. */                           \
+	X(rows_gather, (struct device *dev, float *dst, const float *src,                  \
+	                const int32_t *rows, int64_t R, int64_t C))                        \
+	/* out[t] = sum over j of w[t,j] y[pos[t,j]] (w NULL: 1), the k terms             \
+	 * added to zero in ascending pos (transformers' order: by expert), rows          \
+	 * of C floats; distinct pos. */                                                  \
+	X(moe_combine, (struct device *dev, float *out, const float *y,                    \
+	                const int32_t *pos, const float *w, int64_t T, int64_t k,         \
+	                int64_t C))                                                       \
+	/* Its backward: dy[pos[t,j]] = w[t,j] dout[t] (overwritten), dw[t,j] =           \
+	 * dout[t] . y[pos[t,j]]. */                                                      \
+	X(moe_combine_bwd, (struct device *dev, float *dy, float *dw,                      \
+	                    const float *dout, const float *y, const int32_t *pos,        \
+	                    const float *w, int64_t T, int64_t k, int64_t C))             \
+                                                                                            \
 	/* x[R,N] += bias[N] on every row. */                                               \
 	X(bias_add, (struct device *dev, float *x, const float *bias,                       \
 	             int64_t R, int64_t N))                                                 \

@@ -12,7 +12,8 @@
  *   initializer_range = 0.02, hidden_act = "silu".
  * What the engine cannot run is refused rather than approximated:
  * sliding-window attention, rope_scaling types other than default/llama3,
- * mlp_bias, activations other than silu.
+ * mlp_bias, activations other than silu, and of the experts'
+ * (parse_experts) the router's auxiliary loss and jitter.
  * The head: "architectures"[0] names a family's *ForCausalLM (lm_head) or
  * *ForTokenClassification (score: a value model) class, both in the family
  * table; model_config_set_head holds it against the engine's kind, and a
@@ -40,7 +41,12 @@ static const struct {
 	{ "qwen3", ARCH_QWEN3, "Qwen3ForCausalLM", "Qwen3ForTokenClassification", 32768 },
 	{ "mistral", ARCH_MISTRAL, "MistralForCausalLM", "MistralForTokenClassification",
 	  131072 },
+	{ "qwen3_moe", ARCH_QWEN3_MOE, "Qwen3MoeForCausalLM", "Qwen3MoeForTokenClassification",
+	  32768 },
+	{ "mixtral", ARCH_MIXTRAL, "MixtralForCausalLM", "MixtralForTokenClassification",
+	  131072 },
 };
+#define SUPPORTED "llama, qwen2, qwen3, mistral, qwen3_moe, mixtral"
 #define N_ARCH (sizeof(arch_table) / sizeof(arch_table[0]))
 
 /* The family table's row of c->arch (row 0 for an arch out of range). */
@@ -255,6 +261,101 @@ static int parse_head(json_t *root, size_t k, struct model_config *c, struct eng
 	return c->head == MODEL_HEAD_TOKEN_CLS ? parse_labels(root, c, err) : 0;
 }
 
+/* The experts of a qwen3_moe or mixtral config (config.h), with
+ * transformers' defaults (Qwen3MoeConfig, MixtralConfig); what engined
+ * cannot run is refused naming the key: the router's auxiliary loss
+ * (output_router_logits), mixtral's router jitter, and routings of other
+ * families (a grouped top-k, sigmoid scores). */
+static int parse_experts(json_t *root, struct model_config *c, struct eng_error *err)
+{
+	bool qwen = c->arch == ARCH_QWEN3_MOE, logits = false;
+	const char *ekey = get(root, "num_experts") || (qwen && !get(root, "num_local_experts"))
+			   ? "num_experts" : "num_local_experts";
+	json_t *v;
+	int rc;
+
+	rc = get_int(root, "", ekey, qwen ? 128 : 8, 1, MODEL_MAX_EXPERTS, &c->num_experts, err);
+	if (!rc)
+		rc = get_int(root, "", "num_experts_per_tok", qwen ? 8 : 2, 1, MODEL_MAX_EXPERTS_PER_TOK,
+			     &c->experts_per_tok, err);
+	if (rc)
+		return rc;
+	if (c->experts_per_tok > c->num_experts)
+		return eng_fail(err, -EINVAL, "num_experts_per_tok: %lld, more than %s %lld",
+				(long long)c->experts_per_tok, ekey, (long long)c->num_experts);
+	c->moe_intermediate_size = c->intermediate_size;
+	c->decoder_sparse_step = 1;
+	c->norm_topk_prob = true;
+	if (qwen) {
+		rc = get_int(root, "", "moe_intermediate_size", 768, 1, MODEL_MAX_INTERMEDIATE,
+			     &c->moe_intermediate_size, err);
+		if (!rc)
+			rc = get_int(root, "", "decoder_sparse_step", 1, 1, MODEL_MAX_LAYERS,
+				     &c->decoder_sparse_step, err);
+		if (!rc)
+			rc = get_bool(root, "norm_topk_prob", false, &c->norm_topk_prob, err);
+		if (rc)
+			return rc;
+		v = get(root, "mlp_only_layers");
+		if (v && !json_is_array(v))
+			return eng_fail(err, -EINVAL, "mlp_only_layers: must be an array of layer "
+					"indices");
+		for (size_t i = 0; v && i < json_array_size(v); i++) {
+			json_t *x = json_array_get(v, i);
+			int64_t l = json_is_integer(x) ? json_integer_value(x) : -1;
+
+			if (l < 0 || l >= c->num_layers)
+				return eng_fail(err, -EINVAL, "mlp_only_layers[%zu]: must be a layer "
+						"index in [0, %lld)", i, (long long)c->num_layers);
+			c->dense_layers[l / 64] |= UINT64_C(1) << (l % 64);
+		}
+	} else {
+		double jitter;
+
+		rc = get_num(root, "", "router_jitter_noise", false, 0.0, false, &jitter, err);
+		if (rc)
+			return rc;
+		if (jitter != 0.0)
+			return eng_fail(err, -EINVAL, "router_jitter_noise: %g; only 0 is "
+					"supported (jitter makes the routing random)", jitter);
+	}
+	rc = get_num(root, "", "router_aux_loss_coef", false, 0.001, false,
+		     &c->router_aux_loss_coef, err);
+	if (!rc)
+		rc = get_bool(root, "output_router_logits", false, &logits, err);
+	if (rc)
+		return rc;
+	if (logits)
+		return eng_fail(err, -EINVAL, "output_router_logits: true asks for the router's "
+				"auxiliary loss, which is not built yet; set it false");
+	v = get(root, "scoring_func");
+	if (v && (!json_is_string(v) || strcmp(json_string_value(v), "softmax")))
+		return eng_fail(err, -EINVAL, "scoring_func: only \"softmax\" routing is "
+				"supported");
+	v = get(root, "topk_group");
+	if (v && !(json_is_integer(v) && json_integer_value(v) == 1))
+		return eng_fail(err, -EINVAL, "topk_group: a grouped top-k is not supported");
+	return 0;
+}
+
+static bool has_mlp(const struct model_config *c, enum model_mlp kind)
+{
+	for (int64_t l = 0; l < c->num_layers; l++)
+		if (model_layer_mlp(c, l) == kind)
+			return true;
+	return false;
+}
+
+bool model_has_experts(const struct model_config *c)
+{
+	return has_mlp(c, MODEL_MLP_MOE);
+}
+
+bool model_has_dense(const struct model_config *c)
+{
+	return has_mlp(c, MODEL_MLP_DENSE);
+}
+
 static int parse_root(json_t *root, struct model_config *c, struct eng_error *err)
 {
 	const char *mt;
@@ -267,13 +368,13 @@ static int parse_root(json_t *root, struct model_config *c, struct eng_error *er
 	mt = json_string_value(get(root, "model_type"));
 	if (!mt)
 		return eng_fail(err, -EINVAL, "model_type: required string missing "
-				"(supported: llama, qwen2, qwen3, mistral)");
+				"(supported: " SUPPORTED ")");
 	for (k = 0; k < N_ARCH; k++)
 		if (!strcmp(mt, arch_table[k].model_type))
 			break;
 	if (k == N_ARCH)
 		return eng_fail(err, -EINVAL, "model_type: '%s' is not supported "
-				"(supported: llama, qwen2, qwen3, mistral)", mt);
+				"(supported: " SUPPORTED ")", mt);
 	c->arch = arch_table[k].arch;
 	snprintf(c->model_type, sizeof(c->model_type), "%s", mt);
 
@@ -341,11 +442,21 @@ static int parse_root(json_t *root, struct model_config *c, struct eng_error *er
 		c->qk_norm = true;
 		c->o_proj_bias = c->attention_bias;
 		break;
+	case ARCH_QWEN3_MOE:
+		c->qk_norm = true;
+		c->o_proj_bias = c->attention_bias;
+		c->mlp = MODEL_MLP_MOE;
+		break;
 	case ARCH_MISTRAL:
+	case ARCH_MIXTRAL:
 		/* MistralAttention has no bias, whatever the config says. */
 		c->attention_bias = false;
+		c->mlp = c->arch == ARCH_MIXTRAL ? MODEL_MLP_MOE : MODEL_MLP_DENSE;
 		break;
 	}
+	rc = c->mlp == MODEL_MLP_MOE ? parse_experts(root, c, err) : 0;
+	if (rc)
+		return rc;
 
 	v = get(root, "hidden_act");
 	if (v && (!json_is_string(v) || strcmp(json_string_value(v), "silu")))
@@ -361,9 +472,9 @@ static int parse_root(json_t *root, struct model_config *c, struct eng_error *er
 	if (v && !json_is_integer(v))
 		return eng_fail(err, -EINVAL, "sliding_window: must be an integer or null");
 	if (v && json_integer_value(v) < c->max_position_embeddings) {
-		bool used = c->arch == ARCH_MISTRAL;
+		bool used = c->arch == ARCH_MISTRAL || c->arch == ARCH_MIXTRAL;
 
-		if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3) {
+		if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE) {
 			json_t *u = get(root, "use_sliding_window");
 
 			used = json_is_true(u);
@@ -443,6 +554,35 @@ static int put_labels(json_t *o, int64_t n)
 	return bad;
 }
 
+/* The experts' keys, as the family's transformers config names them. */
+static int put_experts(json_t *o, const struct model_config *c)
+{
+	bool qwen = c->arch == ARCH_QWEN3_MOE;
+	json_t *dense = json_array();
+	int bad = !dense;
+
+	for (int64_t l = 0; dense && l < c->num_layers; l++)
+		if (c->dense_layers[l / 64] >> (l % 64) & 1)
+			bad |= json_array_append_new(dense, json_integer(l));
+	bad |= json_object_set_new(o, qwen ? "num_experts" : "num_local_experts",
+				   json_integer(c->num_experts));
+	bad |= json_object_set_new(o, "num_experts_per_tok", json_integer(c->experts_per_tok));
+	if (qwen) {
+		bad |= json_object_set_new(o, "moe_intermediate_size",
+					   json_integer(c->moe_intermediate_size));
+		bad |= json_object_set_new(o, "decoder_sparse_step",
+					   json_integer(c->decoder_sparse_step));
+		bad |= json_object_set_new(o, "norm_topk_prob", json_boolean(c->norm_topk_prob));
+		bad |= json_object_set_new(o, "mlp_only_layers", dense);
+	} else {
+		json_decref(dense);
+		bad |= json_object_set_new(o, "router_jitter_noise", json_real(0.0));
+	}
+	bad |= json_object_set_new(o, "router_aux_loss_coef", json_real(c->router_aux_loss_coef));
+	bad |= json_object_set_new(o, "output_router_logits", json_false());
+	return bad;
+}
+
 static json_t *config_object(const struct model_config *c)
 {
 	size_t k = family_of(c);
@@ -487,10 +627,12 @@ static json_t *config_object(const struct model_config *c)
 	bad |= json_object_set_new(o, "attention_bias", json_boolean(c->attention_bias));
 	bad |= json_object_set_new(o, "hidden_act", json_string("silu"));
 	bad |= json_object_set_new(o, "initializer_range", json_real(c->initializer_range));
-	if (c->arch == ARCH_MISTRAL)
+	if (c->arch == ARCH_MISTRAL || c->arch == ARCH_MIXTRAL)
 		bad |= json_object_set_new(o, "sliding_window", json_null());
-	if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3)
+	if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE)
 		bad |= json_object_set_new(o, "use_sliding_window", json_false());
+	if (c->mlp == MODEL_MLP_MOE)
+		bad |= put_experts(o, c);
 	bad |= json_object_set_new(o, "torch_dtype", json_string("float32"));
 	if (bad) {
 		json_decref(o);
@@ -505,7 +647,8 @@ static bool same_reals(const struct model_config *a, const struct model_config *
 	       a->rope_factor == b->rope_factor &&
 	       a->rope_low_freq_factor == b->rope_low_freq_factor &&
 	       a->rope_high_freq_factor == b->rope_high_freq_factor &&
-	       a->initializer_range == b->initializer_range;
+	       a->initializer_range == b->initializer_range &&
+	       a->router_aux_loss_coef == b->router_aux_loss_coef;
 }
 
 char *model_config_to_json(const struct model_config *cfg)

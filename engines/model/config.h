@@ -1,5 +1,6 @@
 /* config.h — Llama-family model configuration, read from a Hugging Face
- * config.json (llama, qwen2, qwen3, mistral). */
+ * config.json (llama, qwen2, qwen3, mistral; qwen3_moe and mixtral with
+ * experts). */
 #ifndef ENGINED_MODEL_CONFIG_H
 #define ENGINED_MODEL_CONFIG_H
 
@@ -13,6 +14,8 @@ enum model_arch {
 	ARCH_QWEN2 = 1,   /* q/k/v projections carry a bias */
 	ARCH_QWEN3 = 2,   /* q_norm / k_norm RMSNorm over head_dim */
 	ARCH_MISTRAL = 3, /* llama layout; sliding window not supported (refused when smaller than max_position_embeddings) */
+	ARCH_QWEN3_MOE = 4, /* qwen3 attention; experts (mlp.gate, mlp.experts.N.*_proj) */
+	ARCH_MIXTRAL = 5, /* mistral attention; experts (block_sparse_moe.gate, .experts.N.w1/w2/w3) */
 };
 
 /* Upper bounds of the dimensions a config.json may give (a config comes
@@ -31,12 +34,15 @@ enum model_arch {
  * num_labels): read to be checked (a value model has one) and written
  * back one entry each. */
 #define MODEL_MAX_LABELS (INT64_C(1) << 10)
+#define MODEL_MAX_EXPERTS (INT64_C(1) << 10)
+#define MODEL_MAX_EXPERTS_PER_TOK 64
+/* Tensors of a model's parameter table (Qwen3-235B-A22B has 36.9k, a
+ * 61-layer model of 384 experts 70k): its entries take ~170 bytes each. */
+#define MODEL_MAX_TENSORS (INT64_C(1) << 18)
 
-/* What a decoder layer's MLP is. Every family parsed today is dense (one
- * SwiGLU MLP per layer); a mixture of experts (a router over experts,
- * Qwen3-MoE / Qwen2-MoE's shared experts, Mixtral) is a second kind,
- * chosen per layer (Qwen's decoder_sparse_step and mlp_only_layers):
- * docs/HACKING.md, where experts plug in. */
+/* What a decoder layer's MLP is: dense (one SwiGLU MLP), or a mixture of
+ * experts (a router over SwiGLU experts: qwen3_moe, mixtral), chosen per
+ * layer (Qwen's decoder_sparse_step and mlp_only_layers; model_layer_mlp). */
 enum model_mlp {
 	MODEL_MLP_DENSE = 0,
 	MODEL_MLP_MOE,
@@ -66,7 +72,19 @@ struct model_config {
 	bool tie_word_embeddings;   /* default false */
 	bool attention_bias;        /* q/k/v bias: qwen2 always, llama/qwen3 if "attention_bias" */
 	bool qk_norm;               /* qwen3 */
-	enum model_mlp mlp;         /* every layer's (dense: all families parsed) */
+	enum model_mlp mlp;         /* MOE: the family has experts (model_layer_mlp) */
+	/* Mixture of experts: num_experts (E) SwiGLU experts of
+	 * moe_intermediate_size (I; mixtral: intermediate_size) each; a token
+	 * goes to the experts_per_tok (k) of highest softmax probability of
+	 * the router's logits, weighted by those probabilities, renormalised
+	 * to sum to 1 when norm_topk_prob (mixtral: always). A qwen3_moe layer
+	 * l is sparse unless dense_layers has it (mlp_only_layers) and when
+	 * (l + 1) % decoder_sparse_step == 0. router_aux_loss_coef is read and
+	 * written back (the auxiliary loss is refused: output_router_logits). */
+	int64_t num_experts, experts_per_tok, moe_intermediate_size, decoder_sparse_step;
+	bool norm_topk_prob;
+	uint64_t dense_layers[MODEL_MAX_LAYERS / 64];
+	double router_aux_loss_coef;
 	/* rope_scaling {"rope_type"|"type": "llama3", factor, low_freq_factor,
 	 * high_freq_factor, original_max_position_embeddings} */
 	bool rope_llama3;
@@ -87,9 +105,14 @@ struct model_config {
 /* The MLP of decoder layer `layer` (0 <= layer < num_layers). */
 static inline enum model_mlp model_layer_mlp(const struct model_config *c, int64_t layer)
 {
-	(void)layer;
-	return c->mlp;
+	if (c->mlp != MODEL_MLP_MOE || (c->dense_layers[layer / 64] >> (layer % 64) & 1))
+		return MODEL_MLP_DENSE;
+	return (layer + 1) % c->decoder_sparse_step == 0 ? MODEL_MLP_MOE : MODEL_MLP_DENSE;
 }
+
+/* Whether any layer is a mixture of experts; whether any is dense. */
+bool model_has_experts(const struct model_config *c);
+bool model_has_dense(const struct model_config *c);
 
 /* Parse the text of a config.json. Unknown model_type, missing required
  * fields, non-positive sizes, H % KV != 0, odd head_dim, unsupported

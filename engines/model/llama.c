@@ -68,13 +68,23 @@ struct layer_acts {
 	float *att, *lse;      /* [T,QD], [H,T] */
 	float *xmid;           /* [T,C] */
 	float *ln2, *rstd2;    /* [T,C], [T] */
-	float *gate, *up;      /* [T,F], [T,F] */
+	float *gate, *up;      /* [T,F], [T,F] (dense layers) */
+	/* A mixture-of-experts layer: its T k choices, R = T k rows grouped
+	 * by expert (moe_group) */
+	float *probs;          /* [T,E] the router's softmax */
+	int32_t *idx, *pos;    /* [T,k] the chosen experts; each choice's row */
+	float *wts;            /* [T,k] their weights */
+	int32_t *tok;          /* [R] the token of each row */
+	float *xg, *eg, *eu;   /* [R,C] the rows' inputs; [R,I] gate, up */
+	float *ey;             /* [R,C] the experts' outputs */
 };
 
 struct global_acts {
 	float *resid[2];       /* [T,C] forward-only residual ping-pong */
 	float *xL, *lnf, *rstdf; /* [T,C], [T,C], [T] */
-	float *s1, *s2, *s3;   /* [T,F] scratch */
+	float *s1, *s2, *s3;   /* [T,F] / [R,I] scratch (mlp_floats) */
+	float *moe_dy;         /* [R,C] experts' output gradients, then input's */
+	float *moe_dw, *moe_dz;/* [T,k] choice weights', [T,E] router logits' */
 	float *dx, *dln;       /* [T,C] */
 	float *datt, *dq;      /* [T,QD] */
 	float *dk, *dv;        /* [T,KD] */
@@ -83,6 +93,33 @@ struct global_acts {
 	float *lse, *ez;       /* [T] saved by the LM head forward */
 	struct logprob_stats *stats; /* [T] */
 };
+
+/* A layer's MLP activations, per kind the model has: dense gate and up;
+ * the experts' routing and rows (layer_acts). */
+static size_t dense_floats(const struct model_config *c, int64_t T)
+{
+	return model_has_dense(c) ? 2 * al(T * c->intermediate_size) : 0;
+}
+
+static size_t experts_floats(const struct model_config *c, int64_t T)
+{
+	int64_t R = T * c->experts_per_tok;
+
+	if (!model_has_experts(c))
+		return 0;
+	return al(T * c->num_experts) + 4 * al(R) + 2 * al(R * c->hidden_size) +
+	       2 * al(R * c->moe_intermediate_size);
+}
+
+/* Floats of the MLP scratch buffers s1..s3: a dense layer's [T,F], an
+ * experts layer's [R,I]. */
+static int64_t mlp_floats(const struct model_config *c, int64_t T)
+{
+	int64_t dense = model_has_dense(c) ? T * c->intermediate_size : 0;
+	int64_t moe = model_has_experts(c) ? T * c->experts_per_tok * c->moe_intermediate_size : 0;
+
+	return dense > moe ? dense : moe;
+}
 
 static size_t layer_floats(const struct model_config *c, int64_t T)
 {
@@ -93,7 +130,7 @@ static size_t layer_floats(const struct model_config *c, int64_t T)
 	n += 2 * al(T);                             /* rstd1, rstd2 */
 	n += al(T * QD) * 2 + al(T * KD) * 2;       /* q, att, k, v */
 	n += al(c->num_heads * T);                  /* lse */
-	n += 2 * al(T * c->intermediate_size);      /* gate, up */
+	n += dense_floats(c, T) + experts_floats(c, T);
 	if (c->qk_norm)
 		n += al(T * QD) + al(T * KD) + al(T * c->num_heads) + al(T * c->num_kv_heads);
 	return n;
@@ -148,8 +185,11 @@ static size_t global_floats(const struct llama_model *m, int64_t T, bool lm_cach
 				     : lm_logits_floats(m, T, lm_cached) + 2 * al(T) +
 				       al(T * sizeof(struct logprob_stats) / sizeof(float));
 
-	return 6 * C + al(T) + 3 * al(T * c->intermediate_size) +
-	       2 * al(T * QD) + 2 * al(T * KD) + head;
+	size_t moe = model_has_experts(c) ? al(T * c->experts_per_tok * c->hidden_size) +
+					    al(T * c->experts_per_tok) + al(T * c->num_experts) : 0;
+
+	return 6 * C + al(T) + 3 * al(mlp_floats(c, T)) +
+	       2 * al(T * QD) + 2 * al(T * KD) + head + moe;
 }
 
 /* Floats of the layers' part of the arena: every layer's activations
@@ -174,6 +214,17 @@ int llama_reserve(struct llama_model *m, int64_t T, bool training,
 {
 	size_t need = llama_activation_bytes(m, T, training) / sizeof(float);
 	float *a;
+
+	if (m->moe_off && m->moe_host_cap < T) {
+		int32_t *h = malloc((size_t)(3 * T * m->cfg.experts_per_tok) * sizeof(*h));
+
+		if (!h)
+			return eng_fail(err, -ENOMEM, "experts: out of host memory for %lld "
+					"tokens", (long long)T);
+		free(m->moe_host);
+		m->moe_host = h;
+		m->moe_host_cap = T;
+	}
 
 	if (m->arena && need <= m->arena_floats) {
 		m->cap_tokens = T;
@@ -222,8 +273,23 @@ static void layer_acts_at(const struct llama_model *m, int64_t T, int64_t slot,
 	a->k = TAKE(T * KD);
 	a->v = TAKE(T * KD);
 	a->lse = TAKE(c->num_heads * T);
-	a->gate = TAKE(T * c->intermediate_size);
-	a->up = TAKE(T * c->intermediate_size);
+	if (model_has_dense(c)) {
+		a->gate = TAKE(T * c->intermediate_size);
+		a->up = TAKE(T * c->intermediate_size);
+	}
+	if (model_has_experts(c)) {
+		int64_t R = T * c->experts_per_tok;
+
+		a->probs = TAKE(T * c->num_experts);
+		a->idx = (int32_t *)TAKE(R);
+		a->pos = (int32_t *)TAKE(R);
+		a->wts = TAKE(R);
+		a->tok = (int32_t *)TAKE(R);
+		a->xg = TAKE(R * c->hidden_size);
+		a->ey = TAKE(R * c->hidden_size);
+		a->eg = TAKE(R * c->moe_intermediate_size);
+		a->eu = TAKE(R * c->moe_intermediate_size);
+	}
 	if (c->qk_norm) {
 		a->qpre = TAKE(T * QD);
 		a->kpre = TAKE(T * KD);
@@ -250,9 +316,14 @@ static void global_acts_at(const struct llama_model *m, int64_t T, bool training
 	g->dx = TAKE(T * c->hidden_size);
 	g->dln = TAKE(T * c->hidden_size);
 	g->rstdf = TAKE(T);
-	g->s1 = TAKE(T * c->intermediate_size);
-	g->s2 = TAKE(T * c->intermediate_size);
-	g->s3 = TAKE(T * c->intermediate_size);
+	g->s1 = TAKE(mlp_floats(c, T));
+	g->s2 = TAKE(mlp_floats(c, T));
+	g->s3 = TAKE(mlp_floats(c, T));
+	if (model_has_experts(c)) {
+		g->moe_dy = TAKE(T * c->experts_per_tok * c->hidden_size);
+		g->moe_dw = TAKE(T * c->experts_per_tok);
+		g->moe_dz = TAKE(T * c->num_experts);
+	}
 	g->datt = TAKE(T * QD);
 	g->dq = TAKE(T * QD);
 	g->dk = TAKE(T * KD);
@@ -416,15 +487,33 @@ int llama_init(struct llama_model *m, struct device *dev,
 	float *host = malloc(half * sizeof(float));
 	int rc;
 
-	for (int64_t l = 0; l < cfg->num_layers; l++)
-		if (model_layer_mlp(cfg, l) != MODEL_MLP_DENSE) {
-			free(host);
-			return eng_fail(err, -EINVAL,
-					"model: layer %lld: a mixture-of-experts MLP is not supported",
-					(long long)l);
-		}
 	if (!host)
 		return eng_fail(err, -ENOMEM, "rope: out of memory");
+	/* a config made by hand, not parsed (model_config_parse checks these) */
+	if (cfg->mlp == MODEL_MLP_MOE &&
+	    (cfg->num_experts < 1 || cfg->num_experts > MODEL_MAX_EXPERTS ||
+	     cfg->experts_per_tok < 1 || cfg->experts_per_tok > cfg->num_experts ||
+	     cfg->experts_per_tok > MODEL_MAX_EXPERTS_PER_TOK || cfg->moe_intermediate_size < 1 ||
+	     cfg->decoder_sparse_step < 1)) {
+		free(host);
+		return eng_fail(err, -EINVAL, "model: a mixture of experts needs 1 <= "
+				"experts_per_tok (%lld) <= num_experts (%lld), "
+				"moe_intermediate_size (%lld) and decoder_sparse_step (%lld) >= 1",
+				(long long)cfg->experts_per_tok, (long long)cfg->num_experts,
+				(long long)cfg->moe_intermediate_size,
+				(long long)cfg->decoder_sparse_step);
+	}
+	m->moe_off = NULL;
+	m->moe_host = NULL;
+	m->moe_host_cap = 0;
+	if (model_has_experts(cfg)) {
+		m->moe_off = calloc((size_t)(cfg->num_layers * (cfg->num_experts + 1)),
+				    sizeof(*m->moe_off));
+		if (!m->moe_off) {
+			free(host);
+			return eng_fail(err, -ENOMEM, "experts: out of memory");
+		}
+	}
 	m->dev = dev;
 	m->cfg = *cfg;
 	m->value_model = value_model;
@@ -438,6 +527,8 @@ int llama_init(struct llama_model *m, struct device *dev,
 	m->inv_freq = dev->ops->alloc(dev, half * sizeof(float));
 	if (!m->inv_freq) {
 		free(host);
+		free(m->moe_off);
+		m->moe_off = NULL;
 		return eng_fail(err, -ENOMEM, "rope: out of device memory");
 	}
 	rc = dev->ops->copy_h2d(dev, m->inv_freq, host, half * sizeof(float));
@@ -454,6 +545,11 @@ void llama_release(struct llama_model *m)
 	llama_drop_activations(m);
 	m->dev->ops->free(m->dev, m->inv_freq);
 	m->inv_freq = NULL;
+	free(m->moe_off);
+	free(m->moe_host);
+	m->moe_off = NULL;
+	m->moe_host = NULL;
+	m->moe_host_cap = 0;
 }
 
 void llama_drop_activations(struct llama_model *m)
@@ -509,6 +605,151 @@ static void attention_block_fwd(struct llama_model *m, const struct llama_batch 
 	lora_fwd(m, l, LORA_O, a->xmid, a->att, T);
 }
 
+/* --- mixture of experts ------------------------------------------------ */
+
+/* The T k choices in a->idx grouped by expert, in token order within an
+ * expert: the experts' row ranges in m->moe_off (host: they size each
+ * expert's products), each row's token (a->tok) and each choice's row
+ * (a->pos). Through host memory: the device's choices come back once a
+ * layer. */
+static void moe_group(struct llama_model *m, int64_t l, int64_t T, struct layer_acts *a)
+{
+	const struct model_config *c = &m->cfg;
+	int64_t E = c->num_experts, k = c->experts_per_tok, R = T * k;
+	int64_t *off = m->moe_off + l * (E + 1);
+	int32_t *idx = m->moe_host, *tok = idx + R, *pos = tok + R;
+
+	if (m->rc)
+		return;
+	if (T > m->moe_host_cap) {
+		m->rc = -EINVAL;   /* llama_reserve sizes the grouping's scratch */
+		return;
+	}
+	m->rc = m->dev->ops->copy_d2h(m->dev, idx, a->idx, (size_t)R * sizeof(*idx));
+	if (m->rc)
+		return;
+	memset(off, 0, (size_t)(E + 1) * sizeof(*off));
+	for (int64_t r = 0; r < R; r++)
+		off[idx[r] + 1]++;      /* the router kernel's ids are in [0, E) */
+	for (int64_t e = 0; e < E; e++)
+		off[e + 1] += off[e];
+	for (int64_t t = 0; t < T; t++)
+		for (int64_t j = 0; j < k; j++) {
+			int64_t e = idx[t * k + j], r;
+
+			/* the next free row of expert e: rows so far, counted
+			 * again from its start (a token picks an expert once) */
+			r = off[e]++;
+			tok[r] = (int32_t)t;
+			pos[t * k + j] = (int32_t)r;
+		}
+	for (int64_t e = E; e > 0; e--)   /* off[e] moved to the end of e: shift back */
+		off[e] = off[e - 1];
+	off[0] = 0;
+	m->rc = m->dev->ops->copy_h2d(m->dev, a->tok, tok, (size_t)R * sizeof(*tok));
+	if (!m->rc)
+		m->rc = m->dev->ops->copy_h2d(m->dev, a->pos, pos, (size_t)R * sizeof(*pos));
+}
+
+/* x_out = xmid + sum over the k chosen experts of w SwiGLU_e(ln2(xmid)):
+ * the router's softmax and top-k, the rows grouped by expert, one product
+ * per expert and projection over its rows, and the weighted sum back in
+ * transformers' order (moe_combine). h: [R,I] scratch. */
+static void experts_fwd(struct llama_model *m, int64_t T, int64_t l,
+			const struct layer_weights *w, struct layer_acts *a, float *h,
+			float *x_out)
+{
+	const struct model_config *c = &m->cfg;
+	int64_t C = c->hidden_size, I = c->moe_intermediate_size, E = c->num_experts;
+	int64_t k = c->experts_per_tok, R = T * k;
+	const int64_t *off = m->moe_off + l * (E + 1);
+
+	lin_fwd(m, a->probs, a->ln2, w->router, T, E, C, 0.0f);
+	if (!m->rc)
+		m->rc = m->dev->k->moe_route_fwd(m->dev, a->probs, a->idx, a->wts, T, E, k,
+						 c->norm_topk_prob);
+	moe_group(m, l, T, a);
+	if (!m->rc)
+		m->rc = m->dev->k->rows_gather(m->dev, a->xg, a->ln2, a->tok, R, C);
+	for (int64_t e = 0; e < E; e++) {
+		int64_t r0 = off[e], n = off[e + 1] - off[e];
+
+		if (!n)
+			continue;
+		lin_fwd(m, a->eg + r0 * I, a->xg + r0 * C, moe_expert_w(w->experts, c, e, 0),
+			n, I, C, 0.0f);
+		lin_fwd(m, a->eu + r0 * I, a->xg + r0 * C, moe_expert_w(w->experts, c, e, 1),
+			n, I, C, 0.0f);
+	}
+	if (!m->rc)
+		m->rc = m->dev->k->swiglu_fwd(m->dev, h, a->eg, a->eu, R * I);
+	for (int64_t e = 0; e < E; e++) {
+		int64_t r0 = off[e], n = off[e + 1] - off[e];
+
+		if (n)
+			lin_fwd(m, a->ey + r0 * C, h + r0 * I, moe_expert_w(w->experts, c, e, 2),
+				n, C, I, 0.0f);
+	}
+	if (!m->rc)
+		m->rc = m->dev->k->moe_combine(m->dev, x_out, a->ey, a->pos, a->wts, T, k, C);
+	if (!m->rc)   /* the residual added last, as transformers adds it */
+		m->rc = m->dev->k->axpby(m->dev, x_out, 1.0f, a->xmid, 1.0f, T * C);
+}
+
+/* The backward of experts_fwd: dx (the layer output's gradient, also
+ * the residual's) into g->dln (ln2's input gradient, through the experts
+ * and the router); the weights' gradients into gw. */
+static void experts_bwd(struct llama_model *m, int64_t l, int64_t T,
+			const struct layer_weights *w, struct layer_weights *gw,
+			struct layer_acts *a, struct global_acts *g)
+{
+	const struct model_config *c = &m->cfg;
+	int64_t C = c->hidden_size, I = c->moe_intermediate_size, E = c->num_experts;
+	int64_t k = c->experts_per_tok, R = T * k;
+	const int64_t *off = m->moe_off + l * (E + 1);
+	float *h = g->s1, *dh = g->s2, *dup = g->s3, *dgate = g->s1, *dy = g->moe_dy;
+
+	if (!m->rc)
+		m->rc = m->dev->k->swiglu_fwd(m->dev, h, a->eg, a->eu, R * I);
+	if (!m->rc)
+		m->rc = m->dev->k->moe_combine_bwd(m->dev, dy, g->moe_dw, g->dx, a->ey, a->pos,
+						   a->wts, T, k, C);
+	for (int64_t e = 0; e < E; e++) {
+		int64_t r0 = off[e], n = off[e + 1] - off[e];
+
+		if (!n)
+			continue;
+		lin_bwd_w(m, moe_expert_w(gw->experts, c, e, 2), dy + r0 * C, h + r0 * I, n, C, I,
+			  true);
+		lin_bwd_in(m, dh + r0 * I, dy + r0 * C, moe_expert_w(w->experts, c, e, 2), n, C,
+			   I, 0.0f);
+	}
+	if (!m->rc)
+		m->rc = m->dev->k->swiglu_bwd(m->dev, dgate, dup, dh, a->eg, a->eu, R * I);
+	for (int64_t e = 0; e < E; e++) {   /* dy, read, now holds the rows' dx */
+		int64_t r0 = off[e], n = off[e + 1] - off[e];
+
+		if (!n)
+			continue;
+		lin_bwd_w(m, moe_expert_w(gw->experts, c, e, 0), dgate + r0 * I, a->xg + r0 * C,
+			  n, I, C, true);
+		lin_bwd_w(m, moe_expert_w(gw->experts, c, e, 1), dup + r0 * I, a->xg + r0 * C,
+			  n, I, C, true);
+		lin_bwd_in(m, dy + r0 * C, dgate + r0 * I, moe_expert_w(w->experts, c, e, 0), n,
+			   I, C, 0.0f);
+		lin_bwd_in(m, dy + r0 * C, dup + r0 * I, moe_expert_w(w->experts, c, e, 1), n, I,
+			   C, 1.0f);
+	}
+	/* each token's rows summed back; then the router's share */
+	if (!m->rc)
+		m->rc = m->dev->k->moe_combine(m->dev, g->dln, dy, a->pos, NULL, T, k, C);
+	if (!m->rc)
+		m->rc = m->dev->k->moe_route_bwd(m->dev, g->moe_dz, g->moe_dw, a->probs, a->idx,
+						 a->wts, T, E, k, c->norm_topk_prob);
+	lin_bwd_w(m, gw->router, g->moe_dz, a->ln2, T, E, C, true);
+	lin_bwd_in(m, g->dln, g->moe_dz, w->router, T, E, C, 1.0f);
+}
+
 static void mlp_block_fwd(struct llama_model *m, int64_t T, int64_t l,
 			  const struct layer_weights *w, struct layer_acts *a, float *h,
 			  float *x_out)
@@ -517,6 +758,10 @@ static void mlp_block_fwd(struct llama_model *m, int64_t T, int64_t l,
 	int64_t C = c->hidden_size, F = c->intermediate_size;
 
 	norm_fwd(m, a->ln2, a->rstd2, a->xmid, w->ln2, T, C);
+	if (model_layer_mlp(c, l) == MODEL_MLP_MOE) {
+		experts_fwd(m, T, l, w, a, h, x_out);
+		return;
+	}
 	lin_fwd(m, a->gate, a->ln2, w->w_gate, T, F, C, 0.0f);
 	lora_fwd(m, l, LORA_GATE, a->gate, a->ln2, T);
 	lin_fwd(m, a->up, a->ln2, w->w_up, T, F, C, 0.0f);
@@ -723,6 +968,10 @@ static void layer_bwd(struct llama_model *m, const struct llama_batch *b, int64_
 	int64_t QD = H * D, KD = KV * D;
 	float *h = g->s1, *dh = g->s2, *dup = g->s3, *dgate = g->s1;
 
+	if (model_layer_mlp(c, l) == MODEL_MLP_MOE) {
+		experts_bwd(m, l, T, w, gw, a, g);
+		goto mlp_done;
+	}
 	/* MLP: x_{l+1} = xmid + h Wd^T; dxmid starts as dx (same buffer). */
 	if (!m->rc)
 		m->rc = m->dev->k->swiglu_fwd(m->dev, h, a->gate, a->up, T * F);
@@ -737,6 +986,7 @@ static void layer_bwd(struct llama_model *m, const struct llama_batch *b, int64_
 	lin_bwd_in(m, g->dln, dup, w->w_up, T, F, C, 1.0f);
 	lora_bwd(m, l, LORA_GATE, dgate, a->ln2, g->dln, T);
 	lora_bwd(m, l, LORA_UP, dup, a->ln2, g->dln, T);
+mlp_done:
 	norm_bwd(m, g->dx, gw->ln2, g->dln, a->xmid, w->ln2, a->rstd2, T, C, 1.0f);
 
 	/* Attention: xmid = x_l + att Wo^T (+ bo). */

@@ -144,6 +144,13 @@ struct llama_model {
 	 * adds scale (x A^T) B^T, and llama_backward accumulates its A and B
 	 * gradients (written, not added, under grads_zero). */
 	const struct llama_lora *lora;
+	/* Mixture of experts (host memory): each experts layer's row ranges
+	 * by expert from the last pass through it, [L][E + 1] (the backward
+	 * and a recompute read and rewrite them); the grouping's scratch, 3
+	 * ints per choice of cap_tokens. */
+	int64_t *moe_off;
+	int32_t *moe_host;
+	int64_t moe_host_cap;
 };
 
 /* Set up a model over already-bound weights and gradients (layers arrays

@@ -19,6 +19,8 @@ int param_table_append(struct param_table *t, int64_t *cap, const char *name, in
 {
 	struct param_entry *e;
 
+	if (t->count >= MODEL_MAX_TENSORS)
+		return -EMSGSIZE;
 	if (t->count == *cap) {
 		int64_t c = *cap ? 2 * *cap : 64;
 		struct param_entry *n = realloc(t->entries, c * sizeof(*n));
@@ -59,6 +61,42 @@ static void add(struct table_builder *b, const char *name, int ndim, int64_t d0,
 	}
 }
 
+/* Hugging Face's names of a layer's router and of expert e's projection
+ * j (0 gate, 1 up, 2 down): qwen3_moe's mlp.experts.N.gate_proj, mixtral's
+ * block_sparse_moe.experts.N.w1 (gate), w3 (up), w2 (down). */
+static void router_name(const struct model_config *c, int64_t l, char *n, size_t size)
+{
+	snprintf(n, size, "model.layers.%lld.%s.gate.weight", (long long)l,
+		 c->arch == ARCH_MIXTRAL ? "block_sparse_moe" : "mlp");
+}
+
+static void expert_name(const struct model_config *c, int64_t l, int64_t e, int j, char *n,
+			size_t size)
+{
+	static const char *const qwen[3] = {"gate_proj", "up_proj", "down_proj"};
+	static const char *const mixtral[3] = {"w1", "w3", "w2"};
+	bool mx = c->arch == ARCH_MIXTRAL;
+
+	snprintf(n, size, "model.layers.%lld.%s.experts.%lld.%s.weight", (long long)l,
+		 mx ? "block_sparse_moe" : "mlp", (long long)e, mx ? mixtral[j] : qwen[j]);
+}
+
+/* A mixture-of-experts layer's router and experts, in moe_expert_w's
+ * order (params.h). */
+static void add_experts(struct table_builder *b, const struct model_config *c, int64_t l)
+{
+	int64_t C = c->hidden_size, I = c->moe_intermediate_size;
+	char n[96];
+
+	router_name(c, l, n, sizeof(n));
+	add(b, n, 2, c->num_experts, C, false, false);
+	for (int64_t e = 0; e < c->num_experts; e++)
+		for (int j = 0; j < 3; j++) {
+			expert_name(c, l, e, j, n, sizeof(n));
+			add(b, n, 2, j == 2 ? C : I, j == 2 ? I : C, false, false);
+		}
+}
+
 int param_table_build(const struct model_config *cfg, bool value_model,
 		      struct param_table *ret, struct eng_error *err)
 {
@@ -91,6 +129,10 @@ int param_table_build(const struct model_config *cfg, bool value_model,
 		if (cfg->o_proj_bias)
 			add(&b, P("self_attn.o_proj.bias"), 1, C, 0, false, true);
 		add(&b, P("post_attention_layernorm.weight"), 1, C, 0, true, false);
+		if (model_layer_mlp(cfg, l) == MODEL_MLP_MOE) {
+			add_experts(&b, cfg, l);
+			continue;
+		}
 		add(&b, P("mlp.gate_proj.weight"), 2, F, C, false, false);
 		add(&b, P("mlp.up_proj.weight"), 2, F, C, false, false);
 		add(&b, P("mlp.down_proj.weight"), 2, C, F, false, false);
@@ -106,9 +148,11 @@ int param_table_build(const struct model_config *cfg, bool value_model,
 	}
 	if (b.rc) {
 		free(t.entries);
-		return eng_fail(err, b.rc, b.rc == -E2BIG ?
-				"parameter table: the model's size overflows" :
-				"parameter table: out of memory");
+		return eng_fail(err, b.rc == -EMSGSIZE ? -E2BIG : b.rc,
+				b.rc == -E2BIG ? "parameter table: the model's size overflows" :
+				b.rc == -EMSGSIZE ? "parameter table: more than %lld tensors "
+				"(num_hidden_layers x (num_experts x 3 + 9))" :
+				"parameter table: out of memory", (long long)MODEL_MAX_TENSORS);
 	}
 	*ret = t;
 	return 0;
@@ -135,13 +179,28 @@ bool param_table_tied(const struct param_table *t)
 	return param_table_find(t, "lm_head.weight") < 0 && param_table_find(t, "score.weight") < 0;
 }
 
-/* Point *slot at tensor `name` in base, which holds the table's elements
- * [lo, hi), when the tensor lies there; else leave *slot (NULL when the
- * model has no such tensor and the whole table is bound). */
-static void at(const struct param_table *t, float *base, int64_t lo, int64_t hi,
-	       const char *name, float **slot)
+/* The entries [from, to) of the table a binding searches: a layer's
+ * own (they are contiguous), so that binding stays linear in the table's
+ * size however many layers and experts it has. */
+struct window {
+	int64_t from, to;
+};
+
+static int64_t find_in(const struct param_table *t, struct window w, const char *name)
 {
-	int64_t i = param_table_find(t, name);
+	for (int64_t i = w.from; i < w.to; i++)
+		if (!strcmp(t->entries[i].name, name))
+			return i;
+	return -1;
+}
+
+/* Point *slot at tensor `name` (searched in w) in base, which holds the
+ * table's elements [lo, hi), when the tensor lies there; else leave *slot
+ * (NULL when the model has no such tensor and the whole table is bound). */
+static void at(const struct param_table *t, struct window w, float *base, int64_t lo,
+	       int64_t hi, const char *name, float **slot)
+{
+	int64_t i = find_in(t, w, name);
 
 	if (i < 0) {
 		if (lo == 0 && hi == t->total)
@@ -149,6 +208,16 @@ static void at(const struct param_table *t, float *base, int64_t lo, int64_t hi,
 		return;
 	}
 	if (t->entries[i].offset >= lo && t->entries[i].offset + t->entries[i].numel <= hi)
+		*slot = base + (t->entries[i].offset - lo);
+}
+
+/* at() for `numel` elements from tensor `name` on (a run of tensors). */
+static void at_block(const struct param_table *t, struct window w, float *base, int64_t lo,
+		     int64_t hi, const char *name, int64_t numel, float **slot)
+{
+	int64_t i = find_in(t, w, name);
+
+	if (i >= 0 && t->entries[i].offset >= lo && t->entries[i].offset + numel <= hi)
 		*slot = base + (t->entries[i].offset - lo);
 }
 
@@ -162,19 +231,26 @@ void model_weights_bind_range(const struct param_table *t, const struct model_co
 			      float *base, int64_t lo, int64_t hi, struct model_weights *ret)
 {
 	bool tied = param_table_tied(t);
+	struct window all = {0, t->count}, win = {0, 0};
 	char n[96];
 
-	at(t, base, lo, hi, "model.embed_tokens.weight", &ret->wte);
-	at(t, base, lo, hi, "model.norm.weight", &ret->norm);
-	at(t, base, lo, hi, "score.weight", &ret->score);
-	at(t, base, lo, hi, "score.bias", &ret->score_bias);
-	at(t, base, lo, hi, "lm_head.weight", &ret->lm_head);
+	at(t, all, base, lo, hi, "model.embed_tokens.weight", &ret->wte);
+	at(t, all, base, lo, hi, "model.norm.weight", &ret->norm);
+	at(t, all, base, lo, hi, "score.weight", &ret->score);
+	at(t, all, base, lo, hi, "score.bias", &ret->score_bias);
+	at(t, all, base, lo, hi, "lm_head.weight", &ret->lm_head);
 	if (tied)
 		ret->lm_head = ret->wte;
 	for (int64_t l = 0; l < cfg->num_layers; l++) {
 		struct layer_weights *w = &ret->layers[l];
+
+		/* layer l's entries: from where layer l - 1's ended */
+		while (win.from < t->count && t->entries[win.from].layer != l)
+			win.from++;
+		for (win.to = win.from; win.to < t->count && t->entries[win.to].layer == l;)
+			win.to++;
 #define G(suffix, f) (snprintf(n, sizeof(n), "model.layers.%lld." suffix, (long long)l), \
-		      at(t, base, lo, hi, n, &w->f))
+		      at(t, win, base, lo, hi, n, &w->f))
 		G("input_layernorm.weight", ln1);
 		G("self_attn.q_proj.weight", wq);
 		G("self_attn.q_proj.bias", bq);
@@ -191,5 +267,16 @@ void model_weights_bind_range(const struct param_table *t, const struct model_co
 		G("mlp.up_proj.weight", w_up);
 		G("mlp.down_proj.weight", w_down);
 #undef G
+		if (model_layer_mlp(cfg, l) != MODEL_MLP_MOE) {
+			if (lo == 0 && hi == t->total)
+				w->router = w->experts = NULL;
+			continue;
+		}
+		router_name(cfg, l, n, sizeof(n));
+		at(t, win, base, lo, hi, n, &w->router);
+		/* the experts: one block, bound where all of it lies in range */
+		expert_name(cfg, l, 0, 0, n, sizeof(n));
+		at_block(t, win, base, lo, hi, n, 3 * cfg->num_experts *
+			 cfg->moe_intermediate_size * cfg->hidden_size, &w->experts);
 	}
 }

@@ -10,6 +10,7 @@
 #define ENGINED_MODEL_PARAMS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "config.h"
@@ -56,10 +57,23 @@ struct layer_weights {
 	float *k_norm;        /* [D] (qwen3) */
 	float *wo, *bo;       /* [C, H*D], [C] (o_proj bias: llama/qwen3 attention_bias) */
 	float *ln2;           /* [C] post_attention_layernorm */
-	float *w_gate;        /* [F, C] */
+	float *w_gate;        /* [F, C] (a dense layer) */
 	float *w_up;          /* [F, C] */
 	float *w_down;        /* [C, F] */
+	/* A mixture-of-experts layer (model_layer_mlp): the router [E, C],
+	 * and the experts one after the other, expert e's gate [I, C], up
+	 * [I, C] and down [C, I] at experts + e * 3 I C (moe_expert_w). */
+	float *router;
+	float *experts;
 };
+
+/* Expert e's projection j (0 gate, 1 up, 2 down) in a layer's experts. */
+static inline float *moe_expert_w(float *experts, const struct model_config *c, int64_t e,
+				  int j)
+{
+	return experts ? experts + (3 * e + j) * c->moe_intermediate_size * c->hidden_size
+		       : NULL;   /* a frozen model's gradients */
+}
 
 struct model_weights {
 	float *wte;                    /* [V, C] model.embed_tokens */

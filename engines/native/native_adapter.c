@@ -253,6 +253,9 @@ int native_adapter_create(struct engine *base, const struct engine_adapter_confi
 		return eng_fail(err, -EALREADY,
 				"CreateAdapter: the base model is trainable; Initialize it with "
 				"frozen_base to train adapters over it");
+	if (model_has_experts(&b->cfg))
+		return eng_fail(err, -ENOSYS, "CreateAdapter: LoRA over a mixture-of-experts "
+				"model (%s) is not built yet", b->cfg.model_type);
 	n = calloc(1, sizeof(*n));
 	a = calloc(1, sizeof(*a));
 	if (!n || !a) {

@@ -28,40 +28,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
-#include "bench_util.h"
+#include "bench_engine.h"
 
 struct opts {
 	int steps, threads, layers;
 	int64_t tokens, rank, vocab;
 };
-
-static int sft_loss(void *ctx, struct engine_loss_io *io, struct eng_error *err)
-{
-	(void)err;
-	for (int64_t i = 0; i < io->n; i++)
-		io->d_log_probs[i] = i ? -1.0f / (float)*(const int64_t *)ctx : 0.0f;
-	return 0;
-}
-
-static struct engine *make(const char *hf, const struct opts *o, bool frozen)
-{
-	struct engine_init_config cfg;
-	struct eng_error err = {0};
-	struct engine *e = NULL;
-
-	engine_init_config_defaults(&cfg);
-	cfg.hf_config_json = hf;
-	cfg.seed = 1234;
-	cfg.threads = o->threads;
-	cfg.max_tokens_per_micro_batch = o->tokens;
-	cfg.frozen_base = frozen;
-	if (engine_create(&cfg, &e, &err)) {
-		fprintf(stderr, "bench_lora: %s\n", err.msg);
-		exit(1);
-	}
-	return e;
-}
 
 static struct engine *adapter(struct engine *base, const char *name, int64_t rank)
 {
@@ -80,32 +52,22 @@ static struct engine *adapter(struct engine *base, const char *name, int64_t ran
 /* Median seconds of a training step of e over N timed steps. */
 static double step_time(struct engine *e, const struct opts *o, const int32_t *ids)
 {
-	int32_t len = (int32_t)o->tokens;
-	int64_t total = o->tokens;
-	struct engine_batch b = {.n = o->tokens, .input_ids = ids, .num_seqs = 1, .seq_lens = &len,
-				 .temperature = 1.0f, .loss_fn = sft_loss, .loss_ctx = &total};
-	struct engine_fb_result res = {0};
-	struct engine_step_result sr;
 	struct eng_error err = {0};
 	double *t = calloc(o->steps, sizeof(double)), med;
 
-	if (engine_set_mode(e, ENGINE_MODE_TRAIN, false, &err))
-		goto fail;
+	if (!t || engine_set_mode(e, ENGINE_MODE_TRAIN, false, &err)) {
+		fprintf(stderr, "bench_lora: step: %s\n", t ? err.msg : "out of memory");
+		exit(1);
+	}
 	for (int s = -1; s < o->steps; s++) {
-		double t0 = now_s();
+		double dt = bench_train_step("bench_lora", e, o->tokens, ids);
 
-		if (engine_forward_backward(e, &b, &res, &err) ||
-		    engine_optimizer_step(e, &sr, &err))
-			goto fail;
 		if (s >= 0)
-			t[s] = now_s() - t0;
+			t[s] = dt;
 	}
 	med = median(t, o->steps);
 	free(t);
 	return med;
-fail:
-	fprintf(stderr, "bench_lora: step: %s\n", err.msg);
-	exit(1);
 }
 
 /* Bytes and seconds to copy out every tensor of e's current view in bf16. */
@@ -193,14 +155,14 @@ int main(int argc, char **argv)
 		ids[i] = (int32_t)(x % (uint64_t)o.vocab);
 	}
 
-	full = make(hf, &o, false);
+	full = bench_engine("bench_lora", hf, o.threads, o.tokens, false);
 	engine_status(full, &sf);
 	n_all = sf.num_parameters;
 	t_full = step_time(full, &o, ids);
 	engine_status(full, &sf);
 	engine_destroy(full);
 
-	base = make(hf, &o, true);
+	base = bench_engine("bench_lora", hf, o.threads, o.tokens, true);
 	engine_status(base, &sb);
 	a = adapter(base, "a", o.rank);
 	t_lora = step_time(a, &o, ids);

@@ -46,6 +46,17 @@ static void check_same(const struct model_config *a, const struct model_config *
 	SAME(o_proj_bias);
 	SAME(head);
 	SAME(num_labels);
+	SAME(mlp);
+	if (a->mlp == MODEL_MLP_MOE) {
+		SAME(num_experts);
+		SAME(experts_per_tok);
+		SAME(moe_intermediate_size);
+		SAME(decoder_sparse_step);
+		SAME(norm_topk_prob);
+		SAME(router_aux_loss_coef);
+		FUZZ_CHECK(!memcmp(a->dense_layers, b->dense_layers, sizeof(a->dense_layers)),
+			   "round trip changed mlp_only_layers");
+	}
 	if (a->rope_llama3) {
 		SAME(rope_factor);
 		SAME(rope_low_freq_factor);

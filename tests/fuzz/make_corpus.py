@@ -92,6 +92,21 @@ def model_configs():
         "label2id": {"LABEL_0": 0}, "model_type": "qwen2", "vocab_size": 64,
         "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
         "num_attention_heads": 2, "use_sliding_window": False}).encode())
+    # Mixtures of experts: a qwen3_moe with a dense layer among sparse ones
+    # and a mixtral (issue 31).
+    write("fuzz_model_config", "qwen3-moe.json", json.dumps({
+        "model_type": "qwen3_moe", "vocab_size": 64, "hidden_size": 32,
+        "intermediate_size": 64, "moe_intermediate_size": 16, "num_hidden_layers": 3,
+        "num_attention_heads": 2, "head_dim": 16, "num_experts": 8,
+        "num_experts_per_tok": 2, "norm_topk_prob": False, "decoder_sparse_step": 1,
+        "mlp_only_layers": [1], "router_aux_loss_coef": 0.001,
+        "output_router_logits": False}).encode())
+    write("fuzz_model_config", "mixtral.json", json.dumps({
+        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": 64,
+        "hidden_size": 32, "intermediate_size": 16, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "num_local_experts": 4,
+        "num_experts_per_tok": 2, "router_jitter_noise": 0.0,
+        "sliding_window": None}).encode())
 
 
 # --- fuzz_request ---------------------------------------------------------

@@ -499,7 +499,7 @@ START_TEST(errors)
 	free(s);
 	s = minimal("gpt2", NULL, NULL);
 	parse_bad(s, "model_type: 'gpt2' is not supported (supported: llama, qwen2, qwen3, "
-		  "mistral)");
+		  "mistral, qwen3_moe, mixtral)");
 	free(s);
 	s = minimal("llama", "model_type", NULL);
 	parse_bad(s, "model_type");
@@ -834,6 +834,132 @@ static void table_total(const char *json, int64_t want_total, int64_t want_count
 	param_table_free(&t);
 }
 
+/* Qwen/Qwen3-30B-A3B's config.json (trimmed of bos/eos/use_cache and
+ * torch_dtype), and mistralai/Mixtral-8x7B-v0.1's. */
+static const char qwen3_30b_a3b[] =
+	"{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"attention_bias\": false,"
+	" \"attention_dropout\": 0.0, \"decoder_sparse_step\": 1, \"head_dim\": 128,"
+	" \"hidden_act\": \"silu\", \"hidden_size\": 2048, \"initializer_range\": 0.02,"
+	" \"intermediate_size\": 6144, \"max_position_embeddings\": 40960,"
+	" \"max_window_layers\": 48, \"mlp_only_layers\": [], \"model_type\": \"qwen3_moe\","
+	" \"moe_intermediate_size\": 768, \"norm_topk_prob\": true,"
+	" \"num_attention_heads\": 32, \"num_experts\": 128, \"num_experts_per_tok\": 8,"
+	" \"num_hidden_layers\": 48, \"num_key_value_heads\": 4,"
+	" \"output_router_logits\": false, \"rms_norm_eps\": 1e-06, \"rope_scaling\": null,"
+	" \"rope_theta\": 1000000.0, \"router_aux_loss_coef\": 0.001,"
+	" \"sliding_window\": null, \"tie_word_embeddings\": false,"
+	" \"use_sliding_window\": false, \"vocab_size\": 151936}";
+static const char mixtral_8x7b[] =
+	"{\"architectures\": [\"MixtralForCausalLM\"], \"attention_dropout\": 0.0,"
+	" \"hidden_act\": \"silu\", \"hidden_size\": 4096, \"initializer_range\": 0.02,"
+	" \"intermediate_size\": 14336, \"max_position_embeddings\": 32768,"
+	" \"model_type\": \"mixtral\", \"num_attention_heads\": 32,"
+	" \"num_experts_per_tok\": 2, \"num_hidden_layers\": 32,"
+	" \"num_key_value_heads\": 8, \"num_local_experts\": 8,"
+	" \"output_router_logits\": false, \"rms_norm_eps\": 1e-05,"
+	" \"rope_theta\": 1000000.0, \"router_aux_loss_coef\": 0.02,"
+	" \"sliding_window\": null, \"tie_word_embeddings\": false, \"vocab_size\": 32000}";
+
+/* key: value replaced in (or added to) a config's text. */
+static char *with_key(const char *json, const char *key, const char *val)
+{
+	json_t *o = json_loads(json, 0, NULL), *v = json_loads(val, JSON_DECODE_ANY, NULL);
+	char *text;
+
+	ck_assert(o && v);
+	json_object_set_new(o, key, v);
+	text = json_dumps(o, 0);
+	json_decref(o);
+	return text;
+}
+
+/* Mixture-of-experts configs: the experts read with transformers'
+ * defaults, the layers' kinds, the table's size (30.5B and 46.7B, the
+ * models' published counts), written back to what parses the same; the
+ * refusals name the key. */
+START_TEST(experts)
+{
+	struct model_config q = parse_ok(qwen3_30b_a3b), m = parse_ok(mixtral_8x7b), back;
+	static const struct { const char *key, *val, *expect; } bad[] = {
+		{ "num_experts_per_tok", "65", "num_experts_per_tok: 65, must be in [1, 64]" },
+		{ "num_experts", "4", "num_experts_per_tok: 8, more than num_experts 4" },
+		{ "num_experts_per_tok", "0", "num_experts_per_tok" },
+		{ "num_experts", "0", "num_experts" },
+		{ "output_router_logits", "true", "output_router_logits" },
+		{ "mlp_only_layers", "[48]", "mlp_only_layers[0]" },
+		{ "mlp_only_layers", "3", "mlp_only_layers" },
+		{ "decoder_sparse_step", "0", "decoder_sparse_step" },
+		{ "scoring_func", "\"sigmoid\"", "scoring_func" },
+		{ "topk_group", "4", "topk_group" },
+	};
+	char *text, *t2;
+
+	ck_assert_int_eq(q.arch, ARCH_QWEN3_MOE);
+	ck_assert(q.qk_norm && q.norm_topk_prob && q.mlp == MODEL_MLP_MOE);
+	ck_assert_int_eq(q.num_experts, 128);
+	ck_assert_int_eq(q.experts_per_tok, 8);
+	ck_assert_int_eq(q.moe_intermediate_size, 768);
+	ck_assert(model_has_experts(&q) && !model_has_dense(&q));
+	ck_assert_int_eq(m.arch, ARCH_MIXTRAL);
+	ck_assert(m.norm_topk_prob && !m.attention_bias);
+	ck_assert_int_eq(m.num_experts, 8);
+	ck_assert_int_eq(m.moe_intermediate_size, 14336);
+	ck_assert(m.router_aux_loss_coef == 0.02);
+	for (int k = 0; k < 2; k++) {
+		struct param_table t;
+		struct eng_error err = {0};
+
+		ck_assert_int_eq(param_table_build(k ? &m : &q, false, &t, &err), 0);
+		ck_assert_int_eq(t.total, k ? INT64_C(46702792704) : INT64_C(30532122624));
+		ck_assert_int_eq(t.count, k ? 3 + 32 * (7 + 3 * 8) : 3 + 48 * (9 + 3 * 128));
+		ck_assert(param_table_find(&t, k ? "model.layers.31.block_sparse_moe.gate.weight"
+					       : "model.layers.47.mlp.gate.weight") >= 0);
+		ck_assert(param_table_find(&t, k ? "model.layers.0.block_sparse_moe.experts.7.w2.weight"
+					       : "model.layers.0.mlp.experts.127.down_proj.weight") >= 0);
+		ck_assert_int_eq(param_table_find(&t, "model.layers.0.mlp.down_proj.weight"), -1);
+		param_table_free(&t);
+	}
+	for (int k = 0; k < 2; k++) {
+		text = model_config_to_json(k ? &m : &q);
+		ck_assert_ptr_nonnull(text);
+		back = parse_ok(text);
+		ck_assert_int_eq(back.num_experts, k ? 8 : 128);
+		ck_assert_int_eq(back.experts_per_tok, k ? 2 : 8);
+		ck_assert_int_eq(back.moe_intermediate_size, k ? 14336 : 768);
+		ck_assert(back.norm_topk_prob && back.router_aux_loss_coef ==
+			  (k ? 0.02 : 0.001));
+		free(text);
+	}
+	/* a dense layer among sparse ones: listed, or off the step */
+	text = with_key(qwen3_30b_a3b, "mlp_only_layers", "[0, 47]");
+	t2 = with_key(text, "decoder_sparse_step", "2");
+	q = parse_ok(t2);
+	ck_assert_int_eq(model_layer_mlp(&q, 0), MODEL_MLP_DENSE);
+	ck_assert_int_eq(model_layer_mlp(&q, 1), MODEL_MLP_MOE);
+	ck_assert_int_eq(model_layer_mlp(&q, 2), MODEL_MLP_DENSE);
+	ck_assert_int_eq(model_layer_mlp(&q, 47), MODEL_MLP_DENSE);
+	ck_assert_int_eq(model_layer_mlp(&q, 45), MODEL_MLP_MOE);
+	free(t2);
+	t2 = model_config_to_json(&q);
+	back = parse_ok(t2);
+	ck_assert(!memcmp(back.dense_layers, q.dense_layers, sizeof(q.dense_layers)));
+	ck_assert_int_eq(back.decoder_sparse_step, 2);
+	free(t2);
+	free(text);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		text = with_key(qwen3_30b_a3b, bad[i].key, bad[i].val);
+		parse_bad(text, bad[i].expect);
+		free(text);
+	}
+	text = with_key(mixtral_8x7b, "router_jitter_noise", "0.01");
+	parse_bad(text, "router_jitter_noise");
+	free(text);
+	text = with_key(mixtral_8x7b, "sliding_window", "4096");
+	parse_bad(text, "sliding_window");
+	free(text);
+}
+END_TEST
+
 START_TEST(param_table_of_real_models)
 {
 	struct model_config c = parse_ok(qwen25_05b);
@@ -857,6 +983,7 @@ int main(void)
 	tcase_add_test(tc, init_check_head);
 	tcase_add_test(tc, rope_inv_freq);
 	tcase_add_test(tc, param_table_of_real_models);
+	tcase_add_test(tc, experts);
 	suite_add_tcase(s, tc);
 	return check_run(s);
 }

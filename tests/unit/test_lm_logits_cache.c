@@ -332,9 +332,10 @@ START_TEST(engine_budget_checked)
 }
 END_TEST
 
-/* What the model does not compute yet is refused, not run: a batch that
- * continues a key/value cache, a layer whose MLP is a mixture of experts. */
-START_TEST(model_refuses_what_is_not_built)
+/* What the model cannot compute is refused, not run: a batch that
+ * continues a key/value cache it was not given, a mixture of experts
+ * whose sizes a config made by hand leaves out. */
+START_TEST(model_refuses_what_it_cannot_run)
 {
 	struct fixture f;
 	struct eng_error err = {0};
@@ -353,8 +354,12 @@ START_TEST(model_refuses_what_is_not_built)
 	cfg = f.cfg;
 	cfg.mlp = MODEL_MLP_MOE;
 	moe.w = f.m.w;
+	cfg.num_experts = 4;
+	cfg.experts_per_tok = 2;
+	cfg.moe_intermediate_size = 8;
+	cfg.decoder_sparse_step = 0;
 	ck_assert_int_eq(llama_init(&moe, f.dev, &cfg, false, &err), -EINVAL);
-	ck_assert_ptr_nonnull(strstr(err.msg, "mixture-of-experts"));
+	ck_assert_ptr_nonnull(strstr(err.msg, "decoder_sparse_step (0)"));
 	fixture_close(&f);
 }
 END_TEST
@@ -373,7 +378,7 @@ int main(void)
 	tcase_add_test(tc, value_model_unchanged);
 	tcase_add_test(tc, engine_budget_reaches_the_model);
 	tcase_add_test(tc, engine_budget_checked);
-	tcase_add_test(tc, model_refuses_what_is_not_built);
+	tcase_add_test(tc, model_refuses_what_it_cannot_run);
 	suite_add_tcase(s, tc);
 	return check_run(s);
 }
