@@ -43,6 +43,8 @@ import pytest
 import torch
 import transformers
 
+import hf_reference
+
 LENS = [12, 7, 20]
 N = sum(LENS)
 BASE = dict(vocab_size=300, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
@@ -61,21 +63,11 @@ BIG = 1e4   # lr and eps of the gradient-reading step
 
 
 def batch(seed):
-    rng = np.random.default_rng(seed)
-    return (rng.integers(0, BASE["vocab_size"], N).astype(np.int32),
-            rng.normal(0, 1, N).astype(np.float32))
+    return hf_reference.batch(seed, LENS, BASE["vocab_size"])
 
 
 def torch_logprobs(model, ids):
-    """Target-aligned log-probs (entry 0 of each sequence 0) as a tensor."""
-    out, off = [], 0
-    for n in LENS:
-        x = torch.as_tensor(ids[off:off + n], dtype=torch.long)[None]
-        lp = torch.log_softmax(model(input_ids=x).logits[0].float(), -1)
-        out.append(torch.zeros(1))
-        out.append(lp[:-1].gather(1, x[0, 1:, None])[:, 0])
-        off += n
-    return torch.cat(out)
+    return hf_reference.torch_logprobs(model, ids, LENS)
 
 
 def saved_names(model, family, grad=False):
