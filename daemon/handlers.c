@@ -374,6 +374,7 @@ int h_run_forward_backward(struct daemon *d, struct job *j, struct eng_error *er
 	const int64_t n = p->req.batch.n;
 	struct engine_fb_result res;
 	struct engine_fb_loss fl;
+	double load[ENGINE_MAX_LAYERS];  /* each experts layer's load */
 	int64_t shape_n = n;
 	float *lp = NULL, *ent = NULL, *val = NULL;
 	struct engine *e;
@@ -392,11 +393,15 @@ int h_run_forward_backward(struct daemon *d, struct job *j, struct eng_error *er
 	res.log_probs = lp;
 	res.entropy = ent;
 	res.values = val;
+	res.expert_load = load;
+	res.expert_layers = (int32_t)(sizeof(load) / sizeof(load[0]));
 	r = engine_fb_call_run(e, p->call, &res, &fl, err);
 	if (r < 0)
 		goto out;
 
 	resp.num_micro_batches = res.num_micro_batches;
+	resp.n_expert_load = (size_t)res.expert_layers;
+	resp.expert_load = load;
 	if (lp) {
 		t_lp.dtype = ENGINED__V1__DTYPE__FLOAT32;
 		t_lp.n_shape = 1;

@@ -143,5 +143,14 @@ int engine_fb_call_run(struct engine *e, struct engine_fb_call *c,
 	rc = engine_forward_backward_checked(e, &c->req.batch, res, err);
 	if (rc == 0 && c->has_loss && ret_loss)
 		fill_loss(&c->lc, ret_loss);
+	/* A mixture of experts: the router's auxiliary loss, a metric of its
+	 * own, and in the loss with the coefficient training added it with. */
+	if (rc == 0 && ret_loss && res->expert_layers > 0 &&
+	    ret_loss->num_metrics < ENGINE_FB_MAX_METRICS) {
+		ret_loss->metrics[ret_loss->num_metrics].name = "router_aux_loss";
+		ret_loss->metrics[ret_loss->num_metrics].value = res->router_aux_loss;
+		ret_loss->num_metrics++;
+		ret_loss->loss += res->router_aux_coef * res->router_aux_loss;
+	}
 	return rc;
 }

@@ -143,12 +143,13 @@ enum matmul_precision {
 	 * the k experts of highest probability, highest first (ties: the lower           \
 	 * index); w[t,j] = probs[t, idx[t,j]], divided by their sum when norm.           \
 	 * moe_route_bwd: dz[T,E] = (overwritten) the gradient of the logits from         \
-	 * dw[T,k] and the forward's probs, idx and w. */                                 \
+	 * dw[T,k] and the forward's probs, idx and w, plus aux[E] (NULL: none) as        \
+	 * every row's gradient of its probabilities (the auxiliary loss's). */           \
 	X(moe_route_fwd, (struct device *dev, float *probs, int32_t *idx, float *w,        \
 	                  int64_t T, int64_t E, int64_t k, bool norm))                     \
 	X(moe_route_bwd, (struct device *dev, float *dz, const float *dw,                  \
 	                  const float *probs, const int32_t *idx, const float *w,          \
-	                  int64_t T, int64_t E, int64_t k, bool norm))                     \
+	                  const float *aux, int64_t T, int64_t E, int64_t k, bool norm))   \
 	/* dst[r] = src[rows[r]] for r < R, rows of C floats. */                           \
 	X(rows_gather, (struct device *dev, float *dst, const float *src,                  \
 	                const int32_t *rows, int64_t R, int64_t C))                        \

@@ -52,13 +52,14 @@ static inline MOE_HD void moe_route_row_fwd(float *p, int32_t *ix, float *w, int
 		w[j] = norm ? p[ix[j]] / top : p[ix[j]];
 }
 
-/* z[E] = the logits' gradient from d[k] (the weights'), with s the sum of
- * the chosen probabilities: normalised w_j = p_j / s gives dp_j = (d_j -
- * sum_i d_i w_i) / s, else dp_j = d_j; the softmax then z_e = p_e (dp_e -
- * sum_j dp_j p_j), dp zero off the chosen. */
+/* z[E] = the logits' gradient from d[k] (the weights') and aux[E] (the
+ * probabilities' own, every expert's: the router's auxiliary loss; NULL:
+ * none). With s the sum of the chosen probabilities: normalised w_j = p_j
+ * / s gives dp_j = (d_j - sum_i d_i w_i) / s, else dp_j = d_j; dp_e +=
+ * aux_e; the softmax then z_e = p_e (dp_e - sum_e' dp_e' p_e'). */
 static inline MOE_HD void moe_route_row_bwd(float *z, const float *d, const float *p,
-					    const int32_t *ix, const float *w, int64_t E,
-					    int64_t k, bool norm)
+					    const int32_t *ix, const float *w, const float *aux,
+					    int64_t E, int64_t k, bool norm)
 {
 	float s = 0.0f, g = 0.0f, dot = 0.0f;
 
@@ -67,13 +68,11 @@ static inline MOE_HD void moe_route_row_bwd(float *z, const float *d, const floa
 		g += d[j] * w[j];
 	}
 	for (int64_t e = 0; e < E; e++)
-		z[e] = 0.0f;
-	for (int64_t j = 0; j < k; j++) {
-		float dp = norm ? (d[j] - g) / s : d[j];
-
-		z[ix[j]] = dp;
-		dot += dp * p[ix[j]];
-	}
+		z[e] = aux ? aux[e] : 0.0f;
+	for (int64_t j = 0; j < k; j++)
+		z[ix[j]] += norm ? (d[j] - g) / s : d[j];
+	for (int64_t e = 0; e < E; e++)
+		dot += z[e] * p[e];
 	for (int64_t e = 0; e < E; e++)
 		z[e] = p[e] * (z[e] - dot);
 }

@@ -139,6 +139,9 @@ void engine_init_config_defaults(struct engine_init_config *cfg);
  * micro-batch; floats of one LM-head tile and of the kept logits. Every size derived from them
  * (with the model bounds of model/config.h) fits int64 and size_t. */
 #define ENGINE_MAX_TOKENS (INT64_C(1) << 30)
+/* Decoder layers a model may have (model/config.h's MODEL_MAX_LAYERS):
+ * the bound of engine_fb_result.expert_load's entries. */
+#define ENGINE_MAX_LAYERS 1024
 #define ENGINE_MAX_LM_TILE_FLOATS (INT64_C(1) << 32)
 #define ENGINE_MAX_LM_CACHE_FLOATS (INT64_C(1) << 36)
 #define ENGINE_KV_CACHE_DEFAULT (INT64_C(1) << 30)
@@ -237,6 +240,19 @@ struct engine_fb_result {
 	float *entropy;
 	float *values;
 	int32_t num_micro_batches;  /* out */
+	/* A mixture of experts (out; 0 without): the router's auxiliary loss
+	 * of the call, transformers' load_balancing_loss_func of each
+	 * micro-batch (one forward) weighted by its share of the tokens,
+	 * without the coefficient; router_aux_coef, the coefficient training
+	 * added its gradient with (router_aux_loss_coef when the config's
+	 * output_router_logits and a training call; else 0). expert_load: a
+	 * caller's buffer of expert_layers doubles (in: its capacity; NULL:
+	 * not wanted) that gets each experts layer's load, the most tokens an
+	 * expert took over the mean (T k / E), the call's micro-batches
+	 * counted together; expert_layers (out) their number. */
+	double router_aux_loss, router_aux_coef;
+	double *expert_load;
+	int32_t expert_layers;
 };
 
 /* Hyper-parameters of one optimizer step that replace, for that step only,

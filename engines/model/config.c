@@ -13,7 +13,7 @@
  * What the engine cannot run is refused rather than approximated:
  * sliding-window attention, rope_scaling types other than default/llama3,
  * mlp_bias, activations other than silu, and of the experts'
- * (parse_experts) the router's auxiliary loss and jitter.
+ * (parse_experts) the router's jitter and other families' routings.
  * The head: "architectures"[0] names a family's *ForCausalLM (lm_head) or
  * *ForTokenClassification (score: a value model) class, both in the family
  * table; model_config_set_head holds it against the engine's kind, and a
@@ -263,12 +263,11 @@ static int parse_head(json_t *root, size_t k, struct model_config *c, struct eng
 
 /* The experts of a qwen3_moe or mixtral config (config.h), with
  * transformers' defaults (Qwen3MoeConfig, MixtralConfig); what engined
- * cannot run is refused naming the key: the router's auxiliary loss
- * (output_router_logits), mixtral's router jitter, and routings of other
- * families (a grouped top-k, sigmoid scores). */
+ * cannot run is refused naming the key: mixtral's router jitter, and
+ * routings of other families (a grouped top-k, sigmoid scores). */
 static int parse_experts(json_t *root, struct model_config *c, struct eng_error *err)
 {
-	bool qwen = c->arch == ARCH_QWEN3_MOE, logits = false;
+	bool qwen = c->arch == ARCH_QWEN3_MOE;
 	const char *ekey = get(root, "num_experts") || (qwen && !get(root, "num_local_experts"))
 			   ? "num_experts" : "num_local_experts";
 	json_t *v;
@@ -322,12 +321,12 @@ static int parse_experts(json_t *root, struct model_config *c, struct eng_error 
 	rc = get_num(root, "", "router_aux_loss_coef", false, 0.001, false,
 		     &c->router_aux_loss_coef, err);
 	if (!rc)
-		rc = get_bool(root, "output_router_logits", false, &logits, err);
+		rc = get_bool(root, "output_router_logits", false, &c->output_router_logits, err);
 	if (rc)
 		return rc;
-	if (logits)
-		return eng_fail(err, -EINVAL, "output_router_logits: true asks for the router's "
-				"auxiliary loss, which is not built yet; set it false");
+	if (c->router_aux_loss_coef < 0)
+		return eng_fail(err, -EINVAL, "router_aux_loss_coef: %g is negative",
+				c->router_aux_loss_coef);
 	v = get(root, "scoring_func");
 	if (v && (!json_is_string(v) || strcmp(json_string_value(v), "softmax")))
 		return eng_fail(err, -EINVAL, "scoring_func: only \"softmax\" routing is "
@@ -579,7 +578,8 @@ static int put_experts(json_t *o, const struct model_config *c)
 		bad |= json_object_set_new(o, "router_jitter_noise", json_real(0.0));
 	}
 	bad |= json_object_set_new(o, "router_aux_loss_coef", json_real(c->router_aux_loss_coef));
-	bad |= json_object_set_new(o, "output_router_logits", json_false());
+	bad |= json_object_set_new(o, "output_router_logits",
+				   json_boolean(c->output_router_logits));
 	return bad;
 }
 

@@ -79,12 +79,14 @@ struct model_config {
 	 * the router's logits, weighted by those probabilities, renormalised
 	 * to sum to 1 when norm_topk_prob (mixtral: always). A qwen3_moe layer
 	 * l is sparse unless dense_layers has it (mlp_only_layers) and when
-	 * (l + 1) % decoder_sparse_step == 0. router_aux_loss_coef is read and
-	 * written back (the auxiliary loss is refused: output_router_logits). */
+	 * (l + 1) % decoder_sparse_step == 0. output_router_logits: training
+	 * adds router_aux_loss_coef times the router's auxiliary loss, as
+	 * transformers does (llama.h). */
 	int64_t num_experts, experts_per_tok, moe_intermediate_size, decoder_sparse_step;
 	bool norm_topk_prob;
 	uint64_t dense_layers[MODEL_MAX_LAYERS / 64];
 	double router_aux_loss_coef;
+	bool output_router_logits;
 	/* rope_scaling {"rope_type"|"type": "llama3", factor, low_freq_factor,
 	 * high_freq_factor, original_max_position_embeddings} */
 	bool rope_llama3;

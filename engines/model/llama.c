@@ -85,6 +85,8 @@ struct global_acts {
 	float *s1, *s2, *s3;   /* [T,F] / [R,I] scratch (mlp_floats) */
 	float *moe_dy;         /* [R,C] experts' output gradients, then input's */
 	float *moe_dw, *moe_dz;/* [T,k] choice weights', [T,E] router logits' */
+	float *moe_psum;       /* [E] the forward's probabilities summed over rows */
+	float *moe_aux;        /* [E] the auxiliary loss's gradient of a probability */
 	float *dx, *dln;       /* [T,C] */
 	float *datt, *dq;      /* [T,QD] */
 	float *dk, *dv;        /* [T,KD] */
@@ -186,7 +188,8 @@ static size_t global_floats(const struct llama_model *m, int64_t T, bool lm_cach
 				       al(T * sizeof(struct logprob_stats) / sizeof(float));
 
 	size_t moe = model_has_experts(c) ? al(T * c->experts_per_tok * c->hidden_size) +
-					    al(T * c->experts_per_tok) + al(T * c->num_experts) : 0;
+					    al(T * c->experts_per_tok) + al(T * c->num_experts) +
+					    2 * al(c->num_experts) : 0;
 
 	return 6 * C + al(T) + 3 * al(mlp_floats(c, T)) +
 	       2 * al(T * QD) + 2 * al(T * KD) + head + moe;
@@ -323,6 +326,8 @@ static void global_acts_at(const struct llama_model *m, int64_t T, bool training
 		g->moe_dy = TAKE(T * c->experts_per_tok * c->hidden_size);
 		g->moe_dw = TAKE(T * c->experts_per_tok);
 		g->moe_dz = TAKE(T * c->num_experts);
+		g->moe_psum = TAKE(c->num_experts);
+		g->moe_aux = TAKE(c->num_experts);
 	}
 	g->datt = TAKE(T * QD);
 	g->dq = TAKE(T * QD);
@@ -506,11 +511,20 @@ int llama_init(struct llama_model *m, struct device *dev,
 	m->moe_off = NULL;
 	m->moe_host = NULL;
 	m->moe_host_cap = 0;
+	m->moe_counts = NULL;
+	m->moe_host_e = NULL;
+	m->moe_aux = m->moe_aux_scale = 0.0;
 	if (model_has_experts(cfg)) {
 		m->moe_off = calloc((size_t)(cfg->num_layers * (cfg->num_experts + 1)),
 				    sizeof(*m->moe_off));
-		if (!m->moe_off) {
+		m->moe_counts = calloc((size_t)cfg->num_experts, sizeof(*m->moe_counts));
+		m->moe_host_e = calloc((size_t)cfg->num_experts, sizeof(*m->moe_host_e));
+		if (!m->moe_off || !m->moe_counts || !m->moe_host_e) {
 			free(host);
+			free(m->moe_off);
+			free(m->moe_counts);
+			free(m->moe_host_e);
+			m->moe_off = NULL;
 			return eng_fail(err, -ENOMEM, "experts: out of memory");
 		}
 	}
@@ -528,6 +542,8 @@ int llama_init(struct llama_model *m, struct device *dev,
 	if (!m->inv_freq) {
 		free(host);
 		free(m->moe_off);
+		free(m->moe_counts);
+		free(m->moe_host_e);
 		m->moe_off = NULL;
 		return eng_fail(err, -ENOMEM, "rope: out of device memory");
 	}
@@ -547,8 +563,12 @@ void llama_release(struct llama_model *m)
 	m->inv_freq = NULL;
 	free(m->moe_off);
 	free(m->moe_host);
+	free(m->moe_counts);
+	free(m->moe_host_e);
 	m->moe_off = NULL;
 	m->moe_host = NULL;
+	m->moe_counts = NULL;
+	m->moe_host_e = NULL;
 	m->moe_host_cap = 0;
 }
 
@@ -745,9 +765,59 @@ static void experts_bwd(struct llama_model *m, int64_t l, int64_t T,
 		m->rc = m->dev->k->moe_combine(m->dev, g->dln, dy, a->pos, NULL, T, k, C);
 	if (!m->rc)
 		m->rc = m->dev->k->moe_route_bwd(m->dev, g->moe_dz, g->moe_dw, a->probs, a->idx,
-						 a->wts, T, E, k, c->norm_topk_prob);
+						 a->wts, m->moe_aux_scale != 0.0 ? g->moe_aux : NULL,
+						 T, E, k, c->norm_topk_prob);
 	lin_bwd_w(m, gw->router, g->moe_dz, a->ln2, T, E, C, true);
 	lin_bwd_in(m, g->dln, g->moe_dz, w->router, T, E, C, 1.0f);
+}
+
+/* The router's auxiliary loss of a forward over T tokens (llama.h):
+ * transformers' load_balancing_loss_func over the N = T x (experts
+ * layers) rows of every layer's router, E sum_e (count_e / N) (psum_e /
+ * N), with count_e the rows' choices of e and psum_e its probabilities
+ * summed (g->moe_psum, column sums taken as each layer ran). */
+static void moe_aux_finish(struct llama_model *m, int64_t T, const struct global_acts *g)
+{
+	const struct model_config *c = &m->cfg;
+	int64_t E = c->num_experts, layers = 0;
+	double sum = 0.0, N;
+
+	memset(m->moe_counts, 0, (size_t)E * sizeof(*m->moe_counts));
+	for (int64_t l = 0; l < c->num_layers; l++) {
+		const int64_t *off = m->moe_off + l * (E + 1);
+
+		if (model_layer_mlp(c, l) != MODEL_MLP_MOE)
+			continue;
+		layers++;
+		for (int64_t e = 0; e < E; e++)
+			m->moe_counts[e] += off[e + 1] - off[e];
+	}
+	if (!m->rc)
+		m->rc = m->dev->ops->copy_d2h(m->dev, m->moe_host_e, g->moe_psum,
+					      (size_t)E * sizeof(float));
+	N = (double)T * (double)layers;
+	for (int64_t e = 0; e < E && !m->rc; e++)
+		sum += (double)m->moe_counts[e] * m->moe_host_e[e];
+	m->moe_aux = m->rc || N == 0 ? 0.0 : (double)E * sum / (N * N);
+}
+
+/* The auxiliary loss's gradient of every row's probability of expert e,
+ * moe_aux_scale E count_e / N^2, into g->moe_aux for the backward. */
+static void moe_aux_grad(struct llama_model *m, int64_t T, const struct global_acts *g)
+{
+	const struct model_config *c = &m->cfg;
+	int64_t E = c->num_experts, layers = 0;
+	double N;
+
+	if (!m->moe_off || m->moe_aux_scale == 0.0 || m->rc)
+		return;
+	for (int64_t l = 0; l < c->num_layers; l++)
+		layers += model_layer_mlp(c, l) == MODEL_MLP_MOE;
+	N = (double)T * (double)layers;
+	for (int64_t e = 0; e < E; e++)
+		m->moe_host_e[e] = (float)(m->moe_aux_scale * (double)E *
+					   (double)m->moe_counts[e] / (N * N));
+	m->rc = m->dev->ops->copy_h2d(m->dev, g->moe_aux, m->moe_host_e, (size_t)E * sizeof(float));
 }
 
 static void mlp_block_fwd(struct llama_model *m, int64_t T, int64_t l,
@@ -850,6 +920,9 @@ int llama_forward(struct llama_model *m, const struct llama_batch *b,
 	layer_acts_at(m, T, 0, &a);
 	if (!training)
 		a.x = g.resid[0];
+	if (m->moe_off && !m->rc)
+		m->rc = m->dev->ops->memset0(m->dev, g.moe_psum, (size_t)c->num_experts *
+					     sizeof(float));
 	part(m, LLAMA_PART_EMBED(L), false, false);
 	if (!m->rc)
 		m->rc = m->dev->k->embedding_fwd(m->dev, a.x, m->w.wte, b->ids, T, C);
@@ -869,12 +942,16 @@ int llama_forward(struct llama_model *m, const struct llama_batch *b,
 		part(m, l, false, false);
 		attention_block_fwd(m, b, l, &m->w.layers[l], &a);
 		mlp_block_fwd(m, T, l, &m->w.layers[l], &a, g.s1, x_out);
+		if (model_layer_mlp(c, l) == MODEL_MLP_MOE && !m->rc)   /* for the aux loss */
+			m->rc = m->dev->k->bias_bwd(m->dev, g.moe_psum, a.probs, T, c->num_experts);
 		part(m, l, false, true);
 		if (training && l + 1 < L)
 			a = next;
 		else
 			a.x = x_out;
 	}
+	if (m->moe_off)
+		moe_aux_finish(m, T, &g);
 	part(m, LLAMA_PART_HEAD(L), false, false);
 	norm_fwd(m, g.lnf, g.rstdf, g.xL, m->w.norm, T, C);
 	if (m->value_model) {
@@ -1037,6 +1114,7 @@ int llama_backward(struct llama_model *m, const struct llama_batch *b,
 	if (!m->cap_training || T > m->cap_tokens)
 		return -EINVAL;
 	global_acts_at(m, T, true, &g);
+	moe_aux_grad(m, T, &g);
 	part(m, LLAMA_PART_HEAD(c->num_layers), true, false);
 	head_bwd(m, b, inv_temp, &g, drow_logp, drow_ent, drow_val);
 	norm_bwd(m, g.dx, m->g.norm, g.dln, g.xL, m->w.norm, g.rstdf, T, C, 0.0f);

@@ -151,6 +151,16 @@ struct llama_model {
 	int64_t *moe_off;
 	int32_t *moe_host;
 	int64_t moe_host_cap;
+	/* The router's auxiliary loss, transformers' load_balancing_loss_func
+	 * over a pass's tokens and experts layers: llama_forward leaves its
+	 * value (without the coefficient) in moe_aux, and each expert's
+	 * choices over the layers in moe_counts [E] (host); a training
+	 * llama_backward adds moe_aux_scale (the caller's: the coefficient
+	 * times the pass's weight; 0: none) times its gradient. */
+	double moe_aux;
+	double moe_aux_scale;
+	int64_t *moe_counts;
+	float *moe_host_e;         /* [E] host scratch */
 };
 
 /* Set up a model over already-bound weights and gradients (layers arrays

@@ -74,6 +74,9 @@ struct native {
 	/* Activation bytes the last ForwardBackward reserved for its longest
 	 * micro-batch (on the base for an adapter's call too: GetStatus). */
 	size_t last_activation_bytes;
+	/* A ForwardBackward of a mixture of experts: each experts layer's
+	 * choices per expert so far, [L][E] (native_fb.c), NULL between calls. */
+	int64_t *moe_counts;
 	int io_threads;                /* safetensors reads (the CPU budget) */
 	struct engine_placement place;
 	int model_fd;                  /* model_path while initializing, else -1 */

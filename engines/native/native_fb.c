@@ -146,6 +146,57 @@ static int upload_mb(struct native *n, const struct mb_host *h)
 	return o->copy_h2d(n->dev, n->io.cu_seqlens, h->cu, (h->B + 1) * sizeof(int32_t));
 }
 
+/* A mixture of experts' share of a micro-batch of T tokens, after its
+ * forward: its auxiliary loss into the call's (weighted by T / n), its
+ * layers' choices into the call's counts (n->moe_counts, [L][E]), and
+ * the scale of the auxiliary loss's gradient its backward adds: the
+ * coefficient when the config asks for the loss (output_router_logits),
+ * times T / n and the group's gradient scale, as a loss's own. */
+static void experts_pass(struct native *n, struct llama_model *m, const struct engine_batch *b,
+			 struct engine_fb_result *res, int64_t T)
+{
+	const struct model_config *c = &m->cfg;
+	int64_t E = c->num_experts;
+	double share = (double)T / (double)b->n;
+
+	res->router_aux_loss += share * m->moe_aux;
+	res->router_aux_coef = b->forward_only || !c->output_router_logits ? 0.0
+			       : c->router_aux_loss_coef;
+	m->moe_aux_scale = res->router_aux_coef * share * native_grad_scale(n);
+	for (int64_t l = 0; n->moe_counts && l < c->num_layers; l++) {
+		const int64_t *off = m->moe_off + l * (E + 1);
+
+		if (model_layer_mlp(c, l) == MODEL_MLP_MOE)
+			for (int64_t e = 0; e < E; e++)
+				n->moe_counts[l * E + e] += off[e + 1] - off[e];
+	}
+}
+
+_Static_assert(ENGINE_MAX_LAYERS == MODEL_MAX_LAYERS, "engine.h's bound is the model's");
+
+/* Each experts layer's load over the call (engine.h), into res. */
+static void experts_load(const struct native *n, const struct engine_batch *b,
+			 struct engine_fb_result *res)
+{
+	const struct model_config *c = &n->cfg;
+	int64_t E = c->num_experts;
+	double mean = (double)b->n * (double)c->experts_per_tok / (double)E;
+	int32_t cap = res->expert_layers;
+
+	res->expert_layers = 0;
+	for (int64_t l = 0; n->moe_counts && l < c->num_layers; l++) {
+		int64_t most = 0;
+
+		if (model_layer_mlp(c, l) != MODEL_MLP_MOE)
+			continue;
+		for (int64_t e = 0; e < E; e++)
+			most = n->moe_counts[l * E + e] > most ? n->moe_counts[l * E + e] : most;
+		if (res->expert_load && res->expert_layers < cap)
+			res->expert_load[res->expert_layers] = (double)most / mean;
+		res->expert_layers++;
+	}
+}
+
 /* One micro-batch up to its backward pass: inputs up, forward, outputs
  * into res, the loss and its gradients down to the device (mb_backward
  * then runs the pass). */
@@ -171,6 +222,8 @@ static int mb_forward(struct native *n, struct llama_model *m, const struct engi
 			   rows + 2 * cap);
 	if (rc)
 		return eng_fail(err, rc, "forward: device kernel failed (%s)", eng_strerror(rc));
+	if (m->moe_off)
+		experts_pass(n, m, b, res, T);
 	if (n->value_model) {
 		rc = o->copy_d2h(n->dev, h->rows + 2 * T, rows + 2 * cap, T * sizeof(float));
 		memset(out_logp, 0, 2 * T * sizeof(float));
@@ -461,6 +514,15 @@ int native_forward_backward(struct engine *e, const struct engine_batch *b,
 	}
 	if (rc == 0)
 		rc = native_io_reserve(n, max_T, max_B, err);
+	if (rc == 0 && model_has_experts(&n->cfg)) {
+		int64_t cells = n->cfg.num_layers * n->cfg.num_experts;
+
+		free(n->moe_counts);
+		n->moe_counts = calloc((size_t)cells, sizeof(*n->moe_counts));
+		if (!n->moe_counts)
+			rc = eng_fail(err, -ENOMEM, "experts: out of host memory");
+	}
+	res->router_aux_loss = res->router_aux_coef = 0.0;
 	if (rc == 0 && mb_host_alloc(&h, max_T, max_B))
 		rc = eng_fail(err, -ENOMEM, "micro-batch: out of host memory");
 	if (rc == 0 && reducing && !n->lora)
@@ -542,6 +604,15 @@ int native_forward_backward(struct engine *e, const struct engine_batch *b,
 	if (m)
 		m->grads_zero = false;
 	res->num_micro_batches = plan.num_micro_batches;
+	if (n->moe_counts) {
+		experts_load(n, b, res);
+		free(n->moe_counts);
+		n->moe_counts = NULL;
+	} else {
+		res->expert_layers = 0;
+	}
+	if (m && m->moe_off)
+		m->moe_aux_scale = 0.0;
 	if (rc == 0 && !b->forward_only) {
 		n->grad_calls++;
 		n->grad_tokens += b->n;

@@ -54,6 +54,7 @@ static void check_same(const struct model_config *a, const struct model_config *
 		SAME(decoder_sparse_step);
 		SAME(norm_topk_prob);
 		SAME(router_aux_loss_coef);
+		SAME(output_router_logits);
 		FUZZ_CHECK(!memcmp(a->dense_layers, b->dense_layers, sizeof(a->dense_layers)),
 			   "round trip changed mlp_only_layers");
 	}

@@ -885,7 +885,7 @@ START_TEST(experts)
 		{ "num_experts", "4", "num_experts_per_tok: 8, more than num_experts 4" },
 		{ "num_experts_per_tok", "0", "num_experts_per_tok" },
 		{ "num_experts", "0", "num_experts" },
-		{ "output_router_logits", "true", "output_router_logits" },
+		{ "router_aux_loss_coef", "-0.1", "router_aux_loss_coef" },
 		{ "mlp_only_layers", "[48]", "mlp_only_layers[0]" },
 		{ "mlp_only_layers", "3", "mlp_only_layers" },
 		{ "decoder_sparse_step", "0", "decoder_sparse_step" },
@@ -927,7 +927,7 @@ START_TEST(experts)
 		ck_assert_int_eq(back.experts_per_tok, k ? 2 : 8);
 		ck_assert_int_eq(back.moe_intermediate_size, k ? 14336 : 768);
 		ck_assert(back.norm_topk_prob && back.router_aux_loss_coef ==
-			  (k ? 0.02 : 0.001));
+			  (k ? 0.02 : 0.001) && !back.output_router_logits);
 		free(text);
 	}
 	/* a dense layer among sparse ones: listed, or off the step */
@@ -951,6 +951,14 @@ START_TEST(experts)
 		parse_bad(text, bad[i].expect);
 		free(text);
 	}
+	/* the routers' auxiliary loss asked for: read and written back */
+	text = with_key(qwen3_30b_a3b, "output_router_logits", "true");
+	q = parse_ok(text);
+	free(text);
+	ck_assert(q.output_router_logits);
+	text = model_config_to_json(&q);
+	ck_assert(parse_ok(text).output_router_logits);
+	free(text);
 	text = with_key(mixtral_8x7b, "router_jitter_noise", "0.01");
 	parse_bad(text, "router_jitter_noise");
 	free(text);

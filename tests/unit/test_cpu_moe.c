@@ -1,7 +1,8 @@
 /* test_cpu_moe.c — the CPU device's mixture-of-experts kernels (device.h,
  * cpu_moe.c): the router's softmax and top-k against a naive double loop,
  * its backward against central finite differences (step 1e-6, in double)
- * of sum(dw * w(z)) with the choices held (the logits are drawn far enough
+ * of sum(dw * w(z)) (+ sum(aux * p(z)), the auxiliary loss's share) with
+ * the choices held (the logits are drawn far enough
  * apart that no step changes them); the gather exact; the combine and its
  * backward against double loops, the combine's terms in ascending row
  * order (transformers' order: by expert). */
@@ -73,6 +74,7 @@ START_TEST(route)
 	struct device *dev = tu_open(2, MATMUL_FP32);
 	float *probs = tu_falloc(dev, T * E), *w = tu_falloc(dev, T * K);
 	float *dw = tu_falloc(dev, T * K), *dz = tu_falloc(dev, T * E), *z = tu_falloc(dev, T * E);
+	float *aux = tu_falloc(dev, E);
 	int32_t *idx = dev->ops->alloc(dev, T * K * sizeof(int32_t));
 
 	tu_seed(31);
@@ -81,8 +83,9 @@ START_TEST(route)
 		memcpy(probs, z, T * E * sizeof(float));
 		tu_fill(dw, T * K, -1.0f, 1.0f);
 		ck_assert_int_eq(dev->k->moe_route_fwd(dev, probs, idx, w, T, E, K, norm), 0);
-		ck_assert_int_eq(dev->k->moe_route_bwd(dev, dz, dw, probs, idx, w, T, E, K, norm),
-				 0);
+		tu_fill(aux, E, -0.5f, 0.5f);
+		ck_assert_int_eq(dev->k->moe_route_bwd(dev, dz, dw, probs, idx, w, norm ? aux : NULL,
+						       T, E, K, norm), 0);
 		for (int t = 0; t < T; t++) {
 			double zd[E], p[E], wr[K], wp[K], wm[K], scale = 0.0;
 			int32_t ir[K], ip[K];
@@ -108,6 +111,18 @@ START_TEST(route)
 				zd[e] += 1e-6;
 				for (int j = 0; j < K; j++)
 					fd += dw[t * K + j] * (wp[j] - wm[j]) / 2e-6;
+				/* with aux: sum_e aux_e p_e(z) too */
+				if (norm) {
+					double pp[E], pm[E];
+
+					zd[e] += 1e-6;
+					ref_route(zd, norm, ip, wp, pp);
+					zd[e] -= 2e-6;
+					ref_route(zd, norm, ip, wm, pm);
+					zd[e] += 1e-6;
+					for (int q = 0; q < E; q++)
+						fd += aux[q] * (pp[q] - pm[q]) / 2e-6;
+				}
 				ck_assert_msg(fabs(dz[t * E + e] - fd) <= 1e-5 * scale + 1e-7,
 					      "norm %d t %d e %d: dz %g, finite differences %g",
 					      norm, t, e, dz[t * E + e], fd);
@@ -115,6 +130,7 @@ START_TEST(route)
 		}
 	}
 	dev->ops->free(dev, idx);
+	dev->ops->free(dev, aux);
 	dev->ops->free(dev, probs);
 	dev->ops->free(dev, w);
 	dev->ops->free(dev, dw);

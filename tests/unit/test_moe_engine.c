@@ -5,9 +5,11 @@
  *     batch's within 1e-6 of the largest (the experts' rows grouped anew
  *     in each micro-batch);
  *   - activation recompute gives the same gradients bit for bit;
- *   - a qwen3_moe with a dense layer among sparse ones and un-normalised
- *     top-k weights trains: every expert of the batch gets a gradient, the
- *     router too, the loss's log-probs stay finite over 3 steps;
+ *   - a qwen3_moe with a dense layer among sparse ones, un-normalised
+ *     top-k weights and the routers' auxiliary loss trains: every expert of
+ *     the batch gets a gradient, the router too, the loss's log-probs stay
+ *     finite over 3 steps; the call reports the auxiliary loss and each
+ *     experts layer's load;
  *   - a mixtral's checkpoint reloads bit for bit into a fresh engine.
  */
 #include <check.h>
@@ -29,7 +31,8 @@ static const char qwen3_moe[] =
 	" \"intermediate_size\": 40, \"moe_intermediate_size\": 16, \"num_hidden_layers\": 3,"
 	" \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 8,"
 	" \"num_experts\": 6, \"num_experts_per_tok\": 3, \"norm_topk_prob\": false,"
-	" \"mlp_only_layers\": [1], \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0,"
+	" \"mlp_only_layers\": [1], \"output_router_logits\": true,"
+	" \"router_aux_loss_coef\": 0.01, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0,"
 	" \"max_position_embeddings\": 512}";
 
 #define N 40
@@ -124,6 +127,25 @@ START_TEST(mixed_layers_train)
 		ck_assert(isfinite(sr.grad_norm) && sr.grad_norm > 0);
 	}
 	ck_assert_int_eq(experts, 2 * 6 * 3);
+	/* the routers' auxiliary loss and each experts layer's load, over
+	 * three micro-batches of the call */
+	{
+		struct given_grads gg = {.g_logp = g};
+		struct engine_batch b = {.n = N, .input_ids = ids, .num_seqs = 3, .seq_lens = LENS,
+					 .temperature = 1.0f, .max_tokens_per_micro_batch = 16,
+					 .loss_fn = given_loss, .loss_ctx = &gg};
+		double load[4] = {0};
+		struct engine_fb_result r = {.expert_load = load, .expert_layers = 4};
+
+		ck_assert_int_eq(engine_forward_backward(e, &b, &r, &err), 0);
+		ck_assert_int_eq(r.expert_layers, 2);
+		ck_assert(r.router_aux_coef == 0.01);
+		/* E sum_e f_e P_e: k (3) for an even routing, more as the
+		 * choices follow the probabilities; a load is at least 1 */
+		ck_assert_msg(r.router_aux_loss >= 3.0 - 1e-5 && r.router_aux_loss < 6.0,
+			      "aux %g", r.router_aux_loss);
+		ck_assert(load[0] >= 1.0 && load[1] >= 1.0 && load[2] == 0.0);
+	}
 	ck_assert_msg(used >= experts * 2 / 3, "%d of %d expert tensors trained", used, experts);
 	engine_destroy(e);
 }

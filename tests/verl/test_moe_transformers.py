@@ -17,7 +17,10 @@ reference:
     names vLLM and SGLang load), reproducing engined's log-probs;
   - Sample's log-probs (decoding through the key/value cache, a token at
     a time through the router) those of transformers over the sequence;
-  - activation recompute: the parameters after a step bit for bit.
+  - activation recompute: the parameters after a step bit for bit;
+  - with output_router_logits, the router's auxiliary loss
+    (load_balancing_loss_func) within 1e-6, the gradients with it within
+    1e-5 relative, and each experts layer's load exactly.
 The routers are made decisive (their weights x10): at initializer_range
 every logit is within ~0.2 of the others, so a choice fp32 noise could
 flip would make the two runs train different experts (an expert then
@@ -219,8 +222,8 @@ def test_moe_matches_transformers(daemon, client, family):
 
 def test_moe_refusals(daemon, client):
     """What is not built, or wrong in a config, is refused by name: LoRA over
-    experts (UNIMPLEMENTED), more experts per token than experts and the
-    router's auxiliary loss (INVALID_ARGUMENT naming the key); the daemon
+    experts (UNIMPLEMENTED), more experts per token than experts and
+    another family's routing (INVALID_ARGUMENT naming the key); the daemon
     goes on."""
     import grpc
     import json
@@ -234,7 +237,7 @@ def test_moe_refusals(daemon, client):
     assert "mixture-of-experts" in e.value.details()
     src = os.path.join(daemon.model_root, mdir)
     for key, val, want in (("num_experts_per_tok", 9, "num_experts_per_tok: 9, more than"),
-                           ("output_router_logits", True, "output_router_logits")):
+                           ("scoring_func", "sigmoid", "scoring_func")):
         bad = os.path.join(daemon.model_root, "bad-" + key)
         shutil.copytree(src, bad)
         with open(os.path.join(bad, "config.json")) as f:
@@ -250,3 +253,74 @@ def test_moe_refusals(daemon, client):
     ids, w = batch(2)
     client.forward_backward(ids, LENS, loss="custom", grad_log_probs=w)
     assert client.optimizer_step().step == 1
+
+
+AUX_COEF = 0.05
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_router_aux_loss_matches_transformers(daemon, client, family):
+    """output_router_logits: the router's auxiliary loss as transformers'
+    load_balancing_loss_func computes it over the call's tokens (one
+    micro-batch), within 1e-6; the gradients of sum w log p + coef x aux
+    within 1e-5 relative (the same one-step reading as above); each experts
+    layer's load (the most tokens an expert took over the mean) exactly
+    what transformers' routing gives."""
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+    cfg = FAMILIES[family].to_dict()
+    cfg.update(output_router_logits=True, router_aux_loss_coef=AUX_COEF)
+    FAMILIES["aux-" + family] = type(FAMILIES[family]).from_dict(cfg)
+    try:
+        model, mdir = make(daemon, "aux-" + family, 11)
+    finally:
+        del FAMILIES["aux-" + family]
+    c = model.config
+    E = c.num_experts if family == "qwen3_moe" else c.num_local_experts
+    k = c.num_experts_per_tok
+    client.initialize(replace=True, model_path=mdir, optimizer={
+        "lr": BIG, "beta1": 0.9, "beta2": 0.0, "eps": BIG, "weight_decay": 0.0,
+        "clip_grad": 0.0})
+    p0 = engined_tensors(client)
+    ids, w = batch(8)
+
+    # transformers: each sequence's forward, the routers' logits of every
+    # experts layer gathered over the sequences, then its loss function
+    model.zero_grad()
+    per_layer, lps, off = None, [], 0
+    for n in LENS:
+        x = torch.as_tensor(ids[off:off + n], dtype=torch.long)[None]
+        out = model(input_ids=x, output_router_logits=True)
+        lp = torch.log_softmax(out.logits[0].float(), -1)
+        lps += [torch.zeros(1), lp[:-1].gather(1, x[0, 1:, None])[:, 0]]
+        per_layer = [[r] for r in out.router_logits] if per_layer is None else \
+            [acc + [r] for acc, r in zip(per_layer, out.router_logits)]
+        off += n
+    logits = tuple(torch.cat(rs, 0) for rs in per_layer)
+    aux = load_balancing_loss_func(logits, E, k, None)
+    (torch.cat(lps) @ torch.as_tensor(w) + AUX_COEF * aux).backward()
+    grads = saved_names(model, family, grad=True)
+    chosen = [torch.topk(torch.softmax(l.float(), -1), k, -1).indices for l in logits]
+    load_ref = [float(torch.bincount(ch.flatten(), minlength=E).max()) / (N * k / E)
+                for ch in chosen]
+
+    r = client.forward_backward(ids, LENS, loss="custom", grad_log_probs=w,
+                                max_tokens_per_micro_batch=N)
+    d_aux = abs(r.metrics["router_aux_loss"] - float(aux))
+    print("%s: router_aux_loss %.6f vs transformers %.6f (%.3g); expert load %s vs %s"
+          % (family, r.metrics["router_aux_loss"], float(aux), d_aux,
+             np.round(r.expert_load, 4).tolist(), np.round(load_ref, 4).tolist()))
+    assert d_aux <= 1e-6
+    assert r.expert_load is not None and np.allclose(r.expert_load, load_ref, rtol=0, atol=1e-12)
+    client.optimizer_step()
+    p1 = engined_tensors(client)
+    worst = max(rel(p0[key] - p1[key], g / (1 + np.abs(g) / BIG)) for key, g in grads.items())
+    router = [key for key in grads if key.endswith(".gate.weight")]
+    print("%s: gradients with the auxiliary loss, max relative difference %.3g"
+          % (family, worst))
+    assert worst <= 1e-5
+    # the check can fail: without the auxiliary loss the routers' gradients
+    # are another 1e-3 and more of their size away
+    model.zero_grad()
+    (torch_logprobs(model, ids) @ torch.as_tensor(w)).backward()
+    plain = saved_names(model, family, grad=True)
+    assert min(rel(plain[key], grads[key]) for key in router) > 1e-3

@@ -339,13 +339,18 @@ class ForwardBackwardResult(Mapping):
     log_probs: Optional[np.ndarray] = None
     entropy: Optional[np.ndarray] = None
     values: Optional[np.ndarray] = None
+    # A mixture of experts: each experts layer's load (the most tokens an
+    # expert took over the mean), float64 [layers]; None for dense models.
+    expert_load: Optional[np.ndarray] = None
 
     @classmethod
     def from_proto(cls, m):
         return cls(loss=m.loss, metrics=dict(m.metrics), num_micro_batches=m.num_micro_batches,
                    log_probs=_array(m.log_probs) if m.HasField("log_probs") else None,
                    entropy=_array(m.entropy) if m.HasField("entropy") else None,
-                   values=_array(m.values) if m.HasField("values") else None)
+                   values=_array(m.values) if m.HasField("values") else None,
+                   expert_load=np.asarray(m.expert_load, np.float64) if len(m.expert_load)
+                   else None)
 
     # Mapping: the fields by name.
     def __getitem__(self, key):
@@ -380,7 +385,10 @@ class ForwardBackwardResult(Mapping):
             "%s=%s" % (k, show(getattr(self, k))) for k in _FB_KEYS)
 
 
-_FB_KEYS = tuple(f.name for f in dataclasses.fields(ForwardBackwardResult))
+# The mapping's keys: the six of the dict the result replaced (expert_load,
+# later, is an attribute only).
+_FB_KEYS = tuple(f.name for f in dataclasses.fields(ForwardBackwardResult)
+                 if f.name != "expert_load")
 
 # FinishReason by value: "stop", "length" (the enum's names without their
 # prefix, lowercase; "unspecified" for 0).

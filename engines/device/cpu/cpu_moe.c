@@ -27,8 +27,8 @@ int cpu_moe_route_fwd(struct device *dev, float *probs, int32_t *idx, float *w, 
 }
 
 int cpu_moe_route_bwd(struct device *dev, float *dz, const float *dw, const float *probs,
-		      const int32_t *idx, const float *w, int64_t T, int64_t E, int64_t k,
-		      bool norm)
+		      const int32_t *idx, const float *w, const float *aux, int64_t T, int64_t E,
+		      int64_t k, bool norm)
 {
 	int64_t t;
 
@@ -37,8 +37,8 @@ int cpu_moe_route_bwd(struct device *dev, float *dz, const float *dw, const floa
 	cpu_enter(dev);
 #pragma omp parallel for schedule(static)
 	for (t = 0; t < T; t++)
-		moe_route_row_bwd(dz + t * E, dw + t * k, probs + t * E, idx + t * k, w + t * k, E,
-				  k, norm);
+		moe_route_row_bwd(dz + t * E, dw + t * k, probs + t * E, idx + t * k, w + t * k, aux,
+				  E, k, norm);
 	return 0;
 }
 

@@ -18,13 +18,13 @@ __global__ void moe_route_fwd_kernel(float *probs, int32_t *idx, float *w, int64
 }
 
 __global__ void moe_route_bwd_kernel(float *dz, const float *dw, const float *probs,
-				     const int32_t *idx, const float *w, int64_t T, int64_t E,
-				     int64_t k, bool norm)
+				     const int32_t *idx, const float *w, const float *aux,
+				     int64_t T, int64_t E, int64_t k, bool norm)
 {
 	for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < T;
 	     t += (int64_t)gridDim.x * blockDim.x)
-		moe_route_row_bwd(dz + t * E, dw + t * k, probs + t * E, idx + t * k, w + t * k, E,
-				  k, norm);
+		moe_route_row_bwd(dz + t * E, dw + t * k, probs + t * E, idx + t * k, w + t * k,
+				  aux, E, k, norm);
 }
 
 __global__ void rows_gather_kernel(float *dst, const float *src, const int32_t *rows,
@@ -104,7 +104,7 @@ extern "C" int cuda_moe_route_fwd(struct device *dev, float *probs, int32_t *idx
 
 extern "C" int cuda_moe_route_bwd(struct device *dev, float *dz, const float *dw,
 				  const float *probs, const int32_t *idx, const float *w,
-				  int64_t T, int64_t E, int64_t k, bool norm)
+				  const float *aux, int64_t T, int64_t E, int64_t k, bool norm)
 {
 	int r = cuda_alive(dev);
 
@@ -115,7 +115,7 @@ extern "C" int cuda_moe_route_bwd(struct device *dev, float *dz, const float *dw
 	if (T == 0)
 		return 0;
 	moe_route_bwd_kernel<<<ew_blocks(dev, T), EW_THREADS, 0, cuda_stream(dev)>>>(
-		dz, dw, probs, idx, w, T, E, k, norm);
+		dz, dw, probs, idx, w, aux, T, E, k, norm);
 	return cuda_launched(dev);
 }
 
