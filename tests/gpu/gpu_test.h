@@ -266,6 +266,19 @@ static const char *const GT_QWEN3_SMALL =
 	" \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0,"
 	" \"tie_word_embeddings\": true, \"max_position_embeddings\": 4096}";
 
+/* A mixture of experts (issue 31): mixtral-routed, 8 experts top-2 with
+ * their auxiliary loss; initializer_range 0.1 makes the routers decisive
+ * (logits ~1.6 apart), so that fp32 summation order cannot change a
+ * token's experts between the devices. */
+static const char *const GT_MIXTRAL_SMALL =
+	"{\"model_type\": \"mixtral\", \"vocab_size\": 1536, \"hidden_size\": 256,"
+	" \"intermediate_size\": 256, \"num_hidden_layers\": 2,"
+	" \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+	" \"num_local_experts\": 8, \"num_experts_per_tok\": 2,"
+	" \"output_router_logits\": true, \"router_aux_loss_coef\": 0.02,"
+	" \"initializer_range\": 0.1, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0,"
+	" \"tie_word_embeddings\": false, \"max_position_embeddings\": 4096}";
+
 static inline struct engine *gt_engine(const char *json, const char *device, bool bf16,
 				uint64_t seed, double lr, bool offload)
 {
