@@ -181,6 +181,59 @@ static int init_tensor(struct native *n, float *host, int64_t i, struct eng_erro
 	return 0;
 }
 
+/* Mixtral's router under transformers 5's in-memory name (its
+ * block_sparse_moe module is mlp there), which a packed directory uses. */
+static const struct st_tensor_info *mixtral_v5_name(struct st_reader *r, const char *name)
+{
+	const char *at = strstr(name, ".block_sparse_moe.");
+	char alias[96];
+
+	if (!at)
+		return NULL;
+	snprintf(alias, sizeof(alias), "%.*s.mlp.%s", (int)(at - name), name,
+		 at + strlen(".block_sparse_moe."));
+	return st_reader_find(r, alias);
+}
+
+/* Where expert tensor p lies when a directory holds transformers 5's
+ * packed layout instead of one tensor per expert: each layer's
+ * mlp.experts.gate_up_proj [E, 2I, C] (expert e's gate rows, then its up
+ * rows) and mlp.experts.down_proj [E, C, I], so that each expert's
+ * projection is one run of the packed tensor's elements. Finds the packed
+ * tensor (under mlp., or the family's own prefix) and sets *start, its
+ * element where p begins; NULL for a tensor that is not an expert's. */
+static const struct st_tensor_info *packed_expert(const struct native *n, struct st_reader *r,
+						  const struct param_entry *p, int64_t *start)
+{
+	const struct model_config *c = &n->cfg;
+	static const char *const proj[3][2] = {
+		{"gate_proj", "w1"}, {"up_proj", "w3"}, {"down_proj", "w2"},
+	};
+	int64_t I = c->moe_intermediate_size, C = c->hidden_size;
+	long long l, e;
+	char fam[24], name[32], packed[96];
+	const struct st_tensor_info *t = NULL;
+	int j;
+
+	if (sscanf(p->name, "model.layers.%lld.%23[a-z_].experts.%lld.%31[a-z0-9_].weight", &l,
+		   fam, &e, name) != 4)
+		return NULL;
+	for (j = 0; j < 3 && strcmp(name, proj[j][0]) && strcmp(name, proj[j][1]); j++)
+		;
+	if (j == 3)
+		return NULL;
+	for (int k = 0; k < 2 && !t; k++) {
+		snprintf(packed, sizeof(packed), "model.layers.%lld.%s.experts.%s", l,
+			 k ? fam : "mlp", j < 2 ? "gate_up_proj" : "down_proj");
+		t = st_reader_find(r, packed);
+	}
+	if (!t || t->ndim != 3 || t->shape[0] != c->num_experts ||
+	    t->shape[1] != (j < 2 ? 2 * I : C) || t->shape[2] != (j < 2 ? C : I))
+		return NULL;
+	*start = j < 2 ? ((int64_t)e * 2 + j) * I * C : (int64_t)e * C * I;
+	return t;
+}
+
 /* Load every tensor of the table from a HF directory (descriptor dfd)
  * into host[total]. Tied models have no lm_head.weight; a value model may
  * lack score.* (a critic initialized from an actor): those keep their
@@ -201,11 +254,23 @@ static int load_hf_weights(struct native *n, const struct engine_init_config *cf
 	for (int64_t i = 0; i < n->table.count && !rc; i++) {
 		const struct param_entry *p = &n->table.entries[i];
 		const struct st_tensor_info *t = st_reader_find(r, p->name);
+		int64_t start = 0;
+
+		if (!t)
+			t = mixtral_v5_name(r, p->name);
 
 		init_progress(n, cfg, "load weights", i);
 		rc = init_cancelled(n, cfg, i, err);
 		if (rc)
 			break;
+		if (!t && (t = packed_expert(n, r, p, &start)) != NULL) {
+			/* one run of the packed tensor, or this rank's part of it */
+			dst = tensor_dst(n, host, i, &first, &count);
+			if (count)
+				rc = st_reader_read_f32_range(r, t->name, start + first, count, dst,
+							      err);
+			continue;
+		}
 		if (!t) {
 			if (n->value_model && !strncmp(p->name, "score.", 6)) {
 				rc = init_tensor(n, host, i, err);
@@ -226,9 +291,9 @@ static int load_hf_weights(struct native *n, const struct engine_init_config *cf
 		}
 		dst = tensor_dst(n, host, i, &first, &count);
 		if (count == p->numel)
-			rc = st_reader_read_f32(r, p->name, dst, p->numel, err);
+			rc = st_reader_read_f32(r, t->name, dst, p->numel, err);
 		else if (count)
-			rc = st_reader_read_f32_range(r, p->name, first, count, dst, err);
+			rc = st_reader_read_f32_range(r, t->name, first, count, dst, err);
 	}
 	if (rc == 0)
 		init_progress(n, cfg, "load weights", n->table.count);

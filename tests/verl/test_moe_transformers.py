@@ -18,6 +18,8 @@ reference:
   - Sample's log-probs (decoding through the key/value cache, a token at
     a time through the router) those of transformers over the sequence;
   - activation recompute: the parameters after a step bit for bit;
+  - a directory in transformers 5's packed layout loads as the per-expert
+    one does, bit for bit;
   - with output_router_logits, the router's auxiliary loss
     (load_balancing_loss_func) within 1e-6, the gradients with it within
     1e-5 relative, and each experts layer's load exactly.
@@ -324,3 +326,29 @@ def test_router_aux_loss_matches_transformers(daemon, client, family):
     (torch_logprobs(model, ids) @ torch.as_tensor(w)).backward()
     plain = saved_names(model, family, grad=True)
     assert min(rel(plain[key], grads[key]) for key in router) > 1e-3
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_packed_experts_load_as_per_expert(daemon, client, family):
+    """A directory in transformers 5's packed layout (each layer's
+    mlp.experts.gate_up_proj [E, 2I, C] and down_proj [E, C, I], as the
+    model holds them in memory) loads into the same engine as the
+    per-expert files save_pretrained writes: every tensor bit for bit."""
+    import json
+    import shutil
+    from safetensors.torch import save_file
+    model, mdir = make(daemon, family, 13)
+    packed = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    assert any(k.endswith("experts.gate_up_proj") for k in packed)
+    pdir = os.path.join(daemon.model_root, "packed-" + family)
+    os.makedirs(pdir)
+    save_file(packed, os.path.join(pdir, "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(os.path.join(daemon.model_root, mdir, "config.json"), pdir)
+    with open(os.path.join(pdir, "config.json")) as f:
+        assert json.load(f)["model_type"] == family
+    client.initialize(replace=True, model_path=mdir)
+    want = engined_tensors(client)
+    client.initialize(replace=True, model_path="packed-" + family)
+    got = engined_tensors(client)
+    assert sorted(got) == sorted(want)
+    assert all(np.array_equal(got[k], want[k]) for k in want)
