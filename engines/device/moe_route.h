@@ -20,6 +20,13 @@
 #define MOE_HD
 #endif
 
+/* The routing kernels' shapes (both devices): T >= 0 tokens, k of E
+ * experts, 1 <= k <= E, and k <= max_k (a device's own bound). */
+static inline bool moe_route_shape_ok(int64_t T, int64_t E, int64_t k, int64_t max_k)
+{
+	return T >= 0 && E >= 1 && k >= 1 && k <= E && k <= max_k;
+}
+
 /* p[E]: the logits in, the probabilities out; ix[k], w[k] the choice. */
 static inline MOE_HD void moe_route_row_fwd(float *p, int32_t *ix, float *w, int64_t E,
 					    int64_t k, bool norm)

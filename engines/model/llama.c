@@ -776,11 +776,21 @@ static void experts_bwd(struct llama_model *m, int64_t l, int64_t T,
  * layers) rows of every layer's router, E sum_e (count_e / N) (psum_e /
  * N), with count_e the rows' choices of e and psum_e its probabilities
  * summed (g->moe_psum, column sums taken as each layer ran). */
+/* N: the rows of the auxiliary loss, T tokens through every experts layer. */
+static double moe_aux_rows(const struct model_config *c, int64_t T)
+{
+	int64_t layers = 0;
+
+	for (int64_t l = 0; l < c->num_layers; l++)
+		layers += model_layer_mlp(c, l) == MODEL_MLP_MOE;
+	return (double)T * (double)layers;
+}
+
 static void moe_aux_finish(struct llama_model *m, int64_t T, const struct global_acts *g)
 {
 	const struct model_config *c = &m->cfg;
-	int64_t E = c->num_experts, layers = 0;
-	double sum = 0.0, N;
+	int64_t E = c->num_experts;
+	double sum = 0.0, N = moe_aux_rows(c, T);
 
 	memset(m->moe_counts, 0, (size_t)E * sizeof(*m->moe_counts));
 	for (int64_t l = 0; l < c->num_layers; l++) {
@@ -788,14 +798,12 @@ static void moe_aux_finish(struct llama_model *m, int64_t T, const struct global
 
 		if (model_layer_mlp(c, l) != MODEL_MLP_MOE)
 			continue;
-		layers++;
 		for (int64_t e = 0; e < E; e++)
 			m->moe_counts[e] += off[e + 1] - off[e];
 	}
 	if (!m->rc)
 		m->rc = m->dev->ops->copy_d2h(m->dev, m->moe_host_e, g->moe_psum,
 					      (size_t)E * sizeof(float));
-	N = (double)T * (double)layers;
 	for (int64_t e = 0; e < E && !m->rc; e++)
 		sum += (double)m->moe_counts[e] * m->moe_host_e[e];
 	m->moe_aux = m->rc || N == 0 ? 0.0 : (double)E * sum / (N * N);
@@ -806,14 +814,11 @@ static void moe_aux_finish(struct llama_model *m, int64_t T, const struct global
 static void moe_aux_grad(struct llama_model *m, int64_t T, const struct global_acts *g)
 {
 	const struct model_config *c = &m->cfg;
-	int64_t E = c->num_experts, layers = 0;
-	double N;
+	int64_t E = c->num_experts;
+	double N = moe_aux_rows(c, T);
 
 	if (!m->moe_off || m->moe_aux_scale == 0.0 || m->rc)
 		return;
-	for (int64_t l = 0; l < c->num_layers; l++)
-		layers += model_layer_mlp(c, l) == MODEL_MLP_MOE;
-	N = (double)T * (double)layers;
 	for (int64_t e = 0; e < E; e++)
 		m->moe_host_e[e] = (float)(m->moe_aux_scale * (double)E *
 					   (double)m->moe_counts[e] / (N * N));

@@ -70,15 +70,39 @@ static void router_name(const struct model_config *c, int64_t l, char *n, size_t
 		 c->arch == ARCH_MIXTRAL ? "block_sparse_moe" : "mlp");
 }
 
+static const char *const expert_proj[2][3] = {
+	{"gate_proj", "up_proj", "down_proj"},   /* qwen3_moe */
+	{"w1", "w3", "w2"},                      /* mixtral */
+};
+
 static void expert_name(const struct model_config *c, int64_t l, int64_t e, int j, char *n,
 			size_t size)
 {
-	static const char *const qwen[3] = {"gate_proj", "up_proj", "down_proj"};
-	static const char *const mixtral[3] = {"w1", "w3", "w2"};
 	bool mx = c->arch == ARCH_MIXTRAL;
 
 	snprintf(n, size, "model.layers.%lld.%s.experts.%lld.%s.weight", (long long)l,
-		 mx ? "block_sparse_moe" : "mlp", (long long)e, mx ? mixtral[j] : qwen[j]);
+		 mx ? "block_sparse_moe" : "mlp", (long long)e, expert_proj[mx][j]);
+}
+
+bool param_expert_of(const struct model_config *c, const char *name, int64_t *ret_l,
+		     int64_t *ret_e, int *ret_j)
+{
+	long long l, e;
+	char proj[16], back[96];
+
+	if (sscanf(name, "model.layers.%lld.%*[a-z_].experts.%lld.%15[a-z0-9_].weight", &l, &e,
+		   proj) != 3 || l < 0 || l >= c->num_layers || e < 0 || e >= c->num_experts)
+		return false;
+	for (int j = 0; j < 3; j++) {
+		expert_name(c, l, e, j, back, sizeof(back));
+		if (!strcmp(back, name)) {
+			*ret_l = l;
+			*ret_e = e;
+			*ret_j = j;
+			return true;
+		}
+	}
+	return false;
 }
 
 /* A mixture-of-experts layer's router and experts, in moe_expert_w's

@@ -97,6 +97,11 @@ void param_table_free(struct param_table *t);
 int param_table_append(struct param_table *t, int64_t *cap, const char *name, int ndim,
 		       int64_t d0, int64_t d1, int64_t layer);
 
+/* Whether `name` is expert e's projection j (0 gate, 1 up, 2 down) of
+ * layer l under cfg's family's names (the table's own). */
+bool param_expert_of(const struct model_config *cfg, const char *name, int64_t *l,
+		     int64_t *e, int *j);
+
 /* Index of a name, or -1. */
 int64_t param_table_find(const struct param_table *t, const char *name);
 /* The LM head is the embedding (no lm_head.weight, not a value model). */

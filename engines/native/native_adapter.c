@@ -308,16 +308,11 @@ int native_adapter_create(struct engine *base, const struct engine_adapter_confi
 	/* ZeRO-3: the base's score head is gathered (a collective), so the
 	 * ranks agree first that every one got this far. */
 	if (n->value_model && native_shard_params(b)) {
-		joined = true;
 		rc = native_dist_agree(b, 0, "CreateAdapter", err);
-		if (rc) {
-			if (host != native_family_host_ptr(n, FAM_PARAMS))
-				free(host);
-			goto fail;
-		}
-		joined = false;
+		joined = rc != 0;   /* a failed agreement has told the peers */
 	}
-	rc = copy_base_score(n, host, err);
+	if (rc == 0)
+		rc = copy_base_score(n, host, err);
 	if (rc == 0 && cfg->peft_dir)
 		rc = native_peft_read(n, &peft, host, err);
 	else if (rc == 0)

@@ -200,37 +200,29 @@ static const struct st_tensor_info *mixtral_v5_name(struct st_reader *r, const c
  * mlp.experts.gate_up_proj [E, 2I, C] (expert e's gate rows, then its up
  * rows) and mlp.experts.down_proj [E, C, I], so that each expert's
  * projection is one run of the packed tensor's elements. Finds the packed
- * tensor (under mlp., or the family's own prefix) and sets *start, its
+ * tensor (under mlp., or mixtral's block_sparse_moe.) and sets *start, its
  * element where p begins; NULL for a tensor that is not an expert's. */
 static const struct st_tensor_info *packed_expert(const struct native *n, struct st_reader *r,
 						  const struct param_entry *p, int64_t *start)
 {
 	const struct model_config *c = &n->cfg;
-	static const char *const proj[3][2] = {
-		{"gate_proj", "w1"}, {"up_proj", "w3"}, {"down_proj", "w2"},
-	};
-	int64_t I = c->moe_intermediate_size, C = c->hidden_size;
-	long long l, e;
-	char fam[24], name[32], packed[96];
+	int64_t I = c->moe_intermediate_size, C = c->hidden_size, l, e;
 	const struct st_tensor_info *t = NULL;
+	char packed[96];
 	int j;
 
-	if (sscanf(p->name, "model.layers.%lld.%23[a-z_].experts.%lld.%31[a-z0-9_].weight", &l,
-		   fam, &e, name) != 4)
-		return NULL;
-	for (j = 0; j < 3 && strcmp(name, proj[j][0]) && strcmp(name, proj[j][1]); j++)
-		;
-	if (j == 3)
+	if (!param_expert_of(c, p->name, &l, &e, &j))
 		return NULL;
 	for (int k = 0; k < 2 && !t; k++) {
-		snprintf(packed, sizeof(packed), "model.layers.%lld.%s.experts.%s", l,
-			 k ? fam : "mlp", j < 2 ? "gate_up_proj" : "down_proj");
+		snprintf(packed, sizeof(packed), "model.layers.%lld.%s.experts.%s", (long long)l,
+			 k && c->arch == ARCH_MIXTRAL ? "block_sparse_moe" : "mlp",
+			 j < 2 ? "gate_up_proj" : "down_proj");
 		t = st_reader_find(r, packed);
 	}
 	if (!t || t->ndim != 3 || t->shape[0] != c->num_experts ||
 	    t->shape[1] != (j < 2 ? 2 * I : C) || t->shape[2] != (j < 2 ? C : I))
 		return NULL;
-	*start = j < 2 ? ((int64_t)e * 2 + j) * I * C : (int64_t)e * C * I;
+	*start = j < 2 ? (e * 2 + j) * I * C : e * C * I;
 	return t;
 }
 

@@ -17,7 +17,7 @@ int cpu_moe_route_fwd(struct device *dev, float *probs, int32_t *idx, float *w, 
 {
 	int64_t t;
 
-	if (T < 0 || E < 1 || k < 1 || k > E)
+	if (!moe_route_shape_ok(T, E, k, E))
 		return -EINVAL;
 	cpu_enter(dev);
 #pragma omp parallel for schedule(static)
@@ -32,7 +32,7 @@ int cpu_moe_route_bwd(struct device *dev, float *dz, const float *dw, const floa
 {
 	int64_t t;
 
-	if (T < 0 || E < 1 || k < 1 || k > E)
+	if (!moe_route_shape_ok(T, E, k, E))
 		return -EINVAL;
 	cpu_enter(dev);
 #pragma omp parallel for schedule(static)

@@ -93,7 +93,7 @@ extern "C" int cuda_moe_route_fwd(struct device *dev, float *probs, int32_t *idx
 
 	if (r)
 		return r;
-	if (T < 0 || E < 1 || k < 1 || k > E || k > MOE_MAX_K)
+	if (!moe_route_shape_ok(T, E, k, MOE_MAX_K))
 		return -EINVAL;
 	if (T == 0)
 		return 0;
@@ -110,7 +110,7 @@ extern "C" int cuda_moe_route_bwd(struct device *dev, float *dz, const float *dw
 
 	if (r)
 		return r;
-	if (T < 0 || E < 1 || k < 1 || k > E || k > MOE_MAX_K)
+	if (!moe_route_shape_ok(T, E, k, MOE_MAX_K))
 		return -EINVAL;
 	if (T == 0)
 		return 0;
