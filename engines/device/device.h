@@ -66,10 +66,11 @@ enum matmul_precision {
 	X(embedding_fwd, (struct device *dev, float *out,                                   \
 	                  const float *wte, const int32_t *ids, int64_t T,                  \
 	                  int64_t C))                                                       \
-	/* dwte[V,C] += scatter of dout[T,C] by ids[T] (deterministic order). */            \
+	/* dwte[V,C] += scatter of dout[T,C] by ids[T] (deterministic order),              \
+	 * the rows of id skip left out (transformers' padding_idx; -1: none). */           \
 	X(embedding_bwd, (struct device *dev, float *dwte,                                  \
 	                  const float *dout, const int32_t *ids,                            \
-	                  int64_t T, int64_t C, int64_t V))                                 \
+	                  int64_t T, int64_t C, int64_t V, int64_t skip))                   \
                                                                                             \
 	/* Per row r of R rows of width C:                                                  \
 	 * rstd[r] = 1/sqrt(mean(x[r]^2) + eps); out[r] = x[r] * rstd[r] * w.               \
@@ -141,12 +142,14 @@ enum matmul_precision {
 	/* Mixture of experts (llama.c). moe_route_fwd: per row t of probs[T,E],          \
 	 * which holds the router's logits on entry: probs = softmax of them; idx[t]      \
 	 * the k experts of highest probability, highest first (ties: the lower           \
-	 * index); w[t,j] = probs[t, idx[t,j]], divided by their sum when norm.           \
+	 * index), or when forced the k given in idx[t] on entry (routing replay:         \
+	 * ids in [0, E), distinct within a row, which the caller checked);               \
+	 * w[t,j] = probs[t, idx[t,j]], divided by their sum when norm.                   \
 	 * moe_route_bwd: dz[T,E] = (overwritten) the gradient of the logits from         \
 	 * dw[T,k] and the forward's probs, idx and w, plus aux[E] (NULL: none) as        \
 	 * every row's gradient of its probabilities (the auxiliary loss's). */           \
 	X(moe_route_fwd, (struct device *dev, float *probs, int32_t *idx, float *w,        \
-	                  int64_t T, int64_t E, int64_t k, bool norm))                     \
+	                  int64_t T, int64_t E, int64_t k, bool norm, bool forced))        \
 	X(moe_route_bwd, (struct device *dev, float *dz, const float *dw,                  \
 	                  const float *probs, const int32_t *idx, const float *w,          \
 	                  const float *aux, int64_t T, int64_t E, int64_t k, bool norm))   \
@@ -164,6 +167,14 @@ enum matmul_precision {
 	X(moe_combine_bwd, (struct device *dev, float *dy, float *dw,                      \
 	                    const float *dout, const float *y, const int32_t *pos,        \
 	                    const float *w, int64_t T, int64_t k, int64_t C))             \
+	/* A shared expert's gated share (qwen2_moe): out[t] += sigmoid(z[t]) y[t],       \
+	 * rows of C floats; its backward dy[t] = s dout[t] (overwritten) and dz[t]       \
+	 * = s (1 - s) (dout[t] . y[t]), s = sigmoid(z[t]). */                            \
+	X(sigmoid_gate_fwd, (struct device *dev, float *out, const float *z,               \
+	                     const float *y, int64_t T, int64_t C))                        \
+	X(sigmoid_gate_bwd, (struct device *dev, float *dy, float *dz,                     \
+	                     const float *dout, const float *z, const float *y,            \
+	                     int64_t T, int64_t C))                                        \
                                                                                             \
 	/* x[R,N] += bias[N] on every row. */                                               \
 	X(bias_add, (struct device *dev, float *x, const float *bias,                       \

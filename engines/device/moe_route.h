@@ -27,9 +27,10 @@ static inline bool moe_route_shape_ok(int64_t T, int64_t E, int64_t k, int64_t m
 	return T >= 0 && E >= 1 && k >= 1 && k <= E && k <= max_k;
 }
 
-/* p[E]: the logits in, the probabilities out; ix[k], w[k] the choice. */
+/* p[E]: the logits in, the probabilities out; ix[k], w[k] the choice
+ * (forced: ix[k] is given). */
 static inline MOE_HD void moe_route_row_fwd(float *p, int32_t *ix, float *w, int64_t E,
-					    int64_t k, bool norm)
+					    int64_t k, bool norm, bool forced)
 {
 	float mx = p[0], sum = 0.0f, top = 0.0f;
 
@@ -41,7 +42,7 @@ static inline MOE_HD void moe_route_row_fwd(float *p, int32_t *ix, float *w, int
 	}
 	for (int64_t e = 0; e < E; e++)
 		p[e] /= sum;
-	for (int64_t e = 0, n = 0; e < E; e++) {
+	for (int64_t e = 0, n = 0; e < E && !forced; e++) {
 		int64_t j;
 
 		if (n == k && !(p[e] > p[ix[k - 1]]))
@@ -82,6 +83,12 @@ static inline MOE_HD void moe_route_row_bwd(float *z, const float *d, const floa
 		dot += z[e] * p[e];
 	for (int64_t e = 0; e < E; e++)
 		z[e] = p[e] * (z[e] - dot);
+}
+
+/* sigmoid(z) as torch computes it in fp32. */
+static inline MOE_HD float moe_sigmoid(float z)
+{
+	return 1.0f / (1.0f + expf(-z));
 }
 
 #endif

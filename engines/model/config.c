@@ -45,8 +45,12 @@ static const struct {
 	  32768 },
 	{ "mixtral", ARCH_MIXTRAL, "MixtralForCausalLM", "MixtralForTokenClassification",
 	  131072 },
+	{ "qwen2_moe", ARCH_QWEN2_MOE, "Qwen2MoeForCausalLM", "Qwen2MoeForTokenClassification",
+	  32768 },
+	/* transformers has no OlmoeForTokenClassification: no value model */
+	{ "olmoe", ARCH_OLMOE, "OlmoeForCausalLM", NULL, 4096 },
 };
-#define SUPPORTED "llama, qwen2, qwen3, mistral, qwen3_moe, mixtral"
+#define SUPPORTED "llama, qwen2, qwen3, mistral, qwen3_moe, qwen2_moe, mixtral, olmoe"
 #define N_ARCH (sizeof(arch_table) / sizeof(arch_table[0]))
 
 /* The family table's row of c->arch (row 0 for an arch out of range). */
@@ -246,36 +250,52 @@ static int parse_head(json_t *root, size_t k, struct model_config *c, struct eng
 	name = json_string_value(json_array_get(a, 0));
 	for (j = 0; j < N_ARCH; j++) {
 		enum model_head h = !strcmp(name, arch_table[j].causal_lm) ? MODEL_HEAD_CAUSAL_LM
-				    : !strcmp(name, arch_table[j].token_cls) ? MODEL_HEAD_TOKEN_CLS
+				    : arch_table[j].token_cls && !strcmp(name, arch_table[j].token_cls)
+				    ? MODEL_HEAD_TOKEN_CLS
 				    : MODEL_HEAD_UNSTATED;
 
 		if (h == MODEL_HEAD_UNSTATED)
 			continue;
 		if (j != k)
 			return eng_fail(err, -EINVAL, "architectures[0]: '%s' is a %s class, "
-					"model_type is '%s' (%s or %s)", name,
+					"model_type is '%s' (%s%s%s)", name,
 					arch_table[j].model_type, arch_table[k].model_type,
-					arch_table[k].causal_lm, arch_table[k].token_cls);
+					arch_table[k].causal_lm, arch_table[k].token_cls ? " or " : "",
+					arch_table[k].token_cls ? arch_table[k].token_cls : "");
 		c->head = h;
 	}
 	return c->head == MODEL_HEAD_TOKEN_CLS ? parse_labels(root, c, err) : 0;
 }
 
-/* The experts of a qwen3_moe or mixtral config (config.h), with
- * transformers' defaults (Qwen3MoeConfig, MixtralConfig); what engined
- * cannot run is refused naming the key: mixtral's router jitter, and
+/* Each experts family's defaults (transformers' Qwen3MoeConfig,
+ * Qwen2MoeConfig, MixtralConfig, OlmoeConfig): experts, top-k, the
+ * router's auxiliary loss coefficient. */
+static void experts_defaults(enum model_arch a, int64_t *E, int64_t *k, double *coef)
+{
+	*E = a == ARCH_QWEN3_MOE ? 128 : a == ARCH_QWEN2_MOE ? 60 : a == ARCH_OLMOE ? 64 : 8;
+	*k = a == ARCH_QWEN3_MOE || a == ARCH_OLMOE ? 8 : a == ARCH_QWEN2_MOE ? 4 : 2;
+	*coef = a == ARCH_OLMOE ? 0.01 : 0.001;
+}
+
+/* The experts of a qwen3_moe, qwen2_moe, mixtral or olmoe config
+ * (config.h), with transformers' defaults; what engined cannot run is
+ * refused naming the key: mixtral's router jitter, olmoe's clip_qkv, and
  * routings of other families (a grouped top-k, sigmoid scores). */
 static int parse_experts(json_t *root, struct model_config *c, struct eng_error *err)
 {
-	bool qwen = c->arch == ARCH_QWEN3_MOE;
-	const char *ekey = get(root, "num_experts") || (qwen && !get(root, "num_local_experts"))
+	bool mx = c->arch == ARCH_MIXTRAL;
+	bool qwen = c->arch == ARCH_QWEN3_MOE || c->arch == ARCH_QWEN2_MOE;
+	const char *ekey = get(root, "num_experts") || (!mx && !get(root, "num_local_experts"))
 			   ? "num_experts" : "num_local_experts";
+	int64_t dE, dk;
+	double dcoef;
 	json_t *v;
 	int rc;
 
-	rc = get_int(root, "", ekey, qwen ? 128 : 8, 1, MODEL_MAX_EXPERTS, &c->num_experts, err);
+	experts_defaults(c->arch, &dE, &dk, &dcoef);
+	rc = get_int(root, "", ekey, dE, 1, MODEL_MAX_EXPERTS, &c->num_experts, err);
 	if (!rc)
-		rc = get_int(root, "", "num_experts_per_tok", qwen ? 8 : 2, 1, MODEL_MAX_EXPERTS_PER_TOK,
+		rc = get_int(root, "", "num_experts_per_tok", dk, 1, MODEL_MAX_EXPERTS_PER_TOK,
 			     &c->experts_per_tok, err);
 	if (rc)
 		return rc;
@@ -284,9 +304,20 @@ static int parse_experts(json_t *root, struct model_config *c, struct eng_error 
 				(long long)c->experts_per_tok, ekey, (long long)c->num_experts);
 	c->moe_intermediate_size = c->intermediate_size;
 	c->decoder_sparse_step = 1;
-	c->norm_topk_prob = true;
+	c->norm_topk_prob = mx;
+	if (c->arch == ARCH_QWEN2_MOE)
+		rc = get_int(root, "", "shared_expert_intermediate_size", 5632, 1,
+			     MODEL_MAX_INTERMEDIATE, &c->shared_expert_size, err);
+	if (!rc && c->arch == ARCH_OLMOE)
+		rc = get_bool(root, "norm_topk_prob", false, &c->norm_topk_prob, err);
+	if (!rc && c->arch == ARCH_OLMOE && (v = get(root, "clip_qkv")) && !json_is_null(v))
+		return eng_fail(err, -EINVAL, "clip_qkv: only null is supported (clipping the "
+				"projections is not implemented)");
+	if (rc)
+		return rc;
 	if (qwen) {
-		rc = get_int(root, "", "moe_intermediate_size", 768, 1, MODEL_MAX_INTERMEDIATE,
+		rc = get_int(root, "", "moe_intermediate_size",
+			     c->arch == ARCH_QWEN3_MOE ? 768 : 1408, 1, MODEL_MAX_INTERMEDIATE,
 			     &c->moe_intermediate_size, err);
 		if (!rc)
 			rc = get_int(root, "", "decoder_sparse_step", 1, 1, MODEL_MAX_LAYERS,
@@ -308,7 +339,7 @@ static int parse_experts(json_t *root, struct model_config *c, struct eng_error 
 						"index in [0, %lld)", i, (long long)c->num_layers);
 			c->dense_layers[l / 64] |= UINT64_C(1) << (l % 64);
 		}
-	} else {
+	} else if (mx) {
 		double jitter;
 
 		rc = get_num(root, "", "router_jitter_noise", false, 0.0, false, &jitter, err);
@@ -318,7 +349,7 @@ static int parse_experts(json_t *root, struct model_config *c, struct eng_error 
 			return eng_fail(err, -EINVAL, "router_jitter_noise: %g; only 0 is "
 					"supported (jitter makes the routing random)", jitter);
 	}
-	rc = get_num(root, "", "router_aux_loss_coef", false, 0.001, false,
+	rc = get_num(root, "", "router_aux_loss_coef", false, dcoef, false,
 		     &c->router_aux_loss_coef, err);
 	if (!rc)
 		rc = get_bool(root, "output_router_logits", false, &c->output_router_logits, err);
@@ -334,6 +365,28 @@ static int parse_experts(json_t *root, struct model_config *c, struct eng_error 
 	v = get(root, "topk_group");
 	if (v && !(json_is_integer(v) && json_integer_value(v) == 1))
 		return eng_fail(err, -EINVAL, "topk_group: a grouped top-k is not supported");
+	return 0;
+}
+
+/* pad_token_id (config.h): an id of the vocabulary, or null; negative
+ * ids count from its end, as torch's padding_idx does. */
+static int parse_pad(json_t *root, struct model_config *c, struct eng_error *err)
+{
+	json_t *v = json_object_get(root, "pad_token_id");   /* null is not absent */
+	int64_t V = c->vocab_size, p;
+
+	c->pad_token_id = !v && c->arch == ARCH_OLMOE ? 1 : -1;
+	if (!v || json_is_null(v))
+		return c->pad_token_id < V ? 0 : eng_fail(err, -EINVAL, "pad_token_id: not "
+							  "given, and its default %lld is "
+							  "outside the vocabulary",
+							  (long long)c->pad_token_id);
+	p = json_is_integer(v) ? json_integer_value(v) : INT64_MIN;
+	if (p < -V || p >= V)
+		return eng_fail(err, -EINVAL, "pad_token_id: must be null or a token id in "
+				"[-%lld, %lld) (the embedding's padding_idx)", (long long)V,
+				(long long)V);
+	c->pad_token_id = p < 0 ? V + p : p;
 	return 0;
 }
 
@@ -424,6 +477,8 @@ static int parse_root(json_t *root, struct model_config *c, struct eng_error *er
 		rc = get_bool(root, "tie_word_embeddings", false, &c->tie_word_embeddings, err);
 	if (!rc)
 		rc = get_bool(root, "attention_bias", false, &c->attention_bias, err);
+	if (!rc)
+		rc = parse_pad(root, c, err);
 	if (rc)
 		return rc;
 	if (c->initializer_range < 0)
@@ -437,12 +492,31 @@ static int parse_root(json_t *root, struct model_config *c, struct eng_error *er
 		/* Qwen2Attention: q/k/v always carry a bias, o_proj never. */
 		c->attention_bias = true;
 		break;
+	case ARCH_QWEN2_MOE:
+		/* Qwen2MoeAttention: q/k/v's bias is "qkv_bias" (default true) */
+		rc = get_bool(root, "qkv_bias", true, &c->attention_bias, err);
+		if (rc)
+			return rc;
+		c->mlp = MODEL_MLP_MOE;
+		break;
 	case ARCH_QWEN3:
-		c->qk_norm = true;
+		c->qk_norm = MODEL_QK_NORM_HEAD;
 		c->o_proj_bias = c->attention_bias;
 		break;
 	case ARCH_QWEN3_MOE:
-		c->qk_norm = true;
+		c->qk_norm = MODEL_QK_NORM_HEAD;
+		c->o_proj_bias = c->attention_bias;
+		c->mlp = MODEL_MLP_MOE;
+		break;
+	case ARCH_OLMOE:
+		/* OlmoeAttention: attention_bias on all four projections; q_norm
+		 * over hidden_size, so head_dim must be hidden_size / heads */
+		if (c->head_dim * c->num_heads != c->hidden_size)
+			return eng_fail(err, -EINVAL, "head_dim: %lld; olmoe's q_norm spans "
+					"hidden_size %lld, so head_dim must be hidden_size / "
+					"num_attention_heads", (long long)c->head_dim,
+					(long long)c->hidden_size);
+		c->qk_norm = MODEL_QK_NORM_PROJ;
 		c->o_proj_bias = c->attention_bias;
 		c->mlp = MODEL_MLP_MOE;
 		break;
@@ -473,7 +547,8 @@ static int parse_root(json_t *root, struct model_config *c, struct eng_error *er
 	if (v && json_integer_value(v) < c->max_position_embeddings) {
 		bool used = c->arch == ARCH_MISTRAL || c->arch == ARCH_MIXTRAL;
 
-		if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE) {
+		if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE ||
+		    c->arch == ARCH_QWEN2_MOE) {
 			json_t *u = get(root, "use_sliding_window");
 
 			used = json_is_true(u);
@@ -515,6 +590,10 @@ int model_config_set_head(struct model_config *c, bool value_model, struct eng_e
 {
 	const char *cls = arch_table[family_of(c)].token_cls;
 
+	if (value_model && !cls)
+		return eng_fail(err, -EINVAL, "model_type: transformers has no token-classification "
+				"class for %s, so a value model of it could not be saved as one",
+				arch_table[family_of(c)].model_type);
 	if (c->head == MODEL_HEAD_TOKEN_CLS && !value_model)
 		return eng_fail(err, -EINVAL, "architectures[0]: %s is a value model's class "
 				"(a score head, no lm_head); initialize it with model_type "
@@ -556,14 +635,14 @@ static int put_labels(json_t *o, int64_t n)
 /* The experts' keys, as the family's transformers config names them. */
 static int put_experts(json_t *o, const struct model_config *c)
 {
-	bool qwen = c->arch == ARCH_QWEN3_MOE;
+	bool qwen = c->arch == ARCH_QWEN3_MOE || c->arch == ARCH_QWEN2_MOE;
 	json_t *dense = json_array();
 	int bad = !dense;
 
 	for (int64_t l = 0; dense && l < c->num_layers; l++)
 		if (c->dense_layers[l / 64] >> (l % 64) & 1)
 			bad |= json_array_append_new(dense, json_integer(l));
-	bad |= json_object_set_new(o, qwen ? "num_experts" : "num_local_experts",
+	bad |= json_object_set_new(o, c->arch == ARCH_MIXTRAL ? "num_local_experts" : "num_experts",
 				   json_integer(c->num_experts));
 	bad |= json_object_set_new(o, "num_experts_per_tok", json_integer(c->experts_per_tok));
 	if (qwen) {
@@ -573,10 +652,20 @@ static int put_experts(json_t *o, const struct model_config *c)
 					   json_integer(c->decoder_sparse_step));
 		bad |= json_object_set_new(o, "norm_topk_prob", json_boolean(c->norm_topk_prob));
 		bad |= json_object_set_new(o, "mlp_only_layers", dense);
-	} else {
-		json_decref(dense);
-		bad |= json_object_set_new(o, "router_jitter_noise", json_real(0.0));
+		dense = NULL;
 	}
+	json_decref(dense);
+	if (c->arch == ARCH_QWEN2_MOE) {
+		bad |= json_object_set_new(o, "shared_expert_intermediate_size",
+					   json_integer(c->shared_expert_size));
+		bad |= json_object_set_new(o, "qkv_bias", json_boolean(c->attention_bias));
+	}
+	if (c->arch == ARCH_OLMOE) {
+		bad |= json_object_set_new(o, "norm_topk_prob", json_boolean(c->norm_topk_prob));
+		bad |= json_object_set_new(o, "clip_qkv", json_null());
+	}
+	if (c->arch == ARCH_MIXTRAL)
+		bad |= json_object_set_new(o, "router_jitter_noise", json_real(0.0));
 	bad |= json_object_set_new(o, "router_aux_loss_coef", json_real(c->router_aux_loss_coef));
 	bad |= json_object_set_new(o, "output_router_logits",
 				   json_boolean(c->output_router_logits));
@@ -624,12 +713,15 @@ static json_t *config_object(const struct model_config *c)
 	bad |= json_object_set_new(o, "rope_scaling", rs);
 	bad |= json_object_set_new(o, "tie_word_embeddings",
 				   json_boolean(c->tie_word_embeddings));
+	bad |= json_object_set_new(o, "pad_token_id", c->pad_token_id >= 0 ?
+				   json_integer(c->pad_token_id) : json_null());
 	bad |= json_object_set_new(o, "attention_bias", json_boolean(c->attention_bias));
 	bad |= json_object_set_new(o, "hidden_act", json_string("silu"));
 	bad |= json_object_set_new(o, "initializer_range", json_real(c->initializer_range));
 	if (c->arch == ARCH_MISTRAL || c->arch == ARCH_MIXTRAL)
 		bad |= json_object_set_new(o, "sliding_window", json_null());
-	if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE)
+	if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE ||
+	    c->arch == ARCH_QWEN2_MOE)
 		bad |= json_object_set_new(o, "use_sliding_window", json_false());
 	if (c->mlp == MODEL_MLP_MOE)
 		bad |= put_experts(o, c);

@@ -1,6 +1,6 @@
 /* config.h — Llama-family model configuration, read from a Hugging Face
- * config.json (llama, qwen2, qwen3, mistral; qwen3_moe and mixtral with
- * experts). */
+ * config.json (llama, qwen2, qwen3, mistral; qwen3_moe, qwen2_moe, mixtral
+ * and olmoe with experts). */
 #ifndef ENGINED_MODEL_CONFIG_H
 #define ENGINED_MODEL_CONFIG_H
 
@@ -16,6 +16,17 @@ enum model_arch {
 	ARCH_MISTRAL = 3, /* llama layout; sliding window not supported (refused when smaller than max_position_embeddings) */
 	ARCH_QWEN3_MOE = 4, /* qwen3 attention; experts (mlp.gate, mlp.experts.N.*_proj) */
 	ARCH_MIXTRAL = 5, /* mistral attention; experts (block_sparse_moe.gate, .experts.N.w1/w2/w3) */
+	ARCH_QWEN2_MOE = 6, /* qwen2 attention; experts as qwen3_moe's plus a shared expert */
+	ARCH_OLMOE = 7,   /* q_norm / k_norm over the whole projections; experts as qwen3_moe's */
+};
+
+/* The RMSNorm of the query and key projections before RoPE: none, one
+ * per head over head_dim (qwen3), or one over each whole projection
+ * (olmoe: q_norm [H*D], k_norm [KV*D]). */
+enum model_qk_norm {
+	MODEL_QK_NORM_NONE = 0,
+	MODEL_QK_NORM_HEAD,
+	MODEL_QK_NORM_PROJ,
 };
 
 /* Upper bounds of the dimensions a config.json may give (a config comes
@@ -41,7 +52,8 @@ enum model_arch {
 #define MODEL_MAX_TENSORS (INT64_C(1) << 18)
 
 /* What a decoder layer's MLP is: dense (one SwiGLU MLP), or a mixture of
- * experts (a router over SwiGLU experts: qwen3_moe, mixtral), chosen per
+ * experts (a router over SwiGLU experts: qwen3_moe, qwen2_moe, mixtral,
+ * olmoe), chosen per
  * layer (Qwen's decoder_sparse_step and mlp_only_layers; model_layer_mlp). */
 enum model_mlp {
 	MODEL_MLP_DENSE = 0,
@@ -70,19 +82,27 @@ struct model_config {
 	double rms_norm_eps;        /* default 1e-6 */
 	double rope_theta;          /* default 10000 */
 	bool tie_word_embeddings;   /* default false */
+	/* pad_token_id: transformers' padding_idx of the embedding, whose row
+	 * takes no gradient from its tokens; -1: none (null, or absent where
+	 * the family's default is None; olmoe's is 1). */
+	int64_t pad_token_id;
 	bool attention_bias;        /* q/k/v bias: qwen2 always, llama/qwen3 if "attention_bias" */
-	bool qk_norm;               /* qwen3 */
+	enum model_qk_norm qk_norm; /* qwen3 and qwen3_moe: HEAD; olmoe: PROJ */
 	enum model_mlp mlp;         /* MOE: the family has experts (model_layer_mlp) */
 	/* Mixture of experts: num_experts (E) SwiGLU experts of
-	 * moe_intermediate_size (I; mixtral: intermediate_size) each; a token
+	 * moe_intermediate_size (I; mixtral, olmoe: intermediate_size) each; a token
 	 * goes to the experts_per_tok (k) of highest softmax probability of
 	 * the router's logits, weighted by those probabilities, renormalised
-	 * to sum to 1 when norm_topk_prob (mixtral: always). A qwen3_moe layer
+	 * to sum to 1 when norm_topk_prob (mixtral: always). A qwen layer
 	 * l is sparse unless dense_layers has it (mlp_only_layers) and when
 	 * (l + 1) % decoder_sparse_step == 0. output_router_logits: training
 	 * adds router_aux_loss_coef times the router's auxiliary loss, as
-	 * transformers does (llama.h). */
+	 * transformers does (llama.h). qwen2_moe's experts layers also have a
+	 * shared expert, a SwiGLU MLP of shared_expert_size (S; 0: none) every
+	 * token goes through, its output scaled by the sigmoid of a gate
+	 * [1, C] and added to the experts'. */
 	int64_t num_experts, experts_per_tok, moe_intermediate_size, decoder_sparse_step;
+	int64_t shared_expert_size;
 	bool norm_topk_prob;
 	uint64_t dense_layers[MODEL_MAX_LAYERS / 64];
 	double router_aux_loss_coef;

@@ -77,6 +77,9 @@ struct layer_acts {
 	int32_t *tok;          /* [R] the token of each row */
 	float *xg, *eg, *eu;   /* [R,C] the rows' inputs; [R,I] gate, up */
 	float *ey;             /* [R,C] the experts' outputs */
+	/* qwen2_moe's shared expert: gate, up [T,S]; output [T,C] before its
+	 * gate; the gate's logit [T] */
+	float *sg, *su, *sy, *sz;
 };
 
 struct global_acts {
@@ -110,16 +113,20 @@ static size_t experts_floats(const struct model_config *c, int64_t T)
 	if (!model_has_experts(c))
 		return 0;
 	return al(T * c->num_experts) + 4 * al(R) + 2 * al(R * c->hidden_size) +
-	       2 * al(R * c->moe_intermediate_size);
+	       2 * al(R * c->moe_intermediate_size) +
+	       (c->shared_expert_size ? 2 * al(T * c->shared_expert_size) +
+					al(T * c->hidden_size) + al(T) : 0);
 }
 
 /* Floats of the MLP scratch buffers s1..s3: a dense layer's [T,F], an
- * experts layer's [R,I]. */
+ * experts layer's [R,I] and its shared expert's [T,S]. */
 static int64_t mlp_floats(const struct model_config *c, int64_t T)
 {
 	int64_t dense = model_has_dense(c) ? T * c->intermediate_size : 0;
 	int64_t moe = model_has_experts(c) ? T * c->experts_per_tok * c->moe_intermediate_size : 0;
+	int64_t shared = model_has_experts(c) ? T * c->shared_expert_size : 0;
 
+	moe = moe > shared ? moe : shared;
 	return dense > moe ? dense : moe;
 }
 
@@ -292,6 +299,12 @@ static void layer_acts_at(const struct llama_model *m, int64_t T, int64_t slot,
 		a->ey = TAKE(R * c->hidden_size);
 		a->eg = TAKE(R * c->moe_intermediate_size);
 		a->eu = TAKE(R * c->moe_intermediate_size);
+		if (c->shared_expert_size) {
+			a->sg = TAKE(T * c->shared_expert_size);
+			a->su = TAKE(T * c->shared_expert_size);
+			a->sy = TAKE(T * c->hidden_size);
+			a->sz = TAKE(T);
+		}
 	}
 	if (c->qk_norm) {
 		a->qpre = TAKE(T * QD);
@@ -584,6 +597,13 @@ void llama_drop_activations(struct llama_model *m)
 
 /* --- forward ------------------------------------------------------------ */
 
+/* The RMSNorms of a token's query (heads H) or key (KV) projection:
+ * one per head (qwen3), or one over the whole projection (olmoe). */
+static int64_t qk_norm_groups(const struct model_config *c, int64_t heads)
+{
+	return c->qk_norm == MODEL_QK_NORM_PROJ ? 1 : heads;
+}
+
 static void attention_block_fwd(struct llama_model *m, const struct llama_batch *b,
 				int64_t l, const struct layer_weights *w, struct layer_acts *a)
 {
@@ -603,8 +623,10 @@ static void attention_block_fwd(struct llama_model *m, const struct llama_batch 
 	bias_add(m, a->v, w->bv, T, KD);
 	lora_fwd(m, l, LORA_V, a->v, a->ln1, T);
 	if (c->qk_norm) {
-		norm_fwd(m, a->q, a->qrstd, a->qpre, w->q_norm, T * H, D);
-		norm_fwd(m, a->k, a->krstd, a->kpre, w->k_norm, T * KV, D);
+		int64_t hq = qk_norm_groups(c, H), hk = qk_norm_groups(c, KV);
+
+		norm_fwd(m, a->q, a->qrstd, a->qpre, w->q_norm, T * hq, QD / hq);
+		norm_fwd(m, a->k, a->krstd, a->kpre, w->k_norm, T * hk, KD / hk);
 	}
 	rope(m, a->q, b->pos, T, H, false);
 	rope(m, a->k, b->pos, T, KV, false);
@@ -627,15 +649,26 @@ static void attention_block_fwd(struct llama_model *m, const struct llama_batch 
 
 /* --- mixture of experts ------------------------------------------------ */
 
+/* Layer l's index among the experts layers (a routing's layer, llama.h). */
+static int64_t experts_layer(const struct model_config *c, int64_t l)
+{
+	int64_t i = 0;
+
+	for (int64_t j = 0; j < l; j++)
+		i += model_layer_mlp(c, j) == MODEL_MLP_MOE;
+	return i;
+}
+
 /* The T k choices in a->idx grouped by expert, in token order within an
  * expert: the experts' row ranges in m->moe_off (host: they size each
  * expert's products), each row's token (a->tok) and each choice's row
  * (a->pos). Through host memory: the device's choices come back once a
  * layer. */
-static void moe_group(struct llama_model *m, int64_t l, int64_t T, struct layer_acts *a)
+static void moe_group(struct llama_model *m, const struct llama_batch *b, int64_t l,
+		      struct layer_acts *a)
 {
 	const struct model_config *c = &m->cfg;
-	int64_t E = c->num_experts, k = c->experts_per_tok, R = T * k;
+	int64_t T = b->T, E = c->num_experts, k = c->experts_per_tok, R = T * k;
 	int64_t *off = m->moe_off + l * (E + 1);
 	int32_t *idx = m->moe_host, *tok = idx + R, *pos = tok + R;
 
@@ -648,6 +681,8 @@ static void moe_group(struct llama_model *m, int64_t l, int64_t T, struct layer_
 	m->rc = m->dev->ops->copy_d2h(m->dev, idx, a->idx, (size_t)R * sizeof(*idx));
 	if (m->rc)
 		return;
+	if (b->route_out)
+		memcpy(b->route_out + experts_layer(c, l) * R, idx, (size_t)R * sizeof(*idx));
 	memset(off, 0, (size_t)(E + 1) * sizeof(*off));
 	for (int64_t r = 0; r < R; r++)
 		off[idx[r] + 1]++;      /* the router kernel's ids are in [0, E) */
@@ -671,24 +706,74 @@ static void moe_group(struct llama_model *m, int64_t l, int64_t T, struct layer_
 		m->rc = m->dev->ops->copy_h2d(m->dev, a->pos, pos, (size_t)R * sizeof(*pos));
 }
 
-/* x_out = xmid + sum over the k chosen experts of w SwiGLU_e(ln2(xmid)):
- * the router's softmax and top-k, the rows grouped by expert, one product
- * per expert and projection over its rows, and the weighted sum back in
- * transformers' order (moe_combine). h: [R,I] scratch. */
-static void experts_fwd(struct llama_model *m, int64_t T, int64_t l,
+/* The shared expert's share of an experts layer (qwen2_moe), added to
+ * x_out: sigmoid(ln2 . sh_score) SwiGLU_shared(ln2). h: [T,S] scratch. */
+static void shared_expert_fwd(struct llama_model *m, int64_t T, const struct layer_weights *w,
+			      struct layer_acts *a, float *h, float *x_out)
+{
+	const struct model_config *c = &m->cfg;
+	int64_t C = c->hidden_size, S = c->shared_expert_size;
+
+	lin_fwd(m, a->sg, a->ln2, w->sh_gate, T, S, C, 0.0f);
+	lin_fwd(m, a->su, a->ln2, w->sh_up, T, S, C, 0.0f);
+	if (!m->rc)
+		m->rc = m->dev->k->swiglu_fwd(m->dev, h, a->sg, a->su, T * S);
+	lin_fwd(m, a->sy, h, w->sh_down, T, C, S, 0.0f);
+	lin_fwd(m, a->sz, a->ln2, w->sh_score, T, 1, C, 0.0f);
+	if (!m->rc)
+		m->rc = m->dev->k->sigmoid_gate_fwd(m->dev, x_out, a->sz, a->sy, T, C);
+}
+
+/* Its backward, from g->dx (the layer output's gradient) into g->dln
+ * (added) and the gradients gw; after experts_bwd, whose scratch it
+ * reuses. */
+static void shared_expert_bwd(struct llama_model *m, int64_t T, const struct layer_weights *w,
+			      struct layer_weights *gw, const struct layer_acts *a,
+			      struct global_acts *g)
+{
+	const struct model_config *c = &m->cfg;
+	int64_t C = c->hidden_size, S = c->shared_expert_size;
+	float *h = g->s1, *dh = g->s2, *dup = g->s3, *dgate = g->s1;
+	float *dy = g->moe_dy, *dz = g->moe_dz;
+
+	if (!m->rc)
+		m->rc = m->dev->k->swiglu_fwd(m->dev, h, a->sg, a->su, T * S);
+	if (!m->rc)
+		m->rc = m->dev->k->sigmoid_gate_bwd(m->dev, dy, dz, g->dx, a->sz, a->sy, T, C);
+	lin_bwd_w(m, gw->sh_score, dz, a->ln2, T, 1, C, true);
+	lin_bwd_in(m, g->dln, dz, w->sh_score, T, 1, C, 1.0f);
+	lin_bwd_w(m, gw->sh_down, dy, h, T, C, S, true);
+	lin_bwd_in(m, dh, dy, w->sh_down, T, C, S, 0.0f);
+	if (!m->rc)
+		m->rc = m->dev->k->swiglu_bwd(m->dev, dgate, dup, dh, a->sg, a->su, T * S);
+	lin_bwd_w(m, gw->sh_gate, dgate, a->ln2, T, S, C, true);
+	lin_bwd_w(m, gw->sh_up, dup, a->ln2, T, S, C, true);
+	lin_bwd_in(m, g->dln, dgate, w->sh_gate, T, S, C, 1.0f);
+	lin_bwd_in(m, g->dln, dup, w->sh_up, T, S, C, 1.0f);
+}
+
+/* x_out = xmid + sum over the k chosen experts of w SwiGLU_e(ln2(xmid))
+ * (+ the shared expert's share): the router's softmax and top-k (or the
+ * batch's replayed choice, b->route), the rows grouped by expert, one
+ * product per expert and projection over its rows, and the weighted sum
+ * back in transformers' order (moe_combine). h: [R,I] scratch. */
+static void experts_fwd(struct llama_model *m, const struct llama_batch *b, int64_t l,
 			const struct layer_weights *w, struct layer_acts *a, float *h,
 			float *x_out)
 {
 	const struct model_config *c = &m->cfg;
-	int64_t C = c->hidden_size, I = c->moe_intermediate_size, E = c->num_experts;
-	int64_t k = c->experts_per_tok, R = T * k;
+	int64_t T = b->T, C = c->hidden_size, I = c->moe_intermediate_size;
+	int64_t E = c->num_experts, k = c->experts_per_tok, R = T * k;
 	const int64_t *off = m->moe_off + l * (E + 1);
 
 	lin_fwd(m, a->probs, a->ln2, w->router, T, E, C, 0.0f);
+	if (b->route && !m->rc)
+		m->rc = m->dev->ops->copy_d2d(m->dev, a->idx, b->route + experts_layer(c, l) * R,
+					      (size_t)R * sizeof(*a->idx));
 	if (!m->rc)
 		m->rc = m->dev->k->moe_route_fwd(m->dev, a->probs, a->idx, a->wts, T, E, k,
-						 c->norm_topk_prob);
-	moe_group(m, l, T, a);
+						 c->norm_topk_prob, b->route != NULL);
+	moe_group(m, b, l, a);
 	if (!m->rc)
 		m->rc = m->dev->k->rows_gather(m->dev, a->xg, a->ln2, a->tok, R, C);
 	for (int64_t e = 0; e < E; e++) {
@@ -712,6 +797,8 @@ static void experts_fwd(struct llama_model *m, int64_t T, int64_t l,
 	}
 	if (!m->rc)
 		m->rc = m->dev->k->moe_combine(m->dev, x_out, a->ey, a->pos, a->wts, T, k, C);
+	if (c->shared_expert_size)
+		shared_expert_fwd(m, T, w, a, h, x_out);
 	if (!m->rc)   /* the residual added last, as transformers adds it */
 		m->rc = m->dev->k->axpby(m->dev, x_out, 1.0f, a->xmid, 1.0f, T * C);
 }
@@ -769,6 +856,8 @@ static void experts_bwd(struct llama_model *m, int64_t l, int64_t T,
 						 T, E, k, c->norm_topk_prob);
 	lin_bwd_w(m, gw->router, g->moe_dz, a->ln2, T, E, C, true);
 	lin_bwd_in(m, g->dln, g->moe_dz, w->router, T, E, C, 1.0f);
+	if (c->shared_expert_size)
+		shared_expert_bwd(m, T, w, gw, a, g);
 }
 
 /* The router's auxiliary loss of a forward over T tokens (llama.h):
@@ -825,16 +914,16 @@ static void moe_aux_grad(struct llama_model *m, int64_t T, const struct global_a
 	m->rc = m->dev->ops->copy_h2d(m->dev, g->moe_aux, m->moe_host_e, (size_t)E * sizeof(float));
 }
 
-static void mlp_block_fwd(struct llama_model *m, int64_t T, int64_t l,
+static void mlp_block_fwd(struct llama_model *m, const struct llama_batch *b, int64_t l,
 			  const struct layer_weights *w, struct layer_acts *a, float *h,
 			  float *x_out)
 {
 	const struct model_config *c = &m->cfg;
-	int64_t C = c->hidden_size, F = c->intermediate_size;
+	int64_t T = b->T, C = c->hidden_size, F = c->intermediate_size;
 
 	norm_fwd(m, a->ln2, a->rstd2, a->xmid, w->ln2, T, C);
 	if (model_layer_mlp(c, l) == MODEL_MLP_MOE) {
-		experts_fwd(m, T, l, w, a, h, x_out);
+		experts_fwd(m, b, l, w, a, h, x_out);
 		return;
 	}
 	lin_fwd(m, a->gate, a->ln2, w->w_gate, T, F, C, 0.0f);
@@ -946,7 +1035,7 @@ int llama_forward(struct llama_model *m, const struct llama_batch *b,
 		}
 		part(m, l, false, false);
 		attention_block_fwd(m, b, l, &m->w.layers[l], &a);
-		mlp_block_fwd(m, T, l, &m->w.layers[l], &a, g.s1, x_out);
+		mlp_block_fwd(m, b, l, &m->w.layers[l], &a, g.s1, x_out);
 		if (model_layer_mlp(c, l) == MODEL_MLP_MOE && !m->rc)   /* for the aux loss */
 			m->rc = m->dev->k->bias_bwd(m->dev, g.moe_psum, a.probs, T, c->num_experts);
 		part(m, l, false, true);
@@ -1084,12 +1173,14 @@ mlp_done:
 	rope(m, g->dq, b->pos, T, H, true);
 	rope(m, g->dk, b->pos, T, KV, true);
 	if (c->qk_norm) {
+		int64_t hq = qk_norm_groups(c, H), hk = qk_norm_groups(c, KV);
+
 		/* dq/dk w.r.t. the pre-norm projections, through scratch. */
 		norm_bwd(m, g->datt, gw->q_norm, g->dq, a->qpre, w->q_norm, a->qrstd,
-			 T * H, D, 0.0f);
+			 T * hq, QD / hq, 0.0f);
 		copy(m, g->dq, g->datt, T * QD);
 		norm_bwd(m, g->datt, gw->k_norm, g->dk, a->kpre, w->k_norm, a->krstd,
-			 T * KV, D, 0.0f);
+			 T * hk, KD / hk, 0.0f);
 		copy(m, g->dk, g->datt, T * KD);
 	}
 	bias_bwd(m, gw->bq, g->dq, T, QD);
@@ -1136,7 +1227,7 @@ int llama_backward(struct llama_model *m, const struct llama_batch *b,
 			 * same kernels on the same data: the same activations, so
 			 * the same gradients. Its output goes to scratch. */
 			attention_block_fwd(m, b, l, &m->w.layers[l], &a);
-			mlp_block_fwd(m, T, l, &m->w.layers[l], &a, g.s1, g.resid[0]);
+			mlp_block_fwd(m, b, l, &m->w.layers[l], &a, g.s1, g.resid[0]);
 		}
 		layer_bwd(m, b, l, &m->w.layers[l], &m->g.layers[l], &a, &g);
 		part(m, l, true, true);
@@ -1146,7 +1237,7 @@ int llama_backward(struct llama_model *m, const struct llama_batch *b,
 	part(m, LLAMA_PART_EMBED(c->num_layers), true, false);
 	if (!m->rc && !m->frozen)
 		m->rc = m->dev->k->embedding_bwd(m->dev, m->g.wte, g.dx, b->ids, T, C,
-						 c->vocab_size);
+						 c->vocab_size, c->pad_token_id);
 	part(m, LLAMA_PART_EMBED(c->num_layers), true, true);
 	m->grads_zero = false;
 	return m->rc;

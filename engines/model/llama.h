@@ -47,6 +47,14 @@ struct llama_batch {
 	 * pos[] counts from 0 within it. Else the cache its sequences
 	 * continue (decoding). */
 	struct llama_kv *kv;
+	/* A mixture of experts' routing, [experts layers, T, k] (the experts
+	 * layers in order, model_layer_mlp): route (device; NULL: the router
+	 * chooses) forces each token's k experts, ids in [0, E) distinct per
+	 * token (the caller's check), their weights still the router's live
+	 * probabilities (routing replay); route_out (host; NULL: not wanted)
+	 * receives the choice each layer made. */
+	const int32_t *route;
+	int32_t *route_out;
 };
 
 /* Default LM-head logits tile: 2M floats (8 MiB), so that a tile the

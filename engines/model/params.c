@@ -105,11 +105,23 @@ bool param_expert_of(const struct model_config *c, const char *name, int64_t *re
 	return false;
 }
 
+/* qwen2_moe's shared expert: projection j (0 gate, 1 up, 2 down) and,
+ * j == 3, its sigmoid gate [1, C]. */
+static void shared_expert_name(int64_t l, int j, char *n, size_t size)
+{
+	static const char *const part[4] = {
+		"shared_expert.gate_proj", "shared_expert.up_proj", "shared_expert.down_proj",
+		"shared_expert_gate",
+	};
+
+	snprintf(n, size, "model.layers.%lld.mlp.%s.weight", (long long)l, part[j]);
+}
+
 /* A mixture-of-experts layer's router and experts, in moe_expert_w's
- * order (params.h). */
+ * order (params.h), then its shared expert if the family has one. */
 static void add_experts(struct table_builder *b, const struct model_config *c, int64_t l)
 {
-	int64_t C = c->hidden_size, I = c->moe_intermediate_size;
+	int64_t C = c->hidden_size, I = c->moe_intermediate_size, S = c->shared_expert_size;
 	char n[96];
 
 	router_name(c, l, n, sizeof(n));
@@ -119,6 +131,10 @@ static void add_experts(struct table_builder *b, const struct model_config *c, i
 			expert_name(c, l, e, j, n, sizeof(n));
 			add(b, n, 2, j == 2 ? C : I, j == 2 ? I : C, false, false);
 		}
+	for (int j = 0; S && j < 4; j++) {
+		shared_expert_name(l, j, n, sizeof(n));
+		add(b, n, 2, j == 2 ? C : j == 3 ? 1 : S, j == 2 ? S : C, false, false);
+	}
 }
 
 int param_table_build(const struct model_config *cfg, bool value_model,
@@ -146,8 +162,12 @@ int param_table_build(const struct model_config *cfg, bool value_model,
 		if (cfg->attention_bias)
 			add(&b, P("self_attn.v_proj.bias"), 1, KD, 0, false, true);
 		if (cfg->qk_norm) {
-			add(&b, P("self_attn.q_norm.weight"), 1, cfg->head_dim, 0, true, false);
-			add(&b, P("self_attn.k_norm.weight"), 1, cfg->head_dim, 0, true, false);
+			bool proj = cfg->qk_norm == MODEL_QK_NORM_PROJ;
+
+			add(&b, P("self_attn.q_norm.weight"), 1, proj ? QD : cfg->head_dim, 0, true,
+			    false);
+			add(&b, P("self_attn.k_norm.weight"), 1, proj ? KD : cfg->head_dim, 0, true,
+			    false);
 		}
 		add(&b, P("self_attn.o_proj.weight"), 2, C, QD, false, false);
 		if (cfg->o_proj_bias)
@@ -293,11 +313,18 @@ void model_weights_bind_range(const struct param_table *t, const struct model_co
 #undef G
 		if (model_layer_mlp(cfg, l) != MODEL_MLP_MOE) {
 			if (lo == 0 && hi == t->total)
-				w->router = w->experts = NULL;
+				w->router = w->experts = w->sh_gate = w->sh_up = w->sh_down =
+					w->sh_score = NULL;
 			continue;
 		}
 		router_name(cfg, l, n, sizeof(n));
 		at(t, win, base, lo, hi, n, &w->router);
+		float **shared[4] = {&w->sh_gate, &w->sh_up, &w->sh_down, &w->sh_score};
+
+		for (int j = 0; j < 4; j++) {
+			shared_expert_name(l, j, n, sizeof(n));
+			at(t, win, base, lo, hi, n, shared[j]);
+		}
 		/* the experts: one block, bound where all of it lies in range */
 		expert_name(cfg, l, 0, 0, n, sizeof(n));
 		at_block(t, win, base, lo, hi, n, 3 * cfg->num_experts *

@@ -53,8 +53,8 @@ struct layer_weights {
 	float *wq, *bq;       /* [H*D, C], [H*D] */
 	float *wk, *bk;       /* [KV*D, C], [KV*D] */
 	float *wv, *bv;       /* [KV*D, C], [KV*D] */
-	float *q_norm;        /* [D] (qwen3) */
-	float *k_norm;        /* [D] (qwen3) */
+	float *q_norm;        /* [D] (qwen3), [H*D] (olmoe) */
+	float *k_norm;        /* [D] (qwen3), [KV*D] (olmoe) */
 	float *wo, *bo;       /* [C, H*D], [C] (o_proj bias: llama/qwen3 attention_bias) */
 	float *ln2;           /* [C] post_attention_layernorm */
 	float *w_gate;        /* [F, C] (a dense layer) */
@@ -65,6 +65,9 @@ struct layer_weights {
 	 * [I, C] and down [C, I] at experts + e * 3 I C (moe_expert_w). */
 	float *router;
 	float *experts;
+	/* qwen2_moe's shared expert: gate and up [S, C], down [C, S], and the
+	 * gate of its share, sh_score [1, C] (config.h). */
+	float *sh_gate, *sh_up, *sh_down, *sh_score;
 };
 
 /* Expert e's projection j (0 gate, 1 up, 2 down) in a layer's experts. */

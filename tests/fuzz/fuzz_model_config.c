@@ -39,6 +39,7 @@ static void check_same(const struct model_config *a, const struct model_config *
 	SAME(rms_norm_eps);
 	SAME(rope_theta);
 	SAME(tie_word_embeddings);
+	SAME(pad_token_id);
 	SAME(attention_bias);
 	SAME(qk_norm);
 	SAME(rope_llama3);
@@ -53,6 +54,7 @@ static void check_same(const struct model_config *a, const struct model_config *
 		SAME(moe_intermediate_size);
 		SAME(decoder_sparse_step);
 		SAME(norm_topk_prob);
+		SAME(shared_expert_size);
 		SAME(router_aux_loss_coef);
 		SAME(output_router_logits);
 		FUZZ_CHECK(!memcmp(a->dense_layers, b->dense_layers, sizeof(a->dense_layers)),

@@ -92,8 +92,8 @@ def model_configs():
         "label2id": {"LABEL_0": 0}, "model_type": "qwen2", "vocab_size": 64,
         "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
         "num_attention_heads": 2, "use_sliding_window": False}).encode())
-    # Mixtures of experts: a qwen3_moe with a dense layer among sparse ones
-    # and a mixtral (issue 31).
+    # Mixtures of experts: a qwen3_moe with a dense layer among sparse ones,
+    # a mixtral, a qwen2_moe with its shared expert and an olmoe (issue 31).
     write("fuzz_model_config", "qwen3-moe.json", json.dumps({
         "model_type": "qwen3_moe", "vocab_size": 64, "hidden_size": 32,
         "intermediate_size": 64, "moe_intermediate_size": 16, "num_hidden_layers": 3,
@@ -107,6 +107,17 @@ def model_configs():
         "num_attention_heads": 2, "num_key_value_heads": 1, "num_local_experts": 4,
         "num_experts_per_tok": 2, "router_jitter_noise": 0.0,
         "sliding_window": None}).encode())
+    write("fuzz_model_config", "qwen2-moe.json", json.dumps({
+        "model_type": "qwen2_moe", "vocab_size": 64, "hidden_size": 32,
+        "intermediate_size": 64, "moe_intermediate_size": 16,
+        "shared_expert_intermediate_size": 24, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "num_experts": 4, "num_experts_per_tok": 2,
+        "qkv_bias": True, "mlp_only_layers": [0], "use_sliding_window": False}).encode())
+    write("fuzz_model_config", "olmoe.json", json.dumps({
+        "model_type": "olmoe", "vocab_size": 64, "hidden_size": 32,
+        "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "num_experts": 4, "num_experts_per_tok": 2, "pad_token_id": 1,
+        "clip_qkv": None}).encode())
 
 
 # --- fuzz_request ---------------------------------------------------------

@@ -226,14 +226,14 @@ static void test_embedding(void)
 	gt_check(memcmp(a, b, T * C * 4) == 0, "embedding_fwd differs");
 	free(a);
 	free(b);
-	gt_check(cpu->k->embedding_bwd(cpu, pdw.c, pd.c, pi.c, T, C, V) == 0 &&
-		 gpu->k->embedding_bwd(gpu, pdw.g, pd.g, pi.g, T, C, V) == 0, "embedding_bwd rc");
+	gt_check(cpu->k->embedding_bwd(cpu, pdw.c, pd.c, pi.c, T, C, V, 1) == 0 &&
+		 gpu->k->embedding_bwd(gpu, pdw.g, pd.g, pi.g, T, C, V, 1) == 0, "embedding_bwd rc");
 	pair_down(&pdw, &a, &b);
 	gt_check(gt_rel_err(b, a, V * C, 1e-6) < 1e-5, "embedding_bwd err %.3g",
 		 gt_rel_err(b, a, V * C, 1e-6));
 	/* deterministic: the same inputs again give the same bits */
 	gpu->ops->copy_h2d(gpu, pdw.g, dw0, V * C * 4);
-	gpu->k->embedding_bwd(gpu, pdw.g, pd.g, pi.g, T, C, V);
+	gpu->k->embedding_bwd(gpu, pdw.g, pd.g, pi.g, T, C, V, 1);
 	again = gt_down(gpu, pdw.g, V * C * 4);
 	gt_check(memcmp(again, b, V * C * 4) == 0, "embedding_bwd not deterministic");
 	free(a);

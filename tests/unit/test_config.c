@@ -499,7 +499,7 @@ START_TEST(errors)
 	free(s);
 	s = minimal("gpt2", NULL, NULL);
 	parse_bad(s, "model_type: 'gpt2' is not supported (supported: llama, qwen2, qwen3, "
-		  "mistral, qwen3_moe, mixtral)");
+		  "mistral, qwen3_moe, qwen2_moe, mixtral, olmoe)");
 	free(s);
 	s = minimal("llama", "model_type", NULL);
 	parse_bad(s, "model_type");
@@ -860,6 +860,31 @@ static const char mixtral_8x7b[] =
 	" \"rope_theta\": 1000000.0, \"router_aux_loss_coef\": 0.02,"
 	" \"sliding_window\": null, \"tie_word_embeddings\": false, \"vocab_size\": 32000}";
 
+/* Qwen/Qwen1.5-MoE-A2.7B's config.json and allenai/OLMoE-1B-7B-0924's
+ * (trimmed of bos/eos/use_cache and torch_dtype). */
+static const char qwen15_moe_a27b[] =
+	"{\"architectures\": [\"Qwen2MoeForCausalLM\"], \"attention_dropout\": 0.0,"
+	" \"decoder_sparse_step\": 1, \"hidden_act\": \"silu\", \"hidden_size\": 2048,"
+	" \"initializer_range\": 0.02, \"intermediate_size\": 5632,"
+	" \"max_position_embeddings\": 8192, \"max_window_layers\": 21,"
+	" \"model_type\": \"qwen2_moe\", \"moe_intermediate_size\": 1408,"
+	" \"norm_topk_prob\": false, \"num_attention_heads\": 16, \"num_experts\": 60,"
+	" \"num_experts_per_tok\": 4, \"num_hidden_layers\": 24, \"num_key_value_heads\": 16,"
+	" \"output_router_logits\": false, \"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0,"
+	" \"router_aux_loss_coef\": 0.001, \"shared_expert_intermediate_size\": 5632,"
+	" \"sliding_window\": 32768, \"tie_word_embeddings\": false,"
+	" \"use_sliding_window\": false, \"vocab_size\": 151936}";
+static const char olmoe_1b_7b[] =
+	"{\"architectures\": [\"OlmoeForCausalLM\"], \"attention_bias\": false,"
+	" \"attention_dropout\": 0.0, \"clip_qkv\": null, \"hidden_act\": \"silu\","
+	" \"hidden_size\": 2048, \"initializer_range\": 0.02, \"intermediate_size\": 1024,"
+	" \"max_position_embeddings\": 4096, \"model_type\": \"olmoe\", \"norm_topk_prob\": false,"
+	" \"num_attention_heads\": 16, \"num_experts\": 64, \"num_experts_per_tok\": 8,"
+	" \"num_hidden_layers\": 16, \"num_key_value_heads\": 16,"
+	" \"output_router_logits\": false, \"pad_token_id\": 1, \"rms_norm_eps\": 1e-05,"
+	" \"rope_scaling\": null, \"rope_theta\": 10000.0, \"router_aux_loss_coef\": 0.01,"
+	" \"tie_word_embeddings\": false, \"vocab_size\": 50304}";
+
 /* key: value replaced in (or added to) a config's text. */
 static char *with_key(const char *json, const char *key, const char *val)
 {
@@ -968,6 +993,77 @@ START_TEST(experts)
 }
 END_TEST
 
+/* qwen2_moe's shared expert and olmoe's whole-projection q/k norms: the
+ * tables' sizes the models' published counts (14.3B, 6.92B), the keys
+ * written back, the refusals (clip_qkv, a head_dim olmoe's norms do not
+ * span, a value model of a family transformers gives no such class). */
+START_TEST(experts_families)
+{
+	struct model_config q = parse_ok(qwen15_moe_a27b), o = parse_ok(olmoe_1b_7b), back;
+	struct param_table t;
+	struct eng_error err = {0};
+	char *text;
+
+	ck_assert_int_eq(q.arch, ARCH_QWEN2_MOE);
+	ck_assert(q.attention_bias && !q.o_proj_bias && !q.qk_norm && !q.norm_topk_prob);
+	ck_assert_int_eq(q.shared_expert_size, 5632);
+	ck_assert_int_eq(q.moe_intermediate_size, 1408);
+	ck_assert_int_eq(o.arch, ARCH_OLMOE);
+	ck_assert_int_eq(o.qk_norm, MODEL_QK_NORM_PROJ);
+	ck_assert(!o.attention_bias && !o.norm_topk_prob && o.shared_expert_size == 0);
+	ck_assert_int_eq(o.moe_intermediate_size, 1024);
+	ck_assert(o.router_aux_loss_coef == 0.01);
+	ck_assert_int_eq(param_table_build(&o, false, &t, &err), 0);
+	ck_assert_int_eq(t.total, INT64_C(6919161856));
+	ck_assert_int_eq(t.count, 3 + 16 * (9 + 3 * 64));
+	ck_assert_int_eq(t.entries[param_table_find(&t, "model.layers.0.self_attn.q_norm.weight")]
+			 .numel, 2048);
+	param_table_free(&t);
+	ck_assert_int_eq(param_table_build(&q, false, &t, &err), 0);
+	ck_assert_int_eq(t.total, INT64_C(14315784192));
+	ck_assert_int_eq(t.count, 3 + 24 * (14 + 3 * 60));
+	ck_assert_int_eq(t.entries[param_table_find(&t, "model.layers.23.mlp.shared_expert_gate"
+						     ".weight")].numel, 2048);
+	ck_assert(param_table_find(&t, "model.layers.0.mlp.shared_expert.down_proj.weight") >= 0);
+	param_table_free(&t);
+	for (int k = 0; k < 2; k++) {
+		text = model_config_to_json(k ? &o : &q);
+		back = parse_ok(text);
+		ck_assert_int_eq(back.arch, k ? ARCH_OLMOE : ARCH_QWEN2_MOE);
+		ck_assert_int_eq(back.shared_expert_size, k ? 0 : 5632);
+		ck_assert_int_eq(back.qk_norm, k ? MODEL_QK_NORM_PROJ : MODEL_QK_NORM_NONE);
+		ck_assert(back.attention_bias == !k && !back.norm_topk_prob);
+		ck_assert_int_eq(back.num_experts, k ? 64 : 60);
+		ck_assert_int_eq(back.pad_token_id, k ? 1 : -1);
+		free(text);
+	}
+	text = with_key(qwen15_moe_a27b, "qkv_bias", "false");
+	ck_assert(!parse_ok(text).attention_bias);
+	free(text);
+	/* pad_token_id: torch's padding_idx, negative from the end */
+	ck_assert_int_eq(o.pad_token_id, 1);
+	ck_assert_int_eq(q.pad_token_id, -1);
+	text = with_key(olmoe_1b_7b, "pad_token_id", "-2");
+	ck_assert_int_eq(parse_ok(text).pad_token_id, 50302);
+	free(text);
+	text = with_key(olmoe_1b_7b, "pad_token_id", "50304");
+	parse_bad(text, "pad_token_id: must be null or a token id in [-50304, 50304)");
+	free(text);
+	text = with_key(olmoe_1b_7b, "pad_token_id", "null");
+	ck_assert_int_eq(parse_ok(text).pad_token_id, -1);
+	free(text);
+	text = with_key(olmoe_1b_7b, "clip_qkv", "8.0");
+	parse_bad(text, "clip_qkv");
+	free(text);
+	text = with_key(olmoe_1b_7b, "head_dim", "64");
+	parse_bad(text, "head_dim: 64; olmoe's q_norm spans hidden_size 2048");
+	free(text);
+	ck_assert_int_eq(model_config_set_head(&o, true, &err), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(err.msg, "no token-classification class for olmoe"));
+	ck_assert_int_eq(model_config_set_head(&q, true, &err), 0);
+}
+END_TEST
+
 START_TEST(param_table_of_real_models)
 {
 	struct model_config c = parse_ok(qwen25_05b);
@@ -992,6 +1088,7 @@ int main(void)
 	tcase_add_test(tc, rope_inv_freq);
 	tcase_add_test(tc, param_table_of_real_models);
 	tcase_add_test(tc, experts);
+	tcase_add_test(tc, experts_families);
 	suite_add_tcase(s, tc);
 	return check_run(s);
 }

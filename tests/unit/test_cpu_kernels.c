@@ -60,7 +60,7 @@ START_TEST(embedding)
 	for (t = 0; t < T; t++)
 		for (c = 0; c < C; c++)
 			want[ids[t] * C + c] += dout[t * C + c];
-	ck_assert_int_eq(dev->k->embedding_bwd(dev, dwte, dout, ids, T, C, V), 0);
+	ck_assert_int_eq(dev->k->embedding_bwd(dev, dwte, dout, ids, T, C, V, -1), 0);
 	ck_assert_msg(tu_err_f(dwte, want, V * C, 1e-6, 1e-6) <= 1.0, "dwte");
 	/* finite differences of sum(dout * wte[ids]) (double) at one entry
 	 * per row: the change of dwte must equal them */
@@ -76,7 +76,15 @@ START_TEST(embedding)
 		ck_assert_msg(fabs((dwte[v * C + c] - init[v * C + c]) - fd) < 1e-5,
 			      "fd v=%ld", (long)v);
 	}
-	ck_assert_int_eq(dev->k->embedding_bwd(dev, dwte, dout, bad, 2, C, V), -EINVAL);
+	/* a padding id's row takes nothing (transformers' padding_idx) */
+	for (v = 0; v < V * C; v++)
+		want[v] = dwte[v];
+	for (t = 0; t < T; t++)
+		for (c = 0; c < C && ids[t] != 3; c++)
+			want[ids[t] * C + c] += dout[t * C + c];
+	ck_assert_int_eq(dev->k->embedding_bwd(dev, dwte, dout, ids, T, C, V, 3), 0);
+	ck_assert_msg(tu_err_f(dwte, want, V * C, 1e-6, 1e-6) <= 1.0, "dwte, padding id 3");
+	ck_assert_int_eq(dev->k->embedding_bwd(dev, dwte, dout, bad, 2, C, V, -1), -EINVAL);
 	free(want);
 	free(init);
 	dev->ops->free(dev, wte);

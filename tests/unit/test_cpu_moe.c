@@ -5,7 +5,9 @@
  * the choices held (the logits are drawn far enough
  * apart that no step changes them); the gather exact; the combine and its
  * backward against double loops, the combine's terms in ascending row
- * order (transformers' order: by expert). */
+ * order (transformers' order: by expert); a forced (replayed) routing
+ * keeps its ids and weighs them by the live probabilities; the shared
+ * expert's sigmoid gate against a double loop and finite differences. */
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
@@ -82,7 +84,8 @@ START_TEST(route)
 		draw_logits(z);
 		memcpy(probs, z, T * E * sizeof(float));
 		tu_fill(dw, T * K, -1.0f, 1.0f);
-		ck_assert_int_eq(dev->k->moe_route_fwd(dev, probs, idx, w, T, E, K, norm), 0);
+		ck_assert_int_eq(dev->k->moe_route_fwd(dev, probs, idx, w, T, E, K, norm, false),
+				 0);
 		tu_fill(aux, E, -0.5f, 0.5f);
 		ck_assert_int_eq(dev->k->moe_route_bwd(dev, dz, dw, probs, idx, w, norm ? aux : NULL,
 						       T, E, K, norm), 0);
@@ -140,6 +143,90 @@ START_TEST(route)
 }
 END_TEST
 
+/* A forced choice (routing replay): the k least likely experts, in a
+ * row-dependent order, kept as given and weighed by their probabilities. */
+START_TEST(route_forced)
+{
+	struct device *dev = tu_open(2, MATMUL_FP32);
+	float *probs = tu_falloc(dev, T * E), *w = tu_falloc(dev, T * K), *z = tu_falloc(dev, T * E);
+	int32_t *idx = dev->ops->alloc(dev, T * K * sizeof(int32_t)), forced[T * K];
+
+	tu_seed(37);
+	for (int norm = 0; norm < 2; norm++) {
+		draw_logits(z);
+		memcpy(probs, z, T * E * sizeof(float));
+		for (int t = 0; t < T; t++)
+			for (int j = 0; j < K; j++)
+				forced[t * K + j] = idx[t * K + j] = (int32_t)((t + j * 3) % E);
+		ck_assert_int_eq(dev->k->moe_route_fwd(dev, probs, idx, w, T, E, K, norm, true),
+				 0);
+		for (int t = 0; t < T; t++) {
+			double zd[E], p[E], wr[K], top = 0.0;
+			int32_t ir[K];
+
+			for (int e = 0; e < E; e++)
+				zd[e] = z[t * E + e];
+			ref_route(zd, norm, ir, wr, p);
+			for (int j = 0; j < K; j++)
+				top += p[forced[t * K + j]];
+			for (int j = 0; j < K; j++) {
+				double want = norm ? p[forced[t * K + j]] / top : p[forced[t * K + j]];
+
+				ck_assert_int_eq(idx[t * K + j], forced[t * K + j]);
+				ck_assert(fabs(w[t * K + j] - want) <= 1e-6);
+			}
+		}
+	}
+	dev->ops->free(dev, idx);
+	dev->ops->free(dev, probs);
+	dev->ops->free(dev, w);
+	dev->ops->free(dev, z);
+	tu_close(dev);
+}
+END_TEST
+
+/* out += sigmoid(z) y per row; dy = s dout, dz = d/dz sum(dout . s y). */
+START_TEST(sigmoid_gate)
+{
+	struct device *dev = tu_open(2, MATMUL_FP32);
+	float *out = tu_falloc(dev, T * C), *base = tu_falloc(dev, T * C), *y = tu_falloc(dev, T * C);
+	float *z = tu_falloc(dev, T), *dout = tu_falloc(dev, T * C), *dy = tu_falloc(dev, T * C);
+	float *dz = tu_falloc(dev, T);
+
+	tu_seed(41);
+	tu_fill(base, T * C, -1.0f, 1.0f);
+	tu_fill(y, T * C, -1.0f, 1.0f);
+	tu_fill(z, T, -3.0f, 3.0f);
+	tu_fill(dout, T * C, -1.0f, 1.0f);
+	memcpy(out, base, T * C * sizeof(float));
+	ck_assert_int_eq(dev->k->sigmoid_gate_fwd(dev, out, z, y, T, C), 0);
+	ck_assert_int_eq(dev->k->sigmoid_gate_bwd(dev, dy, dz, dout, z, y, T, C), 0);
+	for (int t = 0; t < T; t++) {
+		double s = 1.0 / (1.0 + exp(-(double)z[t])), fd = 0.0;
+
+		for (int c = 0; c < C; c++) {
+			double sp = 1.0 / (1.0 + exp(-((double)z[t] + 1e-6)));
+			double sm = 1.0 / (1.0 + exp(-((double)z[t] - 1e-6)));
+
+			ck_assert(fabs(out[t * C + c] - (base[t * C + c] + s * y[t * C + c])) <= 1e-6);
+			ck_assert(fabs(dy[t * C + c] - s * dout[t * C + c]) <= 1e-6);
+			fd += dout[t * C + c] * y[t * C + c] * (sp - sm) / 2e-6;
+		}
+		ck_assert_msg(fabs(dz[t] - fd) <= 1e-5, "t %d: dz %g, finite differences %g", t,
+			      dz[t], fd);
+	}
+	ck_assert_int_eq(dev->k->sigmoid_gate_fwd(dev, out, z, y, -1, C), -EINVAL);
+	dev->ops->free(dev, out);
+	dev->ops->free(dev, base);
+	dev->ops->free(dev, y);
+	dev->ops->free(dev, z);
+	dev->ops->free(dev, dout);
+	dev->ops->free(dev, dy);
+	dev->ops->free(dev, dz);
+	tu_close(dev);
+}
+END_TEST
+
 START_TEST(gather_and_combine)
 {
 	struct device *dev = tu_open(2, MATMUL_FP32);
@@ -190,7 +277,8 @@ START_TEST(gather_and_combine)
 			ck_assert(fabs(dw[t * K + j] - dot) <= 1e-5);
 		}
 	/* bad shapes are refused */
-	ck_assert_int_eq(dev->k->moe_route_fwd(dev, y, pos, w, T, E, E + 1, false), -EINVAL);
+	ck_assert_int_eq(dev->k->moe_route_fwd(dev, y, pos, w, T, E, E + 1, false, false),
+			 -EINVAL);
 	ck_assert_int_eq(dev->k->moe_combine(dev, out, y, pos, w, -1, K, C), -EINVAL);
 	dev->ops->free(dev, pos);
 	dev->ops->free(dev, tok);
@@ -214,6 +302,8 @@ int main(void)
 
 	tcase_set_timeout(tc, 30);
 	tcase_add_test(tc, route);
+	tcase_add_test(tc, route_forced);
+	tcase_add_test(tc, sigmoid_gate);
 	tcase_add_test(tc, gather_and_combine);
 	suite_add_tcase(s, tc);
 	tu_run(s, &failed);

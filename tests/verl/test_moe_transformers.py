@@ -1,7 +1,9 @@
 """Mixture-of-experts models against transformers itself (issue 31): tiny
-random qwen3_moe and mixtral models (hidden 64, 8 experts, top-2; a
-qwen3_moe with a dense layer among its sparse ones and un-normalised
-top-k weights) saved by transformers and loaded from their directories;
+random qwen3_moe, qwen2_moe, mixtral and olmoe models (hidden 64, 8
+experts, top-2; qwen models with a dense layer among their sparse ones
+and un-normalised top-k weights, qwen2_moe's shared expert and its sigmoid
+gate, olmoe's q/k norms over the whole projections) saved by transformers
+and loaded from their directories;
 engined must reproduce, with transformers' model (float32, CPU) as the
 reference:
   - log-probs within 1e-5;
@@ -63,6 +65,13 @@ FAMILIES = {
     "mixtral": transformers.MixtralConfig(
         **BASE, num_hidden_layers=2, intermediate_size=48, num_local_experts=8,
         rope_theta=1000000.0),
+    "qwen2_moe": transformers.Qwen2MoeConfig(
+        **BASE, num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=48,
+        shared_expert_intermediate_size=80, num_experts=8, norm_topk_prob=False,
+        decoder_sparse_step=1, mlp_only_layers=[0], rope_theta=1000000.0),
+    "olmoe": transformers.OlmoeConfig(
+        **BASE, num_hidden_layers=2, intermediate_size=48, num_experts=8,
+        norm_topk_prob=True, rope_theta=10000.0, eos_token_id=None),
 }
 BIG = 1e4   # lr and eps of the gradient-reading step
 
@@ -137,7 +146,7 @@ def test_moe_matches_transformers(daemon, client, family):
     for k, v in want.items():
         assert np.array_equal(p0[k], v), k
     expert_keys = [k for k in p0 if ".experts." in k]
-    assert len(expert_keys) == (2 if family == "qwen3_moe" else 2) * 8 * 3
+    assert len(expert_keys) == 2 * 8 * 3   # two experts layers in each
 
     ids, w = batch(7)
     lp = np.asarray(client.forward_backward(ids, LENS, forward_only=True,
@@ -277,7 +286,7 @@ def test_router_aux_loss_matches_transformers(daemon, client, family):
     finally:
         del FAMILIES["aux-" + family]
     c = model.config
-    E = c.num_experts if family == "qwen3_moe" else c.num_local_experts
+    E = c.num_local_experts if family == "mixtral" else c.num_experts
     k = c.num_experts_per_tok
     client.initialize(replace=True, model_path=mdir, optimizer={
         "lr": BIG, "beta1": 0.9, "beta2": 0.0, "eps": BIG, "weight_decay": 0.0,

@@ -36,7 +36,7 @@ int cpu_embedding_fwd(struct device *dev, float *out, const float *wte,
 }
 
 int cpu_embedding_bwd(struct device *dev, float *dwte, const float *dout,
-		      const int32_t *ids, int64_t T, int64_t C, int64_t V)
+		      const int32_t *ids, int64_t T, int64_t C, int64_t V, int64_t skip)
 {
 	int64_t t, c, nchunks = (C + COL_CHUNK - 1) / COL_CHUNK;
 
@@ -56,6 +56,9 @@ int cpu_embedding_bwd(struct device *dev, float *dwte, const float *dout,
 		for (tt = 0; tt < T; tt++) {
 			float *dst = dwte + (int64_t)ids[tt] * C + c0;
 			const float *src = dout + tt * C + c0;
+
+			if (ids[tt] == skip)
+				continue;
 
 #pragma omp simd
 			for (j = 0; j < cn; j++)

@@ -13,7 +13,7 @@
 #include "device/moe_route.h"
 
 int cpu_moe_route_fwd(struct device *dev, float *probs, int32_t *idx, float *w, int64_t T,
-		      int64_t E, int64_t k, bool norm)
+		      int64_t E, int64_t k, bool norm, bool forced)
 {
 	int64_t t;
 
@@ -22,7 +22,7 @@ int cpu_moe_route_fwd(struct device *dev, float *probs, int32_t *idx, float *w, 
 	cpu_enter(dev);
 #pragma omp parallel for schedule(static)
 	for (t = 0; t < T; t++)
-		moe_route_row_fwd(probs + t * E, idx + t * k, w + t * k, E, k, norm);
+		moe_route_row_fwd(probs + t * E, idx + t * k, w + t * k, E, k, norm, forced);
 	return 0;
 }
 
@@ -121,6 +121,45 @@ int cpu_moe_combine_bwd(struct device *dev, float *dy, float *dw, const float *d
 			}
 			dw[t * k + j] = s;
 		}
+	}
+	return 0;
+}
+
+int cpu_sigmoid_gate_fwd(struct device *dev, float *out, const float *z, const float *y,
+			 int64_t T, int64_t C)
+{
+	int64_t t;
+
+	if (T < 0 || C < 0)
+		return -EINVAL;
+	cpu_enter(dev);
+#pragma omp parallel for schedule(static)
+	for (t = 0; t < T; t++) {
+		float s = moe_sigmoid(z[t]);
+
+		for (int64_t c = 0; c < C; c++)
+			out[t * C + c] += s * y[t * C + c];
+	}
+	return 0;
+}
+
+int cpu_sigmoid_gate_bwd(struct device *dev, float *dy, float *dz, const float *dout,
+			 const float *z, const float *y, int64_t T, int64_t C)
+{
+	int64_t t;
+
+	if (T < 0 || C < 0)
+		return -EINVAL;
+	cpu_enter(dev);
+#pragma omp parallel for schedule(static)
+	for (t = 0; t < T; t++) {
+		float s = moe_sigmoid(z[t]), dot = 0.0f;
+
+		for (int64_t c = 0; c < C; c++) {
+			dy[t * C + c] = s * dout[t * C + c];
+			dot += dout[t * C + c] * y[t * C + c];
+		}
+		dz[t] = s * (1.0f - s) * dot;
 	}
 	return 0;
 }

@@ -84,12 +84,13 @@ __global__ void sort_global_kernel(uint64_t *keys, int64_t N, int64_t k, int64_t
 
 /* Block b handles sorted position b when it starts a run of equal ids. */
 __global__ void embedding_runs_kernel(float *dwte, const float *dout, const uint64_t *keys,
-				      int64_t T, int64_t C, int64_t V)
+				      int64_t T, int64_t C, int64_t V, int64_t skip)
 {
 	int64_t b = blockIdx.x, e;
 	uint32_t id = (uint32_t)(keys[b] >> 32);
 
-	if ((b > 0 && (uint32_t)(keys[b - 1] >> 32) == id) || (int64_t)id >= V)
+	if ((b > 0 && (uint32_t)(keys[b - 1] >> 32) == id) || (int64_t)id >= V ||
+	    (int64_t)id == skip)
 		return;
 	for (e = b + 1; e < T && (uint32_t)(keys[e] >> 32) == id; e++)
 		;
@@ -103,7 +104,8 @@ __global__ void embedding_runs_kernel(float *dwte, const float *dout, const uint
 }
 
 extern "C" int cuda_embedding_bwd(struct device *dev, float *dwte, const float *dout,
-				  const int32_t *ids, int64_t T, int64_t C, int64_t V)
+				  const int32_t *ids, int64_t T, int64_t C, int64_t V,
+				  int64_t skip)
 {
 	cudaStream_t s = cuda_stream(dev);
 	uint64_t *keys;
@@ -129,6 +131,7 @@ extern "C" int cuda_embedding_bwd(struct device *dev, float *dwte, const float *
 			sort_global_kernel<<<ew_blocks(dev, N), EW_THREADS, 0, s>>>(keys, N, k, j);
 		sort_tile_kernel<<<(unsigned int)tiles, SORT_TILE / 2, 0, s>>>(keys, N, k);
 	}
-	embedding_runs_kernel<<<(unsigned int)T, EMB_THREADS, 0, s>>>(dwte, dout, keys, T, C, V);
+	embedding_runs_kernel<<<(unsigned int)T, EMB_THREADS, 0, s>>>(dwte, dout, keys, T, C, V,
+								      skip);
 	return cuda_launched(dev);
 }

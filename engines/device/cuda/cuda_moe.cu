@@ -10,11 +10,11 @@
 #define MOE_MAX_K 64
 
 __global__ void moe_route_fwd_kernel(float *probs, int32_t *idx, float *w, int64_t T,
-				     int64_t E, int64_t k, bool norm)
+				     int64_t E, int64_t k, bool norm, bool forced)
 {
 	for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < T;
 	     t += (int64_t)gridDim.x * blockDim.x)
-		moe_route_row_fwd(probs + t * E, idx + t * k, w + t * k, E, k, norm);
+		moe_route_row_fwd(probs + t * E, idx + t * k, w + t * k, E, k, norm, forced);
 }
 
 __global__ void moe_route_bwd_kernel(float *dz, const float *dw, const float *probs,
@@ -65,6 +65,34 @@ __global__ void moe_combine_kernel(float *out, const float *y, const int32_t *po
 	}
 }
 
+/* One thread per output element: the shared expert's share added. */
+__global__ void sigmoid_gate_fwd_kernel(float *out, const float *z, const float *y, int64_t T,
+					int64_t C)
+{
+	int64_t n = T * C;
+
+	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x)
+		out[i] += moe_sigmoid(z[i / C]) * y[i];
+}
+
+/* One thread per token: its row of dy and the dot product of dz, in the
+ * CPU's order. */
+__global__ void sigmoid_gate_bwd_kernel(float *dy, float *dz, const float *dout,
+					const float *z, const float *y, int64_t T, int64_t C)
+{
+	for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < T;
+	     t += (int64_t)gridDim.x * blockDim.x) {
+		float s = moe_sigmoid(z[t]), dot = 0.0f;
+
+		for (int64_t c = 0; c < C; c++) {
+			dy[t * C + c] = s * dout[t * C + c];
+			dot += dout[t * C + c] * y[t * C + c];
+		}
+		dz[t] = s * (1.0f - s) * dot;
+	}
+}
+
 /* One thread per (token, choice): a row of dy and the dot product dw. */
 __global__ void moe_combine_bwd_kernel(float *dy, float *dw, const float *dout,
 				       const float *y, const int32_t *pos, const float *w,
@@ -87,7 +115,7 @@ __global__ void moe_combine_bwd_kernel(float *dy, float *dw, const float *dout,
 }
 
 extern "C" int cuda_moe_route_fwd(struct device *dev, float *probs, int32_t *idx, float *w,
-				  int64_t T, int64_t E, int64_t k, bool norm)
+				  int64_t T, int64_t E, int64_t k, bool norm, bool forced)
 {
 	int r = cuda_alive(dev);
 
@@ -98,7 +126,7 @@ extern "C" int cuda_moe_route_fwd(struct device *dev, float *probs, int32_t *idx
 	if (T == 0)
 		return 0;
 	moe_route_fwd_kernel<<<ew_blocks(dev, T), EW_THREADS, 0, cuda_stream(dev)>>>(
-		probs, idx, w, T, E, k, norm);
+		probs, idx, w, T, E, k, norm, forced);
 	return cuda_launched(dev);
 }
 
@@ -166,5 +194,38 @@ extern "C" int cuda_moe_combine_bwd(struct device *dev, float *dy, float *dw,
 		return 0;
 	moe_combine_bwd_kernel<<<ew_blocks(dev, T * k), EW_THREADS, 0, cuda_stream(dev)>>>(
 		dy, dw, dout, y, pos, w, T, k, C);
+	return cuda_launched(dev);
+}
+
+extern "C" int cuda_sigmoid_gate_fwd(struct device *dev, float *out, const float *z,
+				     const float *y, int64_t T, int64_t C)
+{
+	int r = cuda_alive(dev);
+
+	if (r)
+		return r;
+	if (T < 0 || C < 0)
+		return -EINVAL;
+	if (T == 0 || C == 0)
+		return 0;
+	sigmoid_gate_fwd_kernel<<<ew_blocks(dev, T * C), EW_THREADS, 0, cuda_stream(dev)>>>(
+		out, z, y, T, C);
+	return cuda_launched(dev);
+}
+
+extern "C" int cuda_sigmoid_gate_bwd(struct device *dev, float *dy, float *dz,
+				     const float *dout, const float *z, const float *y,
+				     int64_t T, int64_t C)
+{
+	int r = cuda_alive(dev);
+
+	if (r)
+		return r;
+	if (T < 0 || C < 0)
+		return -EINVAL;
+	if (T == 0)
+		return 0;
+	sigmoid_gate_bwd_kernel<<<ew_blocks(dev, T), EW_THREADS, 0, cuda_stream(dev)>>>(
+		dy, dz, dout, z, y, T, C);
 	return cuda_launched(dev);
 }
