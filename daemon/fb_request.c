@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checked.h"
 #include "pb_has.h"
 
 void fb_prep_clear(struct fb_prep *p)
@@ -101,6 +102,41 @@ static int decode_per_token(const Engined__V1__Tensor *t, const char *field, int
 	return 0;
 }
 
+/* routed_experts: absent, or INT32 [n, layers, k] (bounds: the batch
+ * check's; the model's own shape and ids: the engine's). */
+static int decode_routing(const Engined__V1__Tensor *t, struct engine_batch *b,
+			  struct eng_error *err)
+{
+	size_t cells;
+
+	if (!t || (t->n_shape == 0 && t->data.len == 0))
+		return 0;
+	if (t->dtype != ENGINED__V1__DTYPE__INT32)
+		return eng_fail(err, -EINVAL, "routed_experts: dtype %d, expected INT32",
+				(int)t->dtype);
+	if (t->n_shape != 3 || t->shape[0] != b->n)
+		return eng_fail(err, -EINVAL, "routed_experts: shape must be [%lld, layers, "
+				"experts_per_tok] (input_ids length first)", (long long)b->n);
+	if (t->shape[1] < 1 || t->shape[1] > ENGINE_MAX_LAYERS || t->shape[2] < 1 ||
+	    t->shape[2] > ENGINE_MAX_EXPERTS_PER_TOK)
+		return eng_fail(err, -EINVAL, "routed_experts: shape [%lld, %lld, %lld]; layers "
+				"must be in [1, %d], experts_per_tok in [1, %d]",
+				(long long)t->shape[0], (long long)t->shape[1],
+				(long long)t->shape[2], ENGINE_MAX_LAYERS,
+				ENGINE_MAX_EXPERTS_PER_TOK);
+	if (!ck_mul_size((size_t)b->n * (size_t)t->shape[1], (size_t)t->shape[2], &cells) ||
+	    t->data.len / 4 != cells || t->data.len % 4)
+		return eng_fail(err, -EINVAL, "routed_experts: %zu bytes of data, expected INT32 "
+				"[%lld, %lld, %lld]", t->data.len, (long long)b->n,
+				(long long)t->shape[1], (long long)t->shape[2]);
+	if (((uintptr_t)t->data.data & 3) != 0)
+		return eng_fail(err, -EINVAL, "routed_experts: misaligned data");
+	b->routed_experts = (const int32_t *)t->data.data;
+	b->routed_layers = t->shape[1];
+	b->routed_k = t->shape[2];
+	return 0;
+}
+
 /* The LossSpec as the engine takes it: its name and option strings
  * (borrowed from the request). */
 static int decode_loss(struct fb_prep *p, const Engined__V1__LossSpec *ls,
@@ -165,6 +201,8 @@ int fb_request_decode(struct fb_prep *p, const Engined__V1__ForwardBackwardReque
 		b->activation_recompute = q->activation_recompute ? ENGINE_RECOMPUTE_ON
 								  : ENGINE_RECOMPUTE_OFF;
 	b->max_tokens_per_micro_batch = q->max_tokens_per_micro_batch;
+	if ((r = decode_routing(q->routed_experts, b, err)) < 0)
+		return r;
 	if (q->loss && q->loss->name[0] && (r = decode_loss(p, q->loss, err)) < 0)
 		return r;
 	return engine_fb_call_prepare(&p->req, value_model, &p->call, err);

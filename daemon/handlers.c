@@ -369,13 +369,14 @@ int h_run_forward_backward(struct daemon *d, struct job *j, struct eng_error *er
 	Engined__V1__Tensor t_lp = ENGINED__V1__TENSOR__INIT;
 	Engined__V1__Tensor t_ent = ENGINED__V1__TENSOR__INIT;
 	Engined__V1__Tensor t_val = ENGINED__V1__TENSOR__INIT;
+	Engined__V1__Tensor t_route = ENGINED__V1__TENSOR__INIT;
 	Engined__V1__ForwardBackwardResponse__MetricsEntry ment[FB_MAX_METRICS];
 	Engined__V1__ForwardBackwardResponse__MetricsEntry *mptr[FB_MAX_METRICS];
 	const int64_t n = p->req.batch.n;
 	struct engine_fb_result res;
 	struct engine_fb_loss fl;
 	double load[ENGINE_MAX_LAYERS];  /* each experts layer's load */
-	int64_t shape_n = n;
+	int64_t shape_n = n, shape_route[3];
 	float *lp = NULL, *ent = NULL, *val = NULL;
 	struct engine *e;
 	int r;
@@ -395,6 +396,7 @@ int h_run_forward_backward(struct daemon *d, struct job *j, struct eng_error *er
 	res.values = val;
 	res.expert_load = load;
 	res.expert_layers = (int32_t)(sizeof(load) / sizeof(load[0]));
+	res.want_routed_experts = q->return_routed_experts;
 	r = engine_fb_call_run(e, p->call, &res, &fl, err);
 	if (r < 0)
 		goto out;
@@ -427,6 +429,17 @@ int h_run_forward_backward(struct daemon *d, struct job *j, struct eng_error *er
 		t_val.data.len = (size_t)n * 4;
 		resp.values = &t_val;
 	}
+	if (res.routed_experts) {   /* the engine sized it: n x layers x k fits */
+		shape_route[0] = n;
+		shape_route[1] = res.routed_layers;
+		shape_route[2] = res.routed_k;
+		t_route.dtype = ENGINED__V1__DTYPE__INT32;
+		t_route.n_shape = 3;
+		t_route.shape = shape_route;
+		t_route.data.data = (uint8_t *)res.routed_experts;
+		t_route.data.len = (size_t)(n * res.routed_layers * res.routed_k) * 4;
+		resp.routed_experts = &t_route;
+	}
 	if (!p->req.batch.forward_only)
 		j->m_tokens = n;
 	resp.loss = fl.loss;
@@ -446,6 +459,7 @@ out:
 	free(lp);
 	free(ent);
 	free(val);
+	free(res.routed_experts);
 	return r;
 }
 

@@ -184,6 +184,13 @@ int engine_batch_check(const struct engine_batch *b, struct eng_error *err)
 	if (b->forward_only && b->reduce_gradients)
 		return eng_fail(err, -EINVAL, "reduce_gradients: a forward_only call has no "
 				"gradients to reduce");
+	if (b->routed_experts && (b->routed_layers < 1 || b->routed_layers > ENGINE_MAX_LAYERS ||
+				  b->routed_k < 1 || b->routed_k > ENGINE_MAX_EXPERTS_PER_TOK))
+		return eng_fail(err, -EINVAL, "routed_experts: shape [%lld, %lld, %lld]; the "
+				"layers must be in [1, %d], the experts per token in [1, %d]",
+				(long long)b->n, (long long)b->routed_layers,
+				(long long)b->routed_k, ENGINE_MAX_LAYERS,
+				ENGINE_MAX_EXPERTS_PER_TOK);
 	return 0;
 }
 

@@ -142,6 +142,9 @@ void engine_init_config_defaults(struct engine_init_config *cfg);
 /* Decoder layers a model may have (model/config.h's MODEL_MAX_LAYERS):
  * the bound of engine_fb_result.expert_load's entries. */
 #define ENGINE_MAX_LAYERS 1024
+/* Experts a token goes to (MODEL_MAX_EXPERTS_PER_TOK): a routing replay's
+ * last dimension. */
+#define ENGINE_MAX_EXPERTS_PER_TOK 64
 #define ENGINE_MAX_LM_TILE_FLOATS (INT64_C(1) << 32)
 #define ENGINE_MAX_LM_CACHE_FLOATS (INT64_C(1) << 36)
 #define ENGINE_KV_CACHE_DEFAULT (INT64_C(1) << 30)
@@ -223,6 +226,14 @@ struct engine_batch {
 	 * and after each. NULL: none. */
 	engine_progress_fn progress;
 	void *progress_ctx;
+	/* A mixture of experts' routing replay: [n, routed_layers, routed_k]
+	 * (NULL: the routers choose), token t's experts in each experts layer
+	 * (routed_layers: the experts layers, or every decoder layer, the
+	 * dense ones' rows unread). The engine checks the shape against its
+	 * model (routed_k its experts_per_tok) and each row's ids (in [0,
+	 * num_experts), distinct): -EINVAL naming "routed_experts". */
+	const int32_t *routed_experts;
+	int64_t routed_layers, routed_k;
 };
 
 /* The one validation of a batch: 1 <= n <= ENGINE_MAX_TOKENS, every
@@ -253,6 +264,13 @@ struct engine_fb_result {
 	double router_aux_loss, router_aux_coef;
 	double *expert_load;
 	int32_t expert_layers;
+	/* want_routed_experts (in): routed_experts (out) gets the routing the
+	 * call used, [n, routed_layers, routed_k] in original order (the
+	 * experts layers; malloc'ed, the caller frees; NULL for a dense
+	 * model or without want_routed_experts). */
+	bool want_routed_experts;
+	int32_t *routed_experts;
+	int64_t routed_layers, routed_k;
 };
 
 /* Hyper-parameters of one optimizer step that replace, for that step only,

@@ -25,6 +25,68 @@ int native_check_tokens(const struct native *n, const char *field, const int32_t
 	return 0;
 }
 
+/* The experts layers of n's model, in order: their decoder layers
+ * (layers[Lm], the caller's; Lm <= MODEL_MAX_LAYERS). */
+static int64_t experts_layers(const struct model_config *c, int64_t *layers)
+{
+	int64_t Lm = 0;
+
+	for (int64_t l = 0; l < c->num_layers; l++)
+		if (model_layer_mlp(c, l) == MODEL_MLP_MOE)
+			layers[Lm++] = l;
+	return Lm;
+}
+
+/* A routing replay (engine.h's routed_experts) against the model: its
+ * shape, then each row of a layer it routes (the experts layers' rows,
+ * the dense ones' unread): ids in [0, E), distinct. */
+static int check_routing(const struct native *n, const struct engine_batch *b,
+			 struct eng_error *err)
+{
+	const struct model_config *c = &n->cfg;
+	int64_t layers[MODEL_MAX_LAYERS], Lm = experts_layers(c, layers), L = b->routed_layers;
+	int64_t E = c->num_experts, k = c->experts_per_tok, *seen;
+	int rc = 0;
+
+	if (!Lm)
+		return eng_fail(err, -EINVAL, "routed_experts: the model has no experts layers "
+				"(a dense model routes nothing)");
+	if (b->routed_k != k)
+		return eng_fail(err, -EINVAL, "routed_experts: shape [%lld, %lld, %lld]; the model "
+				"sends each token to experts_per_tok %lld experts", (long long)b->n,
+				(long long)L, (long long)b->routed_k, (long long)k);
+	if (L != Lm && L != c->num_layers)
+		return eng_fail(err, -EINVAL, "routed_experts: %lld layers; the model has %lld "
+				"experts layers (or give all %lld decoder layers)", (long long)L,
+				(long long)Lm, (long long)c->num_layers);
+	seen = malloc((size_t)E * sizeof(*seen));
+	if (!seen)
+		return eng_fail(err, -ENOMEM, "routed_experts: out of host memory");
+	for (int64_t e = 0; e < E; e++)
+		seen[e] = -1;
+	for (int64_t t = 0, row = 0; t < b->n && !rc; t++)
+		for (int64_t i = 0; i < Lm && !rc; i++, row++) {
+			int64_t l = L == Lm ? i : layers[i];
+			const int32_t *ids = b->routed_experts + (t * L + l) * k;
+
+			for (int64_t j = 0; j < k && !rc; j++) {
+				if (ids[j] < 0 || ids[j] >= E)
+					rc = eng_fail(err, -EINVAL, "routed_experts[%lld][%lld][%lld]: "
+						      "expert %d outside [0, num_experts %lld)",
+						      (long long)t, (long long)l, (long long)j,
+						      ids[j], (long long)E);
+				else if (seen[ids[j]] == row)
+					rc = eng_fail(err, -EINVAL, "routed_experts[%lld][%lld]: expert "
+						      "%d twice (a token's experts are distinct)",
+						      (long long)t, (long long)l, ids[j]);
+				else
+					seen[ids[j]] = row;
+			}
+		}
+	free(seen);
+	return rc;
+}
+
 /* engine_forward_backward applied engine_batch_check; what needs the
  * model is checked here. */
 static int validate_batch(struct native *n, const struct engine_batch *b,
@@ -32,7 +94,9 @@ static int validate_batch(struct native *n, const struct engine_batch *b,
 {
 	int rc = native_check_tokens(n, "input_ids", b->input_ids, b->n, err);
 
-	return rc ? rc : native_check_tokens(n, "target_ids", b->target_ids, b->n, err);
+	if (!rc)
+		rc = native_check_tokens(n, "target_ids", b->target_ids, b->n, err);
+	return rc || !b->routed_experts ? rc : check_routing(n, b, err);
 }
 
 /* Host-side description of one micro-batch. */
@@ -44,6 +108,12 @@ struct mb_host {
 	float *out;                                             /* [3, T] target-aligned outputs */
 	float *dout;                                            /* [3, T] loss gradients */
 	float *rows;                                            /* [3, T] row-aligned */
+	/* A mixture of experts' routing (llama_batch's route, route_out):
+	 * the experts layers' decoder layers [Lm]; the micro-batch's replayed
+	 * routing, host and device [Lm, T, k] (NULL: none); the routing its
+	 * forward used [Lm, T, k] (NULL: not wanted). */
+	int64_t Lm, k, layers[MODEL_MAX_LAYERS];
+	int32_t *route_in, *route_dev, *route_out;
 };
 
 static void mb_host_free(struct mb_host *h)
@@ -58,6 +128,8 @@ static void mb_host_free(struct mb_host *h)
 	free(h->out);
 	free(h->dout);
 	free(h->rows);
+	free(h->route_in);
+	free(h->route_out);
 }
 
 static int mb_host_alloc(struct mb_host *h, int64_t T, int64_t B)
@@ -79,6 +151,54 @@ static int mb_host_alloc(struct mb_host *h, int64_t T, int64_t B)
 		return -ENOMEM;
 	}
 	return 0;
+}
+
+/* The routing buffers of a call of micro-batches up to T tokens that
+ * replays a routing (b->routed_experts) or returns it (want): host
+ * memory here, the device's by the caller. */
+static int mb_host_routes(struct mb_host *h, const struct model_config *c,
+			  const struct engine_batch *b, bool want, int64_t T)
+{
+	size_t cells;
+
+	h->Lm = experts_layers(c, h->layers);
+	h->k = c->experts_per_tok;
+	if (!h->Lm || (!b->routed_experts && !want))
+		return 0;
+	if (!ck_mul_size((size_t)h->Lm * (size_t)h->k, (size_t)T, &cells) ||
+	    cells > SIZE_MAX / sizeof(int32_t))
+		return -ENOMEM;
+	if (b->routed_experts && !(h->route_in = malloc(cells * sizeof(int32_t))))
+		return -ENOMEM;
+	if (want && !(h->route_out = malloc(cells * sizeof(int32_t))))
+		return -ENOMEM;
+	return 0;
+}
+
+/* Micro-batch h's rows of the call's routing replay, [Lm, T, k]. */
+static void mb_gather_routes(const struct engine_batch *b, struct mb_host *h)
+{
+	int64_t k = h->k, L = b->routed_layers;
+
+	for (int64_t i = 0; i < h->Lm; i++) {
+		int64_t l = L == h->Lm ? i : h->layers[i];
+
+		for (int64_t t = 0; t < h->T; t++)
+			memcpy(h->route_in + (i * h->T + t) * k,
+			       b->routed_experts + (h->token_index[t] * L + l) * k,
+			       (size_t)k * sizeof(int32_t));
+	}
+}
+
+/* The routing micro-batch h's forward used into the call's [n, Lm, k]. */
+static void mb_scatter_routes(const struct mb_host *h, int32_t *out)
+{
+	int64_t k = h->k;
+
+	for (int64_t i = 0; i < h->Lm; i++)
+		for (int64_t t = 0; t < h->T; t++)
+			memcpy(out + (h->token_index[t] * h->Lm + i) * k,
+			       h->route_out + (i * h->T + t) * k, (size_t)k * sizeof(int32_t));
 }
 
 /* Gather micro-batch `k` of the plan from the request. */
@@ -107,6 +227,8 @@ static void mb_gather(const struct engine_batch *b, const struct mb_plan *p, int
 		h->cu[j + 1] = (int32_t)t;
 	}
 	h->T = t;
+	if (h->route_in)
+		mb_gather_routes(b, h);
 }
 
 /* rows (row-aligned: row r predicts token r+1) -> target-aligned out:
@@ -143,6 +265,10 @@ static int upload_mb(struct native *n, const struct mb_host *h)
 	    (rc = o->copy_h2d(n->dev, n->io.pos, h->pos, h->T * sizeof(int32_t))) ||
 	    (rc = o->copy_h2d(n->dev, n->io.targets, h->targets, h->T * sizeof(int32_t))))
 		return rc;
+	if (h->route_in &&
+	    (rc = o->copy_h2d(n->dev, h->route_dev, h->route_in,
+			      (size_t)(h->Lm * h->T * h->k) * sizeof(int32_t))))
+		return rc;
 	return o->copy_h2d(n->dev, n->io.cu_seqlens, h->cu, (h->B + 1) * sizeof(int32_t));
 }
 
@@ -173,6 +299,8 @@ static void experts_pass(struct native *n, struct llama_model *m, const struct e
 }
 
 _Static_assert(ENGINE_MAX_LAYERS == MODEL_MAX_LAYERS, "engine.h's bound is the model's");
+_Static_assert(ENGINE_MAX_EXPERTS_PER_TOK == MODEL_MAX_EXPERTS_PER_TOK,
+	       "engine.h's bound is the model's");
 
 /* Each experts layer's load over the call (engine.h), into res. */
 static void experts_load(const struct native *n, const struct engine_batch *b,
@@ -209,6 +337,7 @@ static int mb_forward(struct native *n, struct llama_model *m, const struct engi
 	struct llama_batch lb = {
 		.T = T, .B = h->B, .ids = n->io.ids, .pos = n->io.pos,
 		.cu_seqlens = n->io.cu_seqlens, .targets = n->io.targets,
+		.route = h->route_in ? h->route_dev : NULL, .route_out = h->route_out,
 	};
 	float *rows = n->io.rows, *drows = n->io.drows;
 	float *out_logp = h->out, *out_ent = h->out + T, *out_val = h->out + 2 * T;
@@ -224,6 +353,8 @@ static int mb_forward(struct native *n, struct llama_model *m, const struct engi
 		return eng_fail(err, rc, "forward: device kernel failed (%s)", eng_strerror(rc));
 	if (m->moe_off)
 		experts_pass(n, m, b, res, T);
+	if (h->route_out && res->routed_experts)
+		mb_scatter_routes(h, res->routed_experts);
 	if (n->value_model) {
 		rc = o->copy_d2h(n->dev, h->rows + 2 * T, rows + 2 * cap, T * sizeof(float));
 		memset(out_logp, 0, 2 * T * sizeof(float));
@@ -283,6 +414,7 @@ static int mb_backward(struct native *n, struct llama_model *m, const struct mb_
 	struct llama_batch lb = {
 		.T = h->T, .B = h->B, .ids = n->io.ids, .pos = n->io.pos,
 		.cu_seqlens = n->io.cu_seqlens, .targets = n->io.targets,
+		.route = h->route_in ? h->route_dev : NULL,   /* a recompute routes alike */
 	};
 	float *drows = n->io.drows;
 	int rc = llama_backward(m, &lb, inv_temp, drows, drows + cap, drows + 2 * cap);
@@ -428,6 +560,32 @@ static int sharded_passes(struct native *n, struct llama_model *m, const struct 
 	return rc;
 }
 
+/* A call's routing buffers (mb_host_routes; the device's replay, and
+ * res's [n, Lm, k] when wanted), before any state changes. */
+static int call_routes(struct native *n, const struct engine_batch *b,
+		       struct engine_fb_result *res, struct mb_host *h, int64_t max_T,
+		       struct eng_error *err)
+{
+	bool want = res->want_routed_experts;
+	size_t cells;
+
+	if (mb_host_routes(h, &n->cfg, b, want, max_T))
+		return eng_fail(err, -ENOMEM, "routed_experts: out of host memory");
+	if (h->route_in &&
+	    !(h->route_dev = native_dalloc(n, (size_t)(h->Lm * max_T * h->k) * sizeof(int32_t))))
+		return eng_fail(err, -ENOMEM, "routed_experts: out of device memory");
+	if (!h->route_out)
+		return 0;
+	if (!ck_mul_size((size_t)b->n * (size_t)h->Lm, (size_t)h->k, &cells) ||
+	    cells > SIZE_MAX / sizeof(int32_t) ||
+	    !(res->routed_experts = malloc(cells * sizeof(int32_t))))
+		return eng_fail(err, -ENOMEM, "routed_experts: out of host memory for the "
+				"routing of %lld tokens", (long long)b->n);
+	res->routed_layers = h->Lm;
+	res->routed_k = h->k;
+	return 0;
+}
+
 /* The number of micro-batches every rank of a sharded group runs: the
  * most of any rank, once every rank is ready (rc) and makes the same
  * kind of call. */
@@ -523,8 +681,12 @@ int native_forward_backward(struct engine *e, const struct engine_batch *b,
 			rc = eng_fail(err, -ENOMEM, "experts: out of host memory");
 	}
 	res->router_aux_loss = res->router_aux_coef = 0.0;
+	res->routed_experts = NULL;
+	res->routed_layers = res->routed_k = 0;
 	if (rc == 0 && mb_host_alloc(&h, max_T, max_B))
 		rc = eng_fail(err, -ENOMEM, "micro-batch: out of host memory");
+	if (rc == 0)
+		rc = call_routes(n, b, res, &h, max_T, err);
 	if (rc == 0 && reducing && !n->lora)
 		rc = native_sync_prepare(n, err);
 	/* A training call that may stop part-way keeps what undoes it: nothing
@@ -600,6 +762,11 @@ int native_forward_backward(struct engine *e, const struct engine_batch *b,
 		undo_gradients(n, undo, err);
 	}
 	native_dfree(n, undo);
+	native_dfree(n, h.route_dev);
+	if (rc) {
+		free(res->routed_experts);
+		res->routed_experts = NULL;
+	}
 	native_adapter_detach(n);
 	if (m)
 		m->grads_zero = false;

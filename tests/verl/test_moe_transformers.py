@@ -361,3 +361,159 @@ def test_packed_experts_load_as_per_expert(daemon, client, family):
     got = engined_tensors(client)
     assert sorted(got) == sorted(want)
     assert all(np.array_equal(got[k], want[k]) for k in want)
+
+
+def experts_layers(family):
+    c = FAMILIES[family]
+    step = getattr(c, "decoder_sparse_step", 1) or 1
+    dense = set(getattr(c, "mlp_only_layers", None) or [])
+    return [l for l in range(c.num_hidden_layers)
+            if l not in dense and (l + 1) % step == 0]
+
+
+def replayed_logprobs(model, ids, forced, layers):
+    """transformers' log-probs with every experts layer's router forced to
+    `forced` [N, len(layers), k] (its weights the live probabilities of the
+    forced experts, renormalised as the family does), one forward per
+    sequence as torch_logprobs."""
+    import torch.nn.functional as F
+    cur = {}
+    saved = []
+    for i, l in enumerate(layers):
+        gate = model.model.layers[l].mlp.gate
+
+        def fwd(hidden, gate=gate, i=i):
+            h = hidden.reshape(-1, gate.hidden_dim)
+            logits = F.linear(h, gate.weight)
+            probs = torch.softmax(logits.float(), -1)
+            idx = cur["forced"][:, i]
+            val = probs.gather(1, idx)
+            if getattr(gate, "norm_topk_prob", True):   # mixtral: always
+                val = val / val.sum(-1, keepdim=True)
+            return logits, val.to(logits.dtype), idx
+        saved.append((gate, gate.forward))
+        gate.forward = fwd
+    try:
+        out, off = [], 0
+        for n in LENS:
+            cur["forced"] = torch.as_tensor(forced[off:off + n], dtype=torch.long)
+            x = torch.as_tensor(ids[off:off + n], dtype=torch.long)[None]
+            lp = torch.log_softmax(model(input_ids=x).logits[0].float(), -1)
+            out += [torch.zeros(1), lp[:-1].gather(1, x[0, 1:, None])[:, 0]]
+            off += n
+        return torch.cat(out)
+    finally:
+        for gate, f in saved:
+            gate.forward = f
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_routing_replay(daemon, client, family):
+    """Routing replay (verl's R2/R3): a forward-only call returns the
+    routing its routers chose, transformers' top-k exactly; replaying it
+    gives log-probs and a step bit for bit those of the router's own
+    choice (also given over all decoder layers, the dense ones' rows
+    unread); replaying other experts (random, distinct) equals transformers
+    with its routers forced alike, log-probs within 1e-5 and gradients
+    within 1e-5 relative, the routers' included (their weights stay the
+    live probabilities)."""
+    model, mdir = make(daemon, family, 17)
+    layers = experts_layers(family)
+    c = model.config
+    E = c.num_local_experts if family == "mixtral" else c.num_experts
+    k = c.num_experts_per_tok
+    opt = {"lr": BIG, "beta1": 0.9, "beta2": 0.0, "eps": BIG, "weight_decay": 0.0,
+           "clip_grad": 0.0}
+    ids, w = batch(9)
+
+    # R2: the routing recorded, transformers' choice
+    client.initialize(replace=True, model_path=mdir, optimizer=opt)
+    p0 = engined_tensors(client)
+    r = client.forward_backward(ids, LENS, forward_only=True, return_log_probs=True,
+                                return_routed_experts=True)
+    routed = r.routed_experts
+    assert routed.dtype == np.int32 and routed.shape == (N, len(layers), k)
+    want, off = [], 0
+    for n in LENS:
+        x = torch.as_tensor(ids[off:off + n], dtype=torch.long)[None]
+        with torch.no_grad():
+            out = model(input_ids=x, output_router_logits=True)
+        want.append(np.stack([torch.topk(torch.softmax(lg.float(), -1), k, -1).indices.numpy()
+                              for lg in out.router_logits], 1))
+        off += n
+    assert np.array_equal(routed, np.concatenate(want)), "the routers' own top-k"
+
+    # replaying it: bit for bit the unforced call, log-probs and step
+    runs = []
+    for replay in (None, routed, "all-layers"):
+        if isinstance(replay, str):   # every decoder layer, the dense ones' rows junk
+            full = np.full((N, c.num_hidden_layers, k), -7, np.int32)
+            full[:, layers] = routed
+            replay = full
+        client.initialize(replace=True, model_path=mdir, optimizer=opt)
+        lp = client.forward_backward(ids, LENS, forward_only=True, return_log_probs=True,
+                                     routed_experts=replay).log_probs
+        client.forward_backward(ids, LENS, loss="custom", grad_log_probs=w,
+                                routed_experts=replay)
+        client.optimizer_step()
+        runs.append((lp, engined_tensors(client)))
+    for lp, p in runs[1:]:
+        assert np.array_equal(lp, runs[0][0])
+        assert all(np.array_equal(p[key], runs[0][1][key]) for key in p)
+
+    # other experts: transformers with its routers forced the same way
+    rng = np.random.default_rng(3)
+    forced = np.stack([rng.permutation(E)[:k] for _ in range(N * len(layers))]).reshape(
+        N, len(layers), k).astype(np.int32)
+    assert np.mean(np.sort(forced, -1) != np.sort(routed, -1)) > 0.5
+    client.initialize(replace=True, model_path=mdir, optimizer=opt)
+    lp = client.forward_backward(ids, LENS, forward_only=True, return_log_probs=True,
+                                 routed_experts=forced, return_routed_experts=True)
+    assert np.array_equal(lp.routed_experts, forced), "the routing used is the one given"
+    with torch.no_grad():
+        ref = replayed_logprobs(model, ids, forced, layers).double().numpy()
+    d = float(np.max(np.abs(lp.log_probs - ref)))
+    model.zero_grad()
+    (replayed_logprobs(model, ids, forced, layers) * torch.as_tensor(w)).sum().backward()
+    grads = saved_names(model, family, grad=True)
+    client.forward_backward(ids, LENS, loss="custom", grad_log_probs=w, routed_experts=forced)
+    client.optimizer_step()
+    p1 = engined_tensors(client)
+    worst = max(rel(p0[key] - p1[key], g / (1 + np.abs(g) / BIG)) for key, g in grads.items())
+    router = [key for key in grads if key.endswith(".gate.weight")]
+    print("%s: replayed routing, log-probs vs transformers forced alike %.3g, gradients "
+          "%.3g relative" % (family, d, worst))
+    assert d <= 1e-5 and worst <= 1e-5
+    assert all(np.max(np.abs(grads[key])) > 0 for key in router)
+
+
+def test_routing_replay_refusals(daemon, client):
+    """A replay the model cannot take is INVALID_ARGUMENT naming
+    routed_experts (its shape, an id out of range, an expert twice in a
+    row, a dense model), and the engine goes on."""
+    import grpc
+    from engined_client import EngineError
+    _, mdir = make(daemon, "mixtral", 18)
+    client.initialize(replace=True, model_path=mdir)
+    ids, _ = batch(10)
+    good = np.tile(np.array([0, 1], np.int32), (N, 2, 1))
+    bad = {"shape": (good[:, :, :1], "experts_per_tok 2"),
+           "layers": (np.concatenate([good, good], 1), "4 layers; the model has 2"),
+           "tokens": (good[1:], "routed_experts: shape must be [%d," % N),
+           "range": (np.where(np.arange(N)[:, None, None] == 5, 8, good),
+                     "routed_experts[5][0][0]: expert 8 outside [0, num_experts 8)"),
+           "twice": (np.where(np.arange(2)[None, :, None] == 1, 3, good),
+                     "routed_experts[0][1]: expert 3 twice")}
+    for name, (routed, want) in bad.items():
+        with pytest.raises(EngineError) as e:
+            client.forward_backward(ids, LENS, forward_only=True, routed_experts=routed)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, e.value)
+        assert want in e.value.details(), (name, e.value.details())
+    assert client.forward_backward(ids, LENS, forward_only=True, routed_experts=good,
+                                   return_log_probs=True).log_probs.shape == (N,)
+    client.initialize(replace=True, preset="tiny")   # a dense model
+    with pytest.raises(EngineError) as e:
+        client.forward_backward(ids[:5], [5], forward_only=True,
+                                routed_experts=np.zeros((5, 1, 2), np.int32))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "routed_experts: the model has no experts layers" in e.value.details()

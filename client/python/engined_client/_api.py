@@ -20,10 +20,22 @@ _MODES = {"idle": pb.MODE_IDLE, "train": pb.MODE_TRAIN, "eval": pb.MODE_EVAL}
 
 # The request's per-token FLOAT32 arrays (the loss library's table,
 # engines/loss/loss.h LOSS_REQUEST_INPUTS): the proto's Tensor fields but the
-# INT32 ones (input_ids, target_ids).
+# INT32 ones (input_ids, target_ids, routed_experts).
 _PER_TOKEN = tuple(f.name for f in pb.ForwardBackwardRequest.DESCRIPTOR.fields
                    if f.message_type is not None and f.message_type.name == "Tensor"
-                   and f.name not in ("input_ids", "target_ids"))
+                   and f.name not in ("input_ids", "target_ids", "routed_experts"))
+
+
+def routed_experts_tensor(routed):
+    """The INT32 [N, layers, experts_per_tok] Tensor of a routing replay
+    (any integer array of that shape: verl's int64 or int16 included)."""
+    a = np.asarray(routed)
+    if a.ndim != 3 or not np.issubdtype(a.dtype, np.integer):
+        raise ValueError("routed_experts: an integer array [N, layers, experts_per_tok], "
+                         "got %s %s" % (a.dtype, a.shape))
+    if a.size and (a.min() < -2**31 or a.max() >= 2**31):
+        raise ValueError("routed_experts: ids outside int32")
+    return tensor(a.astype(np.int32), pb.INT32)
 
 
 def _token_ids(ids):
@@ -206,7 +218,8 @@ class Api:
                          return_log_probs=False, return_entropy=False,
                          return_values=False, max_tokens_per_micro_batch=0,
                          target_ids=None, reduce_gradients=False, adapter="",
-                         activation_recompute=None, timeout=None, request_id=None,
+                         activation_recompute=None, routed_experts=None,
+                         return_routed_experts=False, timeout=None, request_id=None,
                          **per_token):
         """input_ids: int32 [N] (packed); seq_lens: sum N. loss: a name
         ("sft", "ppo", ...) or a dict {"name": ..., option: value}; options
@@ -221,10 +234,15 @@ class Api:
         (every rank must set it; see engine.proto). adapter: the LoRA
         adapter that runs with the base and whose gradients accumulate
         ("": the base model alone). activation_recompute: this call's
-        (None: the engine's; see initialize). request_id: this
-        call's id (default: a fresh one). Returns a ForwardBackwardResult: loss, metrics,
-        num_micro_batches and the numpy outputs asked for (log_probs,
-        entropy, values; None otherwise); r["loss"] works too."""
+        (None: the engine's; see initialize). routed_experts: a mixture of
+        experts' routing to replay, integers [N, layers, experts_per_tok]
+        (verl's routed_experts, R2/R3; see engine.proto);
+        return_routed_experts: the routing the call used comes back as
+        r.routed_experts (int32 [N, experts layers, experts_per_tok]).
+        request_id: this call's id (default: a fresh one). Returns a
+        ForwardBackwardResult: loss, metrics, num_micro_batches and the
+        numpy outputs asked for (log_probs, entropy, values; None
+        otherwise); r["loss"] works too."""
         unknown = set(per_token) - set(_PER_TOKEN)
         if unknown:
             raise TypeError("unknown per-token arrays: %s" % ", ".join(sorted(unknown)))
@@ -234,9 +252,12 @@ class Api:
             temperature=temperature, return_log_probs=return_log_probs,
             return_entropy=return_entropy, return_values=return_values,
             max_tokens_per_micro_batch=max_tokens_per_micro_batch,
-            reduce_gradients=reduce_gradients, adapter=adapter)
+            reduce_gradients=reduce_gradients, adapter=adapter,
+            return_routed_experts=return_routed_experts)
         if target_ids is not None:
             req.target_ids.CopyFrom(_token_ids(target_ids))
+        if routed_experts is not None:
+            req.routed_experts.CopyFrom(routed_experts_tensor(routed_experts))
         if activation_recompute is not None:
             req.activation_recompute = bool(activation_recompute)
         spec = _loss_spec(loss, loss_options)

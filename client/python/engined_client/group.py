@@ -196,8 +196,9 @@ class GroupForwardBackwardResult(ForwardBackwardResult):
     stop) sequences each rank ran. Compares and maps as ForwardBackwardResult."""
 
     def __init__(self, loss, metrics, num_micro_batches, log_probs=None, entropy=None,
-                 values=None, ranks=(), seq_ranges=()):
-        super().__init__(loss, metrics, num_micro_batches, log_probs, entropy, values)
+                 values=None, ranks=(), seq_ranges=(), routed_experts=None):
+        super().__init__(loss, metrics, num_micro_batches, log_probs, entropy, values,
+                         routed_experts=routed_experts)
         object.__setattr__(self, "ranks", tuple(ranks))
         object.__setattr__(self, "seq_ranges", tuple(seq_ranges))
 
@@ -206,14 +207,14 @@ class ForwardBackwardPlan:
     """One ForwardBackward of the whole batch as world_size calls.
 
     requests[r]: the keyword arguments of rank r's forward_backward
-    (input_ids, seq_lens, loss, loss_options, target_ids and the per-token
-    arrays of its sequences); the call's other arguments (forward_only,
+    (input_ids, seq_lens, loss, loss_options, target_ids, routed_experts
+    and the per-token arrays of its sequences); the call's other arguments (forward_only,
     return_*, temperature, ...) are the same on every rank. merge(results)
     combines the ranks' ForwardBackwardResults into the whole batch's.
     seq_ranges / token_ranges: what each rank takes; dp_size: the loss's."""
 
     def __init__(self, world_size, input_ids, seq_lens, loss=None, loss_options=None,
-                 target_ids=None, **per_token):
+                 target_ids=None, routed_experts=None, **per_token):
         unknown = set(per_token) - set(_PER_TOKEN)
         if unknown:
             raise TypeError("unknown per-token arrays: %s" % ", ".join(sorted(unknown)))
@@ -229,6 +230,12 @@ class ForwardBackwardPlan:
             if v.size != ids.size:
                 raise ValueError("%s: %d elements, expected %d (one per token)"
                                  % (k, v.size, ids.size))
+        if routed_experts is not None:   # [N, layers, k]: split by tokens too
+            arrays["routed_experts"] = np.asarray(routed_experts)
+            if arrays["routed_experts"].shape[:1] != (ids.size,):
+                raise ValueError("routed_experts: shape %s, expected [%d, layers, "
+                                 "experts_per_tok]" % (arrays["routed_experts"].shape,
+                                                       ids.size))
         self.world_size = int(world_size)
         self.seq_ranges = split_sequences(lens, world_size)
         offs = np.concatenate([[0], np.cumsum(lens, dtype=np.int64)])
@@ -269,15 +276,15 @@ class ForwardBackwardPlan:
         if len(results) != self.world_size:
             raise ValueError("%d results for %d ranks" % (len(results), self.world_size))
         outs = {}
-        for k in _OUTPUTS:
+        for k in _OUTPUTS + ("routed_experts",):
             got = [getattr(res, k) for res in results]
             if all(g is None for g in got):
                 outs[k] = None
                 continue
             for r, (g, (t0, t1)) in enumerate(zip(got, self.token_ranges)):
-                if g is None or g.size != t1 - t0:
-                    raise ValueError("rank %d: %s of %s elements, expected %d" % (
-                        r, k, None if g is None else g.size, t1 - t0))
+                if g is None or len(g) != t1 - t0:
+                    raise ValueError("rank %d: %s of %s tokens, expected %d" % (
+                        r, k, None if g is None else len(g), t1 - t0))
             outs[k] = np.concatenate(got)
         dp = float(self.dp_size)
         weights = [float(res.metrics.get("num_tokens", 0.0)) for res in results]
@@ -424,7 +431,7 @@ class _GroupBase:
                 input_ids, seq_lens, loss=loss, loss_options=loss_options, request_id=rid,
                 **kwargs), _first, rid)
         per_token = {k: kwargs.pop(k) for k in list(kwargs)
-                     if k in _PER_TOKEN or k == "target_ids"}
+                     if k in _PER_TOKEN or k in ("target_ids", "routed_experts")}
         plan = ForwardBackwardPlan(self.world_size, input_ids, seq_lens, loss=loss,
                                    loss_options=loss_options, **per_token)
         return self._then(self._run("ForwardBackward", lambda c, r: c.forward_backward(

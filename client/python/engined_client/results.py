@@ -342,6 +342,9 @@ class ForwardBackwardResult(Mapping):
     # A mixture of experts: each experts layer's load (the most tokens an
     # expert took over the mean), float64 [layers]; None for dense models.
     expert_load: Optional[np.ndarray] = None
+    # With return_routed_experts: the routing the call used, int32 [N,
+    # experts layers, experts_per_tok] (what routed_experts replays).
+    routed_experts: Optional[np.ndarray] = None
 
     @classmethod
     def from_proto(cls, m):
@@ -350,6 +353,8 @@ class ForwardBackwardResult(Mapping):
                    entropy=_array(m.entropy) if m.HasField("entropy") else None,
                    values=_array(m.values) if m.HasField("values") else None,
                    expert_load=np.asarray(m.expert_load, np.float64) if len(m.expert_load)
+                   else None,
+                   routed_experts=_array(m.routed_experts) if m.HasField("routed_experts")
                    else None)
 
     # Mapping: the fields by name.
@@ -385,10 +390,10 @@ class ForwardBackwardResult(Mapping):
             "%s=%s" % (k, show(getattr(self, k))) for k in _FB_KEYS)
 
 
-# The mapping's keys: the six of the dict the result replaced (expert_load,
-# later, is an attribute only).
+# The mapping's keys: the six of the dict the result replaced (expert_load
+# and routed_experts, later, are attributes only).
 _FB_KEYS = tuple(f.name for f in dataclasses.fields(ForwardBackwardResult)
-                 if f.name != "expert_load")
+                 if f.name not in ("expert_load", "routed_experts"))
 
 # FinishReason by value: "stop", "length" (the enum's names without their
 # prefix, lowercase; "unspecified" for 0).
