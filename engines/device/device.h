@@ -31,6 +31,14 @@
 
 struct device;
 
+/* One product of a grouped gemm (gemm_grouped): C[M,N] = op(A) op(B) with
+ * the call's transposes and leading dimensions; device pointers. */
+struct gemm_group {
+	int64_t M, N, K;
+	const float *A, *B;
+	float *C;
+};
+
 /* Per-row running statistics of an online log-softmax (device memory). */
 struct logprob_stats {
 	double max;     /* max z seen so far */
@@ -61,6 +69,13 @@ enum matmul_precision {
 	         int64_t M, int64_t N, int64_t K, const float *A,                           \
 	         int64_t lda, const float *B, int64_t ldb, float beta,                      \
 	         float *C, int64_t ldc))                                                    \
+	/* G products, each gemm's of groups[g] (host array; device operands), all       \
+	 * with trans_a, trans_b, lda, ldb, ldc and beta: a mixture of experts'            \
+	 * projection over every expert's rows at once (llama.c). A group of M 0           \
+	 * or N 0 does nothing. */                                                          \
+	X(gemm_grouped, (struct device *dev, bool trans_a, bool trans_b, int64_t G,         \
+	                 const struct gemm_group *groups, int64_t lda, int64_t ldb,        \
+	                 float beta, int64_t ldc))                                          \
                                                                                             \
 	/* out[T,C] = wte[ids[t], :] ; ids in [0, V) (checked by the caller). */            \
 	X(embedding_fwd, (struct device *dev, float *out,                                   \

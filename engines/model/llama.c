@@ -497,6 +497,22 @@ static void lora_bwd(struct llama_model *m, int64_t l, int mod, const float *dou
 
 /* --- setup -------------------------------------------------------------- */
 
+/* The experts' host memory (llama.h), freed and forgotten. */
+static void moe_host_free(struct llama_model *m)
+{
+	free(m->moe_off);
+	free(m->moe_host);
+	free(m->moe_counts);
+	free(m->moe_host_e);
+	free(m->moe_groups);
+	m->moe_off = NULL;
+	m->moe_host = NULL;
+	m->moe_counts = NULL;
+	m->moe_host_e = NULL;
+	m->moe_groups = NULL;
+	m->moe_host_cap = 0;
+}
+
 int llama_init(struct llama_model *m, struct device *dev,
 	       const struct model_config *cfg, bool value_model,
 	       struct eng_error *err)
@@ -526,18 +542,17 @@ int llama_init(struct llama_model *m, struct device *dev,
 	m->moe_host_cap = 0;
 	m->moe_counts = NULL;
 	m->moe_host_e = NULL;
+	m->moe_groups = NULL;
 	m->moe_aux = m->moe_aux_scale = 0.0;
 	if (model_has_experts(cfg)) {
 		m->moe_off = calloc((size_t)(cfg->num_layers * (cfg->num_experts + 1)),
 				    sizeof(*m->moe_off));
 		m->moe_counts = calloc((size_t)cfg->num_experts, sizeof(*m->moe_counts));
 		m->moe_host_e = calloc((size_t)cfg->num_experts, sizeof(*m->moe_host_e));
-		if (!m->moe_off || !m->moe_counts || !m->moe_host_e) {
+		m->moe_groups = calloc((size_t)cfg->num_experts, sizeof(*m->moe_groups));
+		if (!m->moe_off || !m->moe_counts || !m->moe_host_e || !m->moe_groups) {
 			free(host);
-			free(m->moe_off);
-			free(m->moe_counts);
-			free(m->moe_host_e);
-			m->moe_off = NULL;
+			moe_host_free(m);
 			return eng_fail(err, -ENOMEM, "experts: out of memory");
 		}
 	}
@@ -554,10 +569,7 @@ int llama_init(struct llama_model *m, struct device *dev,
 	m->inv_freq = dev->ops->alloc(dev, half * sizeof(float));
 	if (!m->inv_freq) {
 		free(host);
-		free(m->moe_off);
-		free(m->moe_counts);
-		free(m->moe_host_e);
-		m->moe_off = NULL;
+		moe_host_free(m);
 		return eng_fail(err, -ENOMEM, "rope: out of device memory");
 	}
 	rc = dev->ops->copy_h2d(dev, m->inv_freq, host, half * sizeof(float));
@@ -574,15 +586,7 @@ void llama_release(struct llama_model *m)
 	llama_drop_activations(m);
 	m->dev->ops->free(m->dev, m->inv_freq);
 	m->inv_freq = NULL;
-	free(m->moe_off);
-	free(m->moe_host);
-	free(m->moe_counts);
-	free(m->moe_host_e);
-	m->moe_off = NULL;
-	m->moe_host = NULL;
-	m->moe_counts = NULL;
-	m->moe_host_e = NULL;
-	m->moe_host_cap = 0;
+	moe_host_free(m);
 }
 
 void llama_drop_activations(struct llama_model *m)
@@ -706,6 +710,60 @@ static void moe_group(struct llama_model *m, const struct llama_batch *b, int64_
 		m->rc = m->dev->ops->copy_h2d(m->dev, a->pos, pos, (size_t)R * sizeof(*pos));
 }
 
+/* One projection j (0 gate, 1 up, 2 down) of every expert over its rows
+ * (off: the layer's row ranges), one grouped product (gemm_grouped):
+ * EXPERTS_FWD out[rows] = in[rows] W_e^T, EXPERTS_BWD_IN out[rows] (beta)
+ * = in[rows] W_e, rows of the projection's input / output widths. */
+enum experts_op { EXPERTS_FWD, EXPERTS_BWD_IN };
+
+static void experts_lin(struct llama_model *m, const int64_t *off, enum experts_op op, int j,
+			float *out, const float *in, float *experts, float beta)
+{
+	const struct model_config *c = &m->cfg;
+	int64_t C = c->hidden_size, I = c->moe_intermediate_size, G = 0;
+	int64_t wout = j == 2 ? C : I, win = j == 2 ? I : C;   /* W_e [wout, win] */
+	int64_t nout = op == EXPERTS_FWD ? wout : win, nin = op == EXPERTS_FWD ? win : wout;
+
+	if (m->rc)
+		return;
+	for (int64_t e = 0; e < c->num_experts; e++) {
+		int64_t r0 = off[e], n = off[e + 1] - off[e];
+
+		if (n)
+			m->moe_groups[G++] = (struct gemm_group){
+				.M = n, .N = nout, .K = nin, .A = in + r0 * nin,
+				.B = moe_expert_w(experts, c, e, j), .C = out + r0 * nout,
+			};
+	}
+	m->rc = m->dev->k->gemm_grouped(m->dev, false, op == EXPERTS_FWD, G, m->moe_groups, nin,
+					win, beta, nout);
+}
+
+/* The experts' weight gradients of projection j: dW_e (+)= dout[rows]^T
+ * in[rows], one grouped product (written, not added, under grads_zero,
+ * as lin_bwd_w). */
+static void experts_bwd_w(struct llama_model *m, const int64_t *off, int j, float *grads,
+			  const float *dout, const float *in)
+{
+	const struct model_config *c = &m->cfg;
+	int64_t C = c->hidden_size, I = c->moe_intermediate_size, G = 0;
+	int64_t wout = j == 2 ? C : I, win = j == 2 ? I : C;
+
+	if (m->rc || m->frozen)
+		return;
+	for (int64_t e = 0; e < c->num_experts; e++) {
+		int64_t r0 = off[e], n = off[e + 1] - off[e];
+
+		if (n)
+			m->moe_groups[G++] = (struct gemm_group){
+				.M = wout, .N = win, .K = n, .A = dout + r0 * wout,
+				.B = in + r0 * win, .C = moe_expert_w(grads, c, e, j),
+			};
+	}
+	m->rc = m->dev->k->gemm_grouped(m->dev, true, false, G, m->moe_groups, wout, win,
+					m->grads_zero ? 0.0f : 1.0f, win);
+}
+
 /* The shared expert's share of an experts layer (qwen2_moe), added to
  * x_out: sigmoid(ln2 . sh_score) SwiGLU_shared(ln2). h: [T,S] scratch. */
 static void shared_expert_fwd(struct llama_model *m, int64_t T, const struct layer_weights *w,
@@ -776,25 +834,11 @@ static void experts_fwd(struct llama_model *m, const struct llama_batch *b, int6
 	moe_group(m, b, l, a);
 	if (!m->rc)
 		m->rc = m->dev->k->rows_gather(m->dev, a->xg, a->ln2, a->tok, R, C);
-	for (int64_t e = 0; e < E; e++) {
-		int64_t r0 = off[e], n = off[e + 1] - off[e];
-
-		if (!n)
-			continue;
-		lin_fwd(m, a->eg + r0 * I, a->xg + r0 * C, moe_expert_w(w->experts, c, e, 0),
-			n, I, C, 0.0f);
-		lin_fwd(m, a->eu + r0 * I, a->xg + r0 * C, moe_expert_w(w->experts, c, e, 1),
-			n, I, C, 0.0f);
-	}
+	experts_lin(m, off, EXPERTS_FWD, 0, a->eg, a->xg, w->experts, 0.0f);
+	experts_lin(m, off, EXPERTS_FWD, 1, a->eu, a->xg, w->experts, 0.0f);
 	if (!m->rc)
 		m->rc = m->dev->k->swiglu_fwd(m->dev, h, a->eg, a->eu, R * I);
-	for (int64_t e = 0; e < E; e++) {
-		int64_t r0 = off[e], n = off[e + 1] - off[e];
-
-		if (n)
-			lin_fwd(m, a->ey + r0 * C, h + r0 * I, moe_expert_w(w->experts, c, e, 2),
-				n, C, I, 0.0f);
-	}
+	experts_lin(m, off, EXPERTS_FWD, 2, a->ey, h, w->experts, 0.0f);
 	if (!m->rc)
 		m->rc = m->dev->k->moe_combine(m->dev, x_out, a->ey, a->pos, a->wts, T, k, C);
 	if (c->shared_expert_size)
@@ -821,32 +865,15 @@ static void experts_bwd(struct llama_model *m, int64_t l, int64_t T,
 	if (!m->rc)
 		m->rc = m->dev->k->moe_combine_bwd(m->dev, dy, g->moe_dw, g->dx, a->ey, a->pos,
 						   a->wts, T, k, C);
-	for (int64_t e = 0; e < E; e++) {
-		int64_t r0 = off[e], n = off[e + 1] - off[e];
-
-		if (!n)
-			continue;
-		lin_bwd_w(m, moe_expert_w(gw->experts, c, e, 2), dy + r0 * C, h + r0 * I, n, C, I,
-			  true);
-		lin_bwd_in(m, dh + r0 * I, dy + r0 * C, moe_expert_w(w->experts, c, e, 2), n, C,
-			   I, 0.0f);
-	}
+	experts_bwd_w(m, off, 2, gw->experts, dy, h);
+	experts_lin(m, off, EXPERTS_BWD_IN, 2, dh, dy, w->experts, 0.0f);
 	if (!m->rc)
 		m->rc = m->dev->k->swiglu_bwd(m->dev, dgate, dup, dh, a->eg, a->eu, R * I);
-	for (int64_t e = 0; e < E; e++) {   /* dy, read, now holds the rows' dx */
-		int64_t r0 = off[e], n = off[e + 1] - off[e];
-
-		if (!n)
-			continue;
-		lin_bwd_w(m, moe_expert_w(gw->experts, c, e, 0), dgate + r0 * I, a->xg + r0 * C,
-			  n, I, C, true);
-		lin_bwd_w(m, moe_expert_w(gw->experts, c, e, 1), dup + r0 * I, a->xg + r0 * C,
-			  n, I, C, true);
-		lin_bwd_in(m, dy + r0 * C, dgate + r0 * I, moe_expert_w(w->experts, c, e, 0), n,
-			   I, C, 0.0f);
-		lin_bwd_in(m, dy + r0 * C, dup + r0 * I, moe_expert_w(w->experts, c, e, 1), n, I,
-			   C, 1.0f);
-	}
+	/* dy, read, now holds the rows' dx */
+	experts_bwd_w(m, off, 0, gw->experts, dgate, a->xg);
+	experts_bwd_w(m, off, 1, gw->experts, dup, a->xg);
+	experts_lin(m, off, EXPERTS_BWD_IN, 0, dy, dgate, w->experts, 0.0f);
+	experts_lin(m, off, EXPERTS_BWD_IN, 1, dy, dup, w->experts, 1.0f);
 	/* each token's rows summed back; then the router's share */
 	if (!m->rc)
 		m->rc = m->dev->k->moe_combine(m->dev, g->dln, dy, a->pos, NULL, T, k, C);

@@ -159,6 +159,7 @@ struct llama_model {
 	int64_t *moe_off;
 	int32_t *moe_host;
 	int64_t moe_host_cap;
+	struct gemm_group *moe_groups;   /* [E] a grouped product's groups */
 	/* The router's auxiliary loss, transformers' load_balancing_loss_func
 	 * over a pass's tokens and experts layers: llama_forward leaves its
 	 * value (without the coefficient) in moe_aux, and each expert's

@@ -107,15 +107,16 @@ def test_plan_splits_every_per_token_array_alike():
     mask = np.array([0, 1, 1, 0, 1, 0, 1, 1, 1, 0], np.float32)
     adv = np.linspace(-1, 1, 10).astype(np.float32)
     old = -np.arange(10, dtype=np.float32) / 10
+    routed = np.arange(10 * 3 * 2, dtype=np.int64).reshape(10, 3, 2)   # [N, layers, k]
     plan = ForwardBackwardPlan(2, ids, lens, loss={"name": "ppo", "clip_ratio": 0.3},
                                target_ids=tgt, loss_mask=mask, advantages=adv,
-                               old_log_probs=old)
+                               old_log_probs=old, routed_experts=routed)
     assert plan.seq_ranges == [(0, 2), (2, 4)]
     assert plan.token_ranges == [(0, 5), (5, 10)]
     r0, r1 = plan.requests
     assert r0["seq_lens"] == [3, 2] and r1["seq_lens"] == [4, 1]
     for k, full in (("input_ids", ids), ("target_ids", tgt), ("loss_mask", mask),
-                    ("advantages", adv), ("old_log_probs", old)):
+                    ("advantages", adv), ("old_log_probs", old), ("routed_experts", routed)):
         assert np.array_equal(r0[k], full[:5]) and np.array_equal(r1[k], full[5:]), k
     assert r0["target_ids"].dtype == np.int32 and r0["input_ids"].dtype == np.int32
     opts = {"clip_ratio": 0.3, "global_num_tokens": 6, "global_batch_size": 3,
@@ -155,6 +156,9 @@ def test_plan_refuses_misaligned_arrays():
                             advantages=np.zeros(5))
     with pytest.raises(TypeError, match="unknown per-token arrays: bogus"):
         ForwardBackwardPlan(2, np.zeros(6, np.int32), [3, 3], bogus=np.zeros(6))
+    with pytest.raises(ValueError, match=r"routed_experts: shape \(5, 2, 2\), expected \[6,"):
+        ForwardBackwardPlan(2, np.zeros(6, np.int32), [3, 3],
+                            routed_experts=np.zeros((5, 2, 2), np.int32))
 
 
 def fake_result(loss, metrics, n, base, mbs=1):

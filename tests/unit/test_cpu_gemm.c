@@ -1,5 +1,7 @@
 /* test_cpu_gemm.c — the device table, CPU device memory, and the CPU gemm
- * (fp32 and bf16) against a naive double-precision product. */
+ * (fp32 and bf16) against a naive double-precision product; the grouped
+ * product (the experts' projections) against a gemm per group, bit for
+ * bit, and the double product. */
 #include <check.h>
 #include <math.h>
 #include <stdbool.h>
@@ -501,6 +503,75 @@ START_TEST(gemm_address_independent)
 }
 END_TEST
 
+/* Three experts' rows and weights as llama.c's experts_lin and
+ * experts_bwd_w pass them (one empty group), with both betas. */
+START_TEST(gemm_grouped_is_each_groups_gemm)
+{
+	struct device *dev = tu_open(2, MATMUL_FP32);
+	const int64_t I = 24, C = 40, rows[3] = {7, 0, 13}, R = 20;
+	float *x = tu_falloc(dev, R * C), *w = tu_falloc(dev, 3 * I * C);
+	float *y = tu_falloc(dev, R * I), *want = tu_falloc(dev, R * I);
+	float *dw = tu_falloc(dev, 3 * I * C), *dwant = tu_falloc(dev, 3 * I * C);
+	struct gemm_group gr[3];
+	double *ref = malloc(sizeof(double) * 13 * I), *abs_ = malloc(sizeof(double) * 13 * I);
+
+	tu_seed(51);
+	tu_fill(x, R * C, -1.0f, 1.0f);
+	tu_fill(w, 3 * I * C, -1.0f, 1.0f);
+	for (int beta = 0; beta < 2; beta++) {
+		int64_t r0 = 0;
+
+		tu_fill(y, R * I, -1.0f, 1.0f);
+		memcpy(want, y, sizeof(float) * R * I);
+		for (int g = 0; g < 3; g++) {
+			gr[g] = (struct gemm_group){.M = rows[g], .N = I, .K = C, .A = x + r0 * C,
+						    .B = w + g * I * C, .C = y + r0 * I};
+			ck_assert_int_eq(dev->k->gemm(dev, false, true, rows[g], I, C, x + r0 * C, C,
+						      w + g * I * C, C, (float)beta, want + r0 * I,
+						      I), 0);
+			r0 += rows[g];
+		}
+		ck_assert_int_eq(dev->k->gemm_grouped(dev, false, true, 3, gr, C, C, (float)beta,
+						      I), 0);
+		ck_assert(!memcmp(y, want, sizeof(float) * R * I));
+		/* the last group against the double product (beta 0) */
+		if (!beta) {
+			ref_gemm(false, true, 13, I, C, x + 7 * C, C, w + 2 * I * C, C, 0.0f, NULL, I,
+				 false, ref, abs_);
+			for (int64_t i = 0; i < 13 * I; i++)
+				ck_assert(fabs(y[7 * I + i] - ref[i]) <= 1e-5 * abs_[i] + 1e-30);
+		}
+		/* weight gradients: dW_g (+)= dy[rows]^T x[rows] */
+		tu_fill(dw, 3 * I * C, -1.0f, 1.0f);
+		memcpy(dwant, dw, sizeof(float) * 3 * I * C);
+		r0 = 0;
+		for (int g = 0; g < 3; g++) {
+			gr[g] = (struct gemm_group){.M = I, .N = C, .K = rows[g], .A = y + r0 * I,
+						    .B = x + r0 * C, .C = dw + g * I * C};
+			ck_assert_int_eq(dev->k->gemm(dev, true, false, I, C, rows[g], y + r0 * I, I,
+						      x + r0 * C, C, (float)beta,
+						      dwant + g * I * C, C), 0);
+			r0 += rows[g];
+		}
+		ck_assert_int_eq(dev->k->gemm_grouped(dev, true, false, 3, gr, I, C, (float)beta,
+						      C), 0);
+		ck_assert(!memcmp(dw, dwant, sizeof(float) * 3 * I * C));
+	}
+	ck_assert_int_eq(dev->k->gemm_grouped(dev, false, true, -1, gr, C, C, 0.0f, I), -EINVAL);
+	gr[0].M = -1;
+	ck_assert_int_eq(dev->k->gemm_grouped(dev, false, true, 1, gr, C, C, 0.0f, I), -EINVAL);
+	free(ref);
+	free(abs_);
+	dev->ops->free(dev, x);
+	dev->ops->free(dev, w);
+	dev->ops->free(dev, y);
+	dev->ops->free(dev, want);
+	dev->ops->free(dev, dw);
+	dev->ops->free(dev, dwant);
+	tu_close(dev);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("cpu_gemm");
@@ -519,6 +590,7 @@ int main(void)
 	tcase_add_test(tc, gemm_cache_eviction);
 	tcase_add_test(tc, gemm_edge_cases);
 	tcase_add_test(tc, gemm_address_independent);
+	tcase_add_test(tc, gemm_grouped_is_each_groups_gemm);
 	suite_add_tcase(s, tc);
 	tu_run(s, &failed);
 	return failed ? 1 : 0;

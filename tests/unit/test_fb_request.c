@@ -34,12 +34,13 @@ START_TEST(table_matches_proto)
 		tensors++;
 		for (int k = 0; k < ENGINE_FB_INPUTS; k++)
 			in_table |= !strcmp(engine_fb_input_name(k), f->name);
-		/* input_ids and target_ids are the engine's, the rest the loss's. */
+		/* input_ids, target_ids and routed_experts are the engine's,
+		 * the rest the loss's. */
 		ck_assert_msg(in_table || !strcmp(f->name, "input_ids") ||
-			      !strcmp(f->name, "target_ids"),
+			      !strcmp(f->name, "target_ids") || !strcmp(f->name, "routed_experts"),
 			      "request tensor %s is missing from the engine's inputs", f->name);
 	}
-	ck_assert_int_eq(tensors, ENGINE_FB_INPUTS + 2);
+	ck_assert_int_eq(tensors, ENGINE_FB_INPUTS + 3);
 }
 END_TEST
 
@@ -166,6 +167,47 @@ START_TEST(decode_and_rules)
 		o.value = "token-mean";
 		ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), 0);
 		fb_prep_clear(&p);
+	}
+
+	/* routed_experts: INT32 [n, layers, k], bounded; the model's own
+	 * rules are the engine's */
+	{
+		int32_t routes[6 * 2 * 2] = {0};
+		int64_t shape[3] = {6, 2, 2};
+		Engined__V1__Tensor t_r = tensor(ENGINED__V1__DTYPE__INT32, shape, routes,
+						 sizeof(routes));
+		static const struct { int64_t s0, s1, s2; size_t len; int dt; const char *want; }
+		bad[] = {
+			{6, 2, 2, 96, ENGINED__V1__DTYPE__INT64, "routed_experts: dtype"},
+			{5, 2, 2, 96, ENGINED__V1__DTYPE__INT32, "routed_experts: shape must be [6,"},
+			{6, 2, 65, 96, ENGINED__V1__DTYPE__INT32, "experts_per_tok in [1, 64]"},
+			{6, 1025, 2, 96, ENGINED__V1__DTYPE__INT32, "layers must be in [1, 1024]"},
+			{6, 2, 2, 92, ENGINED__V1__DTYPE__INT32, "routed_experts: 92 bytes of data"},
+		};
+
+		ls.n_options = 0;
+		t_r.n_shape = 3;
+		q.routed_experts = &t_r;
+		eng_error_clear(&err);
+		ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), 0);
+		ck_assert_ptr_eq(p.req.batch.routed_experts, routes);
+		ck_assert(p.req.batch.routed_layers == 2 && p.req.batch.routed_k == 2);
+		fb_prep_clear(&p);
+		for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+			shape[0] = bad[i].s0;
+			shape[1] = bad[i].s1;
+			shape[2] = bad[i].s2;
+			t_r.data.len = bad[i].len;
+			t_r.dtype = bad[i].dt;
+			eng_error_clear(&err);
+			ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), -EINVAL);
+			ck_assert_msg(strstr(err.msg, bad[i].want), "%zu: %s", i, err.msg);
+			fb_prep_clear(&p);
+		}
+		t_r.n_shape = 2;
+		ck_assert_int_eq(fb_request_decode(&p, &q, false, &err), -EINVAL);
+		fb_prep_clear(&p);
+		q.routed_experts = NULL;
 	}
 }
 END_TEST

@@ -59,10 +59,10 @@ def daemons():
         d.stop()
 
 
-def new_engine(daemon, tmp, model_type="language_model", optim=None, **kw):
+def new_engine(daemon, tmp, model_type="language_model", optim=None, hf=None, **kw):
     eng = EngineRegistry.new(
         model_type=model_type, backend="engined",
-        model_config=vb.model_config(tmp, value=model_type == "value_model"),
+        model_config=vb.model_config(tmp, value=model_type == "value_model", hf=hf),
         engine_config=vb.engine_config([daemon.addr], daemon.ckpt_root, **kw),
         optimizer_config=optim or vb.optimizer_config(),
         checkpoint_config=CheckpointConfig())
@@ -375,6 +375,66 @@ def test_weights_through_shared_memory(daemons):
             eng.get_per_tensor_param()
         assert e.value.codes() == {0: grpc.StatusCode.FAILED_PRECONDITION}
         assert "share_socket" in str(e.value)
+
+
+def test_routing_replay_through_verl(daemons):
+    """router_replay.mode of the engine config (verl's RouterReplayConfig)
+    on a mixtral: R2's forward-only pass records the routing
+    (model_output["routed_experts"], nested [bsz, j, layers, k], the
+    daemon's own record of that batch); an update replaying it ends
+    where the unforced update does, bit for bit; R3 takes a rollout's
+    routing one row short per sequence (within 1e-6 of the full one's
+    update: that last row only routes an unused prediction) and replays
+    other experts than the router's (a different update); a batch without
+    routed_experts in R3 is refused by name."""
+    import verl.utils.tensordict_utils as tu
+    from verl.workers.config.engine import EngineRouterReplayConfig
+    cfg = vb.actor_config(clip_ratio_c=3.0)
+    loss = functools.partial(ppo_loss, config=cfg)
+
+    def engine(mode, tmp):
+        return new_engine(daemons[0], tmp, hf=vb.MIXTRAL_CONFIG,
+                          router_replay=EngineRouterReplayConfig(mode=mode))
+
+    def update(mode, routed=None, drop_last=False):
+        with tempfile.TemporaryDirectory() as tmp:
+            eng = engine(mode, tmp)
+            data = vb.rollout_batch(6)
+            if routed is not None:
+                parts = [p[:-1] if drop_last else p for p in routed.unbind()]
+                data["routed_experts"] = torch.nested.as_nested_tensor(parts,
+                                                                       layout=torch.jagged)
+            with eng.train_mode():
+                eng.train_batch(data, loss)
+            return weights(eng)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        eng = engine("R2", tmp)
+        data = vb.rollout_batch(6)
+        with eng.eval_mode():
+            out = eng.infer_batch(data)
+        routed = out["model_output"]["routed_experts"]
+        assert routed.is_nested and routed.values().shape[1:] == (2, 2)
+        packed = pack(data)
+        direct = eng.daemon.forward_backward(packed.input_ids, packed.seq_lens,
+                                             forward_only=True, return_routed_experts=True)
+        assert np.array_equal(routed.values().numpy(), direct.routed_experts)
+    free = update("disabled")
+    assert max_diff(update("R2", routed), free) == 0.0
+    assert max_diff(update("R3", routed, drop_last=True), free) <= 1e-6
+    rng = np.random.default_rng(4)
+    other = np.stack([rng.permutation(8)[:2] for _ in range(routed.values().shape[0] * 2)])
+    other = routed.values().new_tensor(other.reshape(-1, 2, 2))
+    forced = torch.nested.nested_tensor_from_jagged(other, offsets=routed.offsets())
+    assert max_diff(update("R3", forced), free) > 1e-5
+    with tempfile.TemporaryDirectory() as tmp:
+        eng = engine("R3", tmp)
+        with pytest.raises(ValueError, match="router_replay.mode R3: the batch has no "
+                                             "routed_experts"):
+            eng.infer_batch(vb.rollout_batch(6))
+        data = vb.rollout_batch(6)
+        tu.assign_non_tensor(data, enable_routing_replay=False)   # verl's reference pass
+        assert np.isfinite(eng.infer_batch(data)["model_output"]["log_probs"].values()).all()
 
 
 def test_what_engined_does_not_serve_is_refused_precisely(daemons):

@@ -27,12 +27,17 @@ HF_CONFIG = {
 }
 
 
-def model_config(tmp, value=False, **kw):
-    """verl's HFModelConfig of HF_CONFIG (no tokenizer: token ids only);
-    kw: more of its fields (lora_rank, ...)."""
+# A mixture of experts of the same size (routing replay's tests).
+MIXTRAL_CONFIG = dict(HF_CONFIG, architectures=["MixtralForCausalLM"], model_type="mixtral",
+                      num_local_experts=8, num_experts_per_tok=2, intermediate_size=24)
+
+
+def model_config(tmp, value=False, hf=None, **kw):
+    """verl's HFModelConfig of HF_CONFIG, or of hf (no tokenizer: token
+    ids only); kw: more of its fields (lora_rank, ...)."""
     d = os.path.join(tmp, "hf-value" if value else "hf-model")
     os.makedirs(d, exist_ok=True)
-    cfg = dict(HF_CONFIG)
+    cfg = dict(hf or HF_CONFIG)
     if value:
         cfg.update(architectures=["LlamaForTokenClassification"], id2label={"0": "LABEL_0"},
                    label2id={"LABEL_0": 0})

@@ -282,8 +282,8 @@ class ForwardBackwardPlan:
                 outs[k] = None
                 continue
             for r, (g, (t0, t1)) in enumerate(zip(got, self.token_ranges)):
-                if g is None or len(g) != t1 - t0:
-                    raise ValueError("rank %d: %s of %s tokens, expected %d" % (
+                if g is None or len(g) != t1 - t0:   # routed_experts: [tokens, ...]
+                    raise ValueError("rank %d: %s of %s elements, expected %d" % (
                         r, k, None if g is None else len(g), t1 - t0))
             outs[k] = np.concatenate(got)
         dp = float(self.dp_size)

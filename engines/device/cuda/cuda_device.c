@@ -208,6 +208,7 @@ static void cuda_close(struct device *dev)
 	cd = cuda_dev(dev);
 	if (cd->stream)
 		(void)cudaStreamSynchronize(cd->stream);
+	cuda_blas_fini(cd);
 	cuda_gemm_fini(cd);
 	scratch_release(cd);
 	/* Allocations the caller did not free die with the device. */
@@ -268,6 +269,7 @@ static int cuda_open(struct device **ret, int threads, enum matmul_precision pre
 		cuda_close(&cd->base);
 		return r;
 	}
+	cuda_blas_init(cd);
 	*ret = &cd->base;
 	return 0;
 }

@@ -39,6 +39,7 @@ enum cuda_scratch_slot {
 	CUDA_SCRATCH_REDUCE,       /* partial sums of two-stage reductions */
 	CUDA_SCRATCH_SORT,         /* embedding backward: keys, values, CUB temp */
 	CUDA_SCRATCH_RESULT,       /* small results copied back to the host */
+	CUDA_SCRATCH_GROUPS,       /* a grouped product's pointer arrays */
 	CUDA_SCRATCH_COUNT,
 };
 

@@ -1,5 +1,5 @@
 /* cuda_internal.h — the CUDA device structure, for its C files only
- * (cuda_device.c, cuda_gemm.c); the .cu files reach it through the
+ * (cuda_device.c, cuda_gemm.c, cuda_gemm_grouped.c); the .cu files reach it through the
  * functions of cuda_device.h. */
 #ifndef ENGINED_CUDA_INTERNAL_H
 #define ENGINED_CUDA_INTERNAL_H
@@ -32,6 +32,7 @@ struct cuda_device {
 	size_t n_allocs, cap_allocs;
 	struct cuda_scratch scratch[CUDA_SCRATCH_COUNT];
 	struct cuda_gemm_state *gemm;    /* cuBLASLt handle, plans, bf16 cache */
+	void *blas;                      /* cuBLAS's handle (grouped products); NULL: none */
 };
 
 static inline struct cuda_device *cuda_dev(struct device *dev)
@@ -47,5 +48,10 @@ void cuda_gemm_fini(struct cuda_device *cd);
 void cuda_gemm_forget(struct cuda_device *cd, const void *lo, const void *hi);
 /* Free every cached bf16 copy (cuda_trim). */
 void cuda_gemm_trim(struct cuda_device *cd);
+
+/* cuda_gemm_grouped.c: cuBLAS (dlopen'ed once per process) for grouped
+ * products; without it cd->blas stays NULL and groups run one by one. */
+void cuda_blas_init(struct cuda_device *cd);
+void cuda_blas_fini(struct cuda_device *cd);
 
 #endif

@@ -17,6 +17,16 @@ forward-only call for the outputs, verl's loss with torch autograd here,
 and its gradients back as the "custom" loss. layout.py holds the
 alignment between verl's batches and engined's packed arrays.
 
+Routing replay of a mixture of experts (the engine config's
+router_replay.mode, verl's RouterReplayConfig): "R2" records the routing
+in a forward-only call whose batch has none (model_output["routed_experts"],
+[bsz, j, layers, k] nested, as verl's Megatron engine returns it) and
+replays a batch's routed_experts in every call; "R3" replays the
+routed_experts the rollout returned (a sequence's last row, which rollouts
+do not record, routed as the router chooses it: layout.routes). A batch
+flagged enable_routing_replay False (verl's reference passes) routes
+freely.
+
 LoRA (verl's model config lora_rank > 0, or lora_adapter_path): the
 daemon holds the model as a frozen base and one adapter, ADAPTER, over it
 (lora.py: verl's LoRA keys as CreateAdapter's fields, the weight views);
@@ -242,6 +252,7 @@ class EnginedEngine(BaseEngine):
         temperature = _temperature(data)
         entropy = bool(tu.get_non_tensor_data(data, "calculate_entropy", False))
         common = dict(temperature=temperature, adapter=self.adapter)
+        common.update(self._replay(data, packed, forward_only or loss_function is None))
         if forward_only or loss_function is None:
             return self._forward_only(data, packed, loss_function, entropy, common)
         spec = server_loss(loss_function, data, packed, calculate_entropy=entropy,
@@ -257,6 +268,18 @@ class EnginedEngine(BaseEngine):
                                data.get("response_mask", None))
         return _result(self._model_output(packed, r), [float(r.loss)], metrics)
 
+    def _replay(self, data, packed, forward_only):
+        """The calls' routing replay arguments (router_replay.mode)."""
+        mode = self.engine_config.router_replay.mode
+        if mode == "disabled" or not tu.get_non_tensor_data(data, "enable_routing_replay", True):
+            return {}
+        if "routed_experts" in data.keys():
+            return {"routed_experts": packed.routes(data["routed_experts"])}
+        if mode == "R2" and forward_only:
+            return {"return_routed_experts": True}
+        raise ValueError(f"router_replay.mode {mode}: the batch has no routed_experts "
+                         "(R3: the rollout's; R2: the forward-only pass's)")
+
     def _outputs(self, entropy):
         if self.model_type == "value_model":
             return {"return_values": True}
@@ -270,6 +293,8 @@ class EnginedEngine(BaseEngine):
         r = self.daemon.forward_backward(packed.input_ids, packed.seq_lens, forward_only=True,
                                          **self._outputs(entropy), **common)
         model_output = self._model_output(packed, r)
+        if r.routed_experts is not None:   # R2's record
+            model_output["routed_experts"] = packed.nested(torch.from_numpy(r.routed_experts))
         losses, metrics = [], {}
         if loss_function is not None:
             with torch.no_grad():
@@ -281,6 +306,7 @@ class EnginedEngine(BaseEngine):
     def _custom(self, data, packed, loss_function, entropy, common):
         """Any loss of the model's outputs: forward-only here, verl's loss
         and its gradients with autograd, the gradients back as "custom"."""
+        common = {k: v for k, v in common.items() if k != "return_routed_experts"}
         r = self.daemon.forward_backward(packed.input_ids, packed.seq_lens, forward_only=True,
                                          **self._outputs(entropy), **common)
         leaves = {k: torch.from_numpy(packed.shift_to_verl(v)).requires_grad_()
@@ -460,7 +486,6 @@ class _AdapterOff:
 _NOT_SERVED = {
     "calculate_sum_pi_squared": "the sum of squared probabilities (sum_pi_squared)",
     "distillation_use_topk": "top-k distillation outputs",
-    "enable_routing_replay": "MoE routing replay (engined's models are dense)",
 }
 
 

@@ -76,6 +76,35 @@ class Packed:
         return torch.nested.nested_tensor_from_jagged(
             flat, offsets=torch.from_numpy(self.offsets.astype(np.int64)))
 
+    def routes(self, routed):
+        """verl's routed_experts (nested [bsz, j, layers, k], or flat [N,
+        layers, k]) as engined's int32 [N, layers, k]. A sequence with one
+        row fewer than its tokens (a rollout's: the last token routes
+        nothing it generates) gets a last row of experts 0..k-1, which
+        only that token's own unused prediction reads."""
+        if isinstance(routed, torch.Tensor) and routed.is_nested:
+            parts = [p.detach().cpu().numpy() for p in routed.unbind()]
+        else:
+            flat = np.asarray(routed.detach().cpu().numpy() if isinstance(routed, torch.Tensor)
+                              else routed)
+            parts = np.split(flat, self.offsets[1:-1])
+        if len(parts) != len(self.seq_lens):
+            raise ValueError(f"routed_experts: {len(parts)} sequences for "
+                             f"{len(self.seq_lens)}")
+        out = []
+        for i, (p, n) in enumerate(zip(parts, self.seq_lens)):
+            if p.ndim != 3:
+                raise ValueError(f"routed_experts: sequence {i} of shape {p.shape}, "
+                                 "expected [tokens, layers, experts_per_tok]")
+            if p.shape[0] == n - 1:
+                last = np.broadcast_to(np.arange(p.shape[2]), (1,) + p.shape[1:])
+                p = np.concatenate([p, last.astype(p.dtype)])
+            if p.shape[0] != n:
+                raise ValueError(f"routed_experts: sequence {i} has {p.shape[0]} rows for "
+                                 f"{n} tokens")
+            out.append(p.astype(np.int32))
+        return np.concatenate(out)
+
     def grad_from_verl(self, g):
         """The gradient of verl's prediction-aligned [N] entries as
         engined's target-aligned one (the transpose of shift_to_verl)."""
