@@ -710,58 +710,40 @@ static void moe_group(struct llama_model *m, const struct llama_batch *b, int64_
 		m->rc = m->dev->ops->copy_h2d(m->dev, a->pos, pos, (size_t)R * sizeof(*pos));
 }
 
-/* One projection j (0 gate, 1 up, 2 down) of every expert over its rows
- * (off: the layer's row ranges), one grouped product (gemm_grouped):
- * EXPERTS_FWD out[rows] = in[rows] W_e^T, EXPERTS_BWD_IN out[rows] (beta)
- * = in[rows] W_e, rows of the projection's input / output widths. */
-enum experts_op { EXPERTS_FWD, EXPERTS_BWD_IN };
+/* Projection j (0 gate, 1 up, 2 down) of every expert over its rows (off:
+ * the layer's row ranges) as one grouped product (gemm_grouped), W_e
+ * expert e's [wout, win] in w:
+ *   EXPERTS_FWD     out[rows] = in[rows] W_e^T
+ *   EXPERTS_BWD_IN  out[rows] (beta) = in[rows] W_e
+ *   EXPERTS_BWD_W   W_e (beta) += out[rows]^T in[rows]  (w: the gradients;
+ *                   out holds the output's gradient rows, read)
+ */
+enum experts_op { EXPERTS_FWD, EXPERTS_BWD_IN, EXPERTS_BWD_W };
 
 static void experts_lin(struct llama_model *m, const int64_t *off, enum experts_op op, int j,
-			float *out, const float *in, float *experts, float beta)
-{
-	const struct model_config *c = &m->cfg;
-	int64_t C = c->hidden_size, I = c->moe_intermediate_size, G = 0;
-	int64_t wout = j == 2 ? C : I, win = j == 2 ? I : C;   /* W_e [wout, win] */
-	int64_t nout = op == EXPERTS_FWD ? wout : win, nin = op == EXPERTS_FWD ? win : wout;
-
-	if (m->rc)
-		return;
-	for (int64_t e = 0; e < c->num_experts; e++) {
-		int64_t r0 = off[e], n = off[e + 1] - off[e];
-
-		if (n)
-			m->moe_groups[G++] = (struct gemm_group){
-				.M = n, .N = nout, .K = nin, .A = in + r0 * nin,
-				.B = moe_expert_w(experts, c, e, j), .C = out + r0 * nout,
-			};
-	}
-	m->rc = m->dev->k->gemm_grouped(m->dev, false, op == EXPERTS_FWD, G, m->moe_groups, nin,
-					win, beta, nout);
-}
-
-/* The experts' weight gradients of projection j: dW_e (+)= dout[rows]^T
- * in[rows], one grouped product (written, not added, under grads_zero,
- * as lin_bwd_w). */
-static void experts_bwd_w(struct llama_model *m, const int64_t *off, int j, float *grads,
-			  const float *dout, const float *in)
+			float *w, float *out, const float *in, float beta)
 {
 	const struct model_config *c = &m->cfg;
 	int64_t C = c->hidden_size, I = c->moe_intermediate_size, G = 0;
 	int64_t wout = j == 2 ? C : I, win = j == 2 ? I : C;
+	int64_t no = op == EXPERTS_BWD_IN ? win : wout, ni = op == EXPERTS_BWD_IN ? wout : win;
+	bool bw = op == EXPERTS_BWD_W;
 
-	if (m->rc || m->frozen)
+	if (m->rc || (bw && m->frozen))
 		return;
 	for (int64_t e = 0; e < c->num_experts; e++) {
 		int64_t r0 = off[e], n = off[e + 1] - off[e];
+		float *we = moe_expert_w(w, c, e, j);
 
 		if (n)
-			m->moe_groups[G++] = (struct gemm_group){
-				.M = wout, .N = win, .K = n, .A = dout + r0 * wout,
-				.B = in + r0 * win, .C = moe_expert_w(grads, c, e, j),
-			};
+			m->moe_groups[G++] = bw ?
+				(struct gemm_group){.M = wout, .N = win, .K = n, .A = out + r0 * no,
+						    .B = in + r0 * ni, .C = we} :
+				(struct gemm_group){.M = n, .N = no, .K = ni, .A = in + r0 * ni,
+						    .B = we, .C = out + r0 * no};
 	}
-	m->rc = m->dev->k->gemm_grouped(m->dev, true, false, G, m->moe_groups, wout, win,
-					m->grads_zero ? 0.0f : 1.0f, win);
+	m->rc = m->dev->k->gemm_grouped(m->dev, bw, op == EXPERTS_FWD, G, m->moe_groups,
+					bw ? wout : ni, win, beta, bw ? win : no);
 }
 
 /* The shared expert's share of an experts layer (qwen2_moe), added to
@@ -834,11 +816,11 @@ static void experts_fwd(struct llama_model *m, const struct llama_batch *b, int6
 	moe_group(m, b, l, a);
 	if (!m->rc)
 		m->rc = m->dev->k->rows_gather(m->dev, a->xg, a->ln2, a->tok, R, C);
-	experts_lin(m, off, EXPERTS_FWD, 0, a->eg, a->xg, w->experts, 0.0f);
-	experts_lin(m, off, EXPERTS_FWD, 1, a->eu, a->xg, w->experts, 0.0f);
+	experts_lin(m, off, EXPERTS_FWD, 0, w->experts, a->eg, a->xg, 0.0f);
+	experts_lin(m, off, EXPERTS_FWD, 1, w->experts, a->eu, a->xg, 0.0f);
 	if (!m->rc)
 		m->rc = m->dev->k->swiglu_fwd(m->dev, h, a->eg, a->eu, R * I);
-	experts_lin(m, off, EXPERTS_FWD, 2, a->ey, h, w->experts, 0.0f);
+	experts_lin(m, off, EXPERTS_FWD, 2, w->experts, a->ey, h, 0.0f);
 	if (!m->rc)
 		m->rc = m->dev->k->moe_combine(m->dev, x_out, a->ey, a->pos, a->wts, T, k, C);
 	if (c->shared_expert_size)
@@ -859,21 +841,22 @@ static void experts_bwd(struct llama_model *m, int64_t l, int64_t T,
 	int64_t k = c->experts_per_tok, R = T * k;
 	const int64_t *off = m->moe_off + l * (E + 1);
 	float *h = g->s1, *dh = g->s2, *dup = g->s3, *dgate = g->s1, *dy = g->moe_dy;
+	float wbeta = m->grads_zero ? 0.0f : 1.0f;   /* the weight gradients, as lin_bwd_w */
 
 	if (!m->rc)
 		m->rc = m->dev->k->swiglu_fwd(m->dev, h, a->eg, a->eu, R * I);
 	if (!m->rc)
 		m->rc = m->dev->k->moe_combine_bwd(m->dev, dy, g->moe_dw, g->dx, a->ey, a->pos,
 						   a->wts, T, k, C);
-	experts_bwd_w(m, off, 2, gw->experts, dy, h);
-	experts_lin(m, off, EXPERTS_BWD_IN, 2, dh, dy, w->experts, 0.0f);
+	experts_lin(m, off, EXPERTS_BWD_W, 2, gw->experts, dy, h, wbeta);
+	experts_lin(m, off, EXPERTS_BWD_IN, 2, w->experts, dh, dy, 0.0f);
 	if (!m->rc)
 		m->rc = m->dev->k->swiglu_bwd(m->dev, dgate, dup, dh, a->eg, a->eu, R * I);
 	/* dy, read, now holds the rows' dx */
-	experts_bwd_w(m, off, 0, gw->experts, dgate, a->xg);
-	experts_bwd_w(m, off, 1, gw->experts, dup, a->xg);
-	experts_lin(m, off, EXPERTS_BWD_IN, 0, dy, dgate, w->experts, 0.0f);
-	experts_lin(m, off, EXPERTS_BWD_IN, 1, dy, dup, w->experts, 1.0f);
+	experts_lin(m, off, EXPERTS_BWD_W, 0, gw->experts, dgate, a->xg, wbeta);
+	experts_lin(m, off, EXPERTS_BWD_W, 1, gw->experts, dup, a->xg, wbeta);
+	experts_lin(m, off, EXPERTS_BWD_IN, 0, w->experts, dy, dgate, 0.0f);
+	experts_lin(m, off, EXPERTS_BWD_IN, 1, w->experts, dy, dup, 1.0f);
 	/* each token's rows summed back; then the router's share */
 	if (!m->rc)
 		m->rc = m->dev->k->moe_combine(m->dev, g->dln, dy, a->pos, NULL, T, k, C);
