@@ -454,7 +454,7 @@ static void lora_fwd(struct llama_model *m, int64_t l, int mod, float *out,
 	const struct llama_lora *a = m->lora;
 	int64_t nin, nout, r;
 
-	if (!a || !a->layers[l].A[mod])
+	if (!a || l < 0 || !a->layers[l].A[mod])
 		return;
 	r = a->rank;
 	lora_module_dims(&m->cfg, mod, &nin, &nout);
@@ -475,7 +475,7 @@ static void lora_bwd(struct llama_model *m, int64_t l, int mod, const float *dou
 	float *xa, *dxa, beta = m->grads_zero ? 0.0f : 1.0f;
 	int64_t nin, nout, r;
 
-	if (!a || !a->layers[l].A[mod])
+	if (!a || l < 0 || !a->layers[l].A[mod])
 		return;
 	y = &a->layers[l];
 	r = a->rank;
@@ -746,6 +746,53 @@ static void experts_lin(struct llama_model *m, const int64_t *off, enum experts_
 					bw ? wout : ni, win, beta, bw ? win : no);
 }
 
+/* A SwiGLU MLP, out (beta) = down(silu(x Wg^T) * (x Wu^T)) over T rows of
+ * x [T,C] (a dense layer's MLP, or qwen2_moe's shared expert, F its
+ * width): gate and up [T,F] kept for the backward, h [T,F] scratch. l: the
+ * decoder layer whose adapter takes part (-1: none). */
+static void swiglu_mlp_fwd(struct llama_model *m, int64_t l, int64_t T, int64_t F,
+			   const float *wg, const float *wu, const float *wd, float *gate,
+			   float *up, const float *x, float *h, float *out, float beta)
+{
+	int64_t C = m->cfg.hidden_size;
+
+	lin_fwd(m, gate, x, wg, T, F, C, 0.0f);
+	lora_fwd(m, l, LORA_GATE, gate, x, T);
+	lin_fwd(m, up, x, wu, T, F, C, 0.0f);
+	lora_fwd(m, l, LORA_UP, up, x, T);
+	if (!m->rc)
+		m->rc = m->dev->k->swiglu_fwd(m->dev, h, gate, up, T * F);
+	lin_fwd(m, out, h, wd, T, C, F, beta);
+	lora_fwd(m, l, LORA_DOWN, out, h, T);
+}
+
+/* Its backward from dy [T,C], the output's gradient: the weights'
+ * gradients into gg, gu, gd, x's into dx (beta: 0 writes, 1 adds).
+ * Scratch: g->s1..s3. */
+static void swiglu_mlp_bwd(struct llama_model *m, int64_t l, int64_t T, int64_t F,
+			   const float *wg, const float *wu, const float *wd, float *gg,
+			   float *gu, float *gd, const float *gate, const float *up,
+			   const float *x, const float *dy, float *dx, float beta,
+			   struct global_acts *g)
+{
+	int64_t C = m->cfg.hidden_size;
+	float *h = g->s1, *dh = g->s2, *dup = g->s3, *dgate = g->s1;
+
+	if (!m->rc)
+		m->rc = m->dev->k->swiglu_fwd(m->dev, h, gate, up, T * F);
+	lin_bwd_w(m, gd, dy, h, T, C, F, true);
+	lin_bwd_in(m, dh, dy, wd, T, C, F, 0.0f);
+	lora_bwd(m, l, LORA_DOWN, dy, h, dh, T);
+	if (!m->rc)
+		m->rc = m->dev->k->swiglu_bwd(m->dev, dgate, dup, dh, gate, up, T * F);
+	lin_bwd_w(m, gg, dgate, x, T, F, C, true);
+	lin_bwd_w(m, gu, dup, x, T, F, C, true);
+	lin_bwd_in(m, dx, dgate, wg, T, F, C, beta);
+	lin_bwd_in(m, dx, dup, wu, T, F, C, 1.0f);
+	lora_bwd(m, l, LORA_GATE, dgate, x, dx, T);
+	lora_bwd(m, l, LORA_UP, dup, x, dx, T);
+}
+
 /* The shared expert's share of an experts layer (qwen2_moe), added to
  * x_out: sigmoid(ln2 . sh_score) SwiGLU_shared(ln2). h: [T,S] scratch. */
 static void shared_expert_fwd(struct llama_model *m, int64_t T, const struct layer_weights *w,
@@ -754,11 +801,8 @@ static void shared_expert_fwd(struct llama_model *m, int64_t T, const struct lay
 	const struct model_config *c = &m->cfg;
 	int64_t C = c->hidden_size, S = c->shared_expert_size;
 
-	lin_fwd(m, a->sg, a->ln2, w->sh_gate, T, S, C, 0.0f);
-	lin_fwd(m, a->su, a->ln2, w->sh_up, T, S, C, 0.0f);
-	if (!m->rc)
-		m->rc = m->dev->k->swiglu_fwd(m->dev, h, a->sg, a->su, T * S);
-	lin_fwd(m, a->sy, h, w->sh_down, T, C, S, 0.0f);
+	swiglu_mlp_fwd(m, -1, T, S, w->sh_gate, w->sh_up, w->sh_down, a->sg, a->su, a->ln2, h,
+		       a->sy, 0.0f);
 	lin_fwd(m, a->sz, a->ln2, w->sh_score, T, 1, C, 0.0f);
 	if (!m->rc)
 		m->rc = m->dev->k->sigmoid_gate_fwd(m->dev, x_out, a->sz, a->sy, T, C);
@@ -773,23 +817,14 @@ static void shared_expert_bwd(struct llama_model *m, int64_t T, const struct lay
 {
 	const struct model_config *c = &m->cfg;
 	int64_t C = c->hidden_size, S = c->shared_expert_size;
-	float *h = g->s1, *dh = g->s2, *dup = g->s3, *dgate = g->s1;
 	float *dy = g->moe_dy, *dz = g->moe_dz;
 
-	if (!m->rc)
-		m->rc = m->dev->k->swiglu_fwd(m->dev, h, a->sg, a->su, T * S);
 	if (!m->rc)
 		m->rc = m->dev->k->sigmoid_gate_bwd(m->dev, dy, dz, g->dx, a->sz, a->sy, T, C);
 	lin_bwd_w(m, gw->sh_score, dz, a->ln2, T, 1, C, true);
 	lin_bwd_in(m, g->dln, dz, w->sh_score, T, 1, C, 1.0f);
-	lin_bwd_w(m, gw->sh_down, dy, h, T, C, S, true);
-	lin_bwd_in(m, dh, dy, w->sh_down, T, C, S, 0.0f);
-	if (!m->rc)
-		m->rc = m->dev->k->swiglu_bwd(m->dev, dgate, dup, dh, a->sg, a->su, T * S);
-	lin_bwd_w(m, gw->sh_gate, dgate, a->ln2, T, S, C, true);
-	lin_bwd_w(m, gw->sh_up, dup, a->ln2, T, S, C, true);
-	lin_bwd_in(m, g->dln, dgate, w->sh_gate, T, S, C, 1.0f);
-	lin_bwd_in(m, g->dln, dup, w->sh_up, T, S, C, 1.0f);
+	swiglu_mlp_bwd(m, -1, T, S, w->sh_gate, w->sh_up, w->sh_down, gw->sh_gate, gw->sh_up,
+		       gw->sh_down, a->sg, a->su, a->ln2, dy, g->dln, 1.0f, g);
 }
 
 /* x_out = xmid + sum over the k chosen experts of w SwiGLU_e(ln2(xmid))
@@ -936,15 +971,9 @@ static void mlp_block_fwd(struct llama_model *m, const struct llama_batch *b, in
 		experts_fwd(m, b, l, w, a, h, x_out);
 		return;
 	}
-	lin_fwd(m, a->gate, a->ln2, w->w_gate, T, F, C, 0.0f);
-	lora_fwd(m, l, LORA_GATE, a->gate, a->ln2, T);
-	lin_fwd(m, a->up, a->ln2, w->w_up, T, F, C, 0.0f);
-	lora_fwd(m, l, LORA_UP, a->up, a->ln2, T);
-	if (!m->rc)
-		m->rc = m->dev->k->swiglu_fwd(m->dev, h, a->gate, a->up, T * F);
-	copy(m, x_out, a->xmid, T * C);
-	lin_fwd(m, x_out, h, w->w_down, T, C, F, 1.0f);
-	lora_fwd(m, l, LORA_DOWN, x_out, h, T);
+	copy(m, x_out, a->xmid, T * C);   /* the residual, the MLP added to it */
+	swiglu_mlp_fwd(m, l, T, F, w->w_gate, w->w_up, w->w_down, a->gate, a->up, a->ln2, h,
+		       x_out, 1.0f);
 }
 
 /* row_logp/row_ent [T] through tiles of [rows, vocabulary chunk]; a
@@ -1147,26 +1176,14 @@ static void layer_bwd(struct llama_model *m, const struct llama_batch *b, int64_
 	int64_t T = b->T, C = c->hidden_size, F = c->intermediate_size;
 	int64_t H = c->num_heads, KV = c->num_kv_heads, D = c->head_dim;
 	int64_t QD = H * D, KD = KV * D;
-	float *h = g->s1, *dh = g->s2, *dup = g->s3, *dgate = g->s1;
 
 	if (model_layer_mlp(c, l) == MODEL_MLP_MOE) {
 		experts_bwd(m, l, T, w, gw, a, g);
 		goto mlp_done;
 	}
 	/* MLP: x_{l+1} = xmid + h Wd^T; dxmid starts as dx (same buffer). */
-	if (!m->rc)
-		m->rc = m->dev->k->swiglu_fwd(m->dev, h, a->gate, a->up, T * F);
-	lin_bwd_w(m, gw->w_down, g->dx, h, T, C, F, true);
-	lin_bwd_in(m, dh, g->dx, w->w_down, T, C, F, 0.0f);
-	lora_bwd(m, l, LORA_DOWN, g->dx, h, dh, T);
-	if (!m->rc)
-		m->rc = m->dev->k->swiglu_bwd(m->dev, dgate, dup, dh, a->gate, a->up, T * F);
-	lin_bwd_w(m, gw->w_gate, dgate, a->ln2, T, F, C, true);
-	lin_bwd_w(m, gw->w_up, dup, a->ln2, T, F, C, true);
-	lin_bwd_in(m, g->dln, dgate, w->w_gate, T, F, C, 0.0f);
-	lin_bwd_in(m, g->dln, dup, w->w_up, T, F, C, 1.0f);
-	lora_bwd(m, l, LORA_GATE, dgate, a->ln2, g->dln, T);
-	lora_bwd(m, l, LORA_UP, dup, a->ln2, g->dln, T);
+	swiglu_mlp_bwd(m, l, T, F, w->w_gate, w->w_up, w->w_down, gw->w_gate, gw->w_up,
+		       gw->w_down, a->gate, a->up, a->ln2, g->dx, g->dln, 0.0f, g);
 mlp_done:
 	norm_bwd(m, g->dx, gw->ln2, g->dln, a->xmid, w->ln2, a->rstd2, T, C, 1.0f);
 

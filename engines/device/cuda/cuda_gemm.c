@@ -80,15 +80,24 @@ static void *sym(void *h, const char *name)
 	return p;
 }
 
-static void lt_load(void)
+void *cuda_blas_dlopen(const char *lib)
 {
 	char name[64];
 	void *h;
 
-	snprintf(name, sizeof(name), "libcublasLt.so.%d", CUBLAS_VER_MAJOR);
+	snprintf(name, sizeof(name), "%s.so.%d", lib, CUBLAS_VER_MAJOR);
 	h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-	if (!h)
-		h = dlopen("libcublasLt.so", RTLD_NOW | RTLD_LOCAL);
+	if (!h) {
+		snprintf(name, sizeof(name), "%s.so", lib);
+		h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+	}
+	return h;
+}
+
+static void lt_load(void)
+{
+	void *h = cuda_blas_dlopen("libcublasLt");
+
 	if (!h) {
 		lt_status = -ELIBACC;
 		return;

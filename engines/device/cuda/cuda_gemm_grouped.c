@@ -16,7 +16,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 
 #include <cublas_v2.h>
@@ -37,13 +36,8 @@ static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
 
 static void blas_load(void)
 {
-	char name[64];
-	void *h;
+	void *h = cuda_blas_dlopen("libcublas");
 
-	snprintf(name, sizeof(name), "libcublas.so.%d", CUBLAS_VER_MAJOR);
-	h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-	if (!h)
-		h = dlopen("libcublas.so", RTLD_NOW | RTLD_LOCAL);
 	if (!h)
 		return;
 	/* The handle is kept for the life of the process. */

@@ -49,6 +49,10 @@ void cuda_gemm_forget(struct cuda_device *cd, const void *lo, const void *hi);
 /* Free every cached bf16 copy (cuda_trim). */
 void cuda_gemm_trim(struct cuda_device *cd);
 
+/* lib.so.<the headers' cuBLAS major>, else lib.so, dlopen'ed (NULL:
+ * not installed): libcublasLt, libcublas. */
+void *cuda_blas_dlopen(const char *lib);
+
 /* cuda_gemm_grouped.c: cuBLAS (dlopen'ed once per process) for grouped
  * products; without it cd->blas stays NULL and groups run one by one. */
 void cuda_blas_init(struct cuda_device *cd);
