@@ -170,6 +170,10 @@ def requests(pb):
         input_ids=ids, seq_lens=[2, 2, 4], forward_only=True, return_entropy=True),
         tag="-forward")
     req("ForwardBackward", pb.ForwardBackwardRequest(
+        input_ids=ids, seq_lens=[3, 5], forward_only=True, return_routed_experts=True,
+        routed_experts=pb.Tensor(dtype=pb.INT32, shape=[8, 1, 2], data=struct.pack(
+            "<16i", *[(j + d) % 4 for j in range(8) for d in (0, 1)]))), tag="-routed")
+    req("ForwardBackward", pb.ForwardBackwardRequest(
         input_ids=ids, seq_lens=[3, 5], loss=pb.LossSpec(name="custom"),
         grad_log_probs=tensor(pb.FLOAT32, [0.1, -0.2, 0.3, 0, 1, -1, 0.5, 2]),
         grad_entropy=tensor(pb.FLOAT32, [0.01] * n),
