@@ -85,6 +85,21 @@ static inline MOE_HD void moe_route_row_bwd(float *z, const float *d, const floa
 		z[e] = p[e] * (z[e] - dot);
 }
 
+/* One row of a combine's backward (moe_combine_bwd's per choice, the
+ * shared expert's gate per token: device.h): dy[C] = a d[C], and d . y
+ * summed in index order, the rule both devices run. */
+static inline MOE_HD float moe_scale_dot(float *dy, const float *d, const float *y, float a,
+					 int64_t C)
+{
+	float s = 0.0f;
+
+	for (int64_t c = 0; c < C; c++) {
+		dy[c] = a * d[c];
+		s += d[c] * y[c];
+	}
+	return s;
+}
+
 /* sigmoid(z) as torch computes it in fp32. */
 static inline MOE_HD float moe_sigmoid(float z)
 {

@@ -53,6 +53,20 @@ static const struct {
 #define SUPPORTED "llama, qwen2, qwen3, mistral, qwen3_moe, qwen2_moe, mixtral, olmoe"
 #define N_ARCH (sizeof(arch_table) / sizeof(arch_table[0]))
 
+/* Qwen's families: a sliding window takes effect only with
+ * use_sliding_window; experts (qwen3_moe, qwen2_moe) sized by
+ * moe_intermediate_size and placed by decoder_sparse_step and
+ * mlp_only_layers. */
+static bool qwen_family(enum model_arch a)
+{
+	return a == ARCH_QWEN2 || a == ARCH_QWEN3 || a == ARCH_QWEN3_MOE || a == ARCH_QWEN2_MOE;
+}
+
+static bool qwen_experts(enum model_arch a)
+{
+	return a == ARCH_QWEN3_MOE || a == ARCH_QWEN2_MOE;
+}
+
 /* The family table's row of c->arch (row 0 for an arch out of range). */
 static size_t family_of(const struct model_config *c)
 {
@@ -283,8 +297,7 @@ static void experts_defaults(enum model_arch a, int64_t *E, int64_t *k, double *
  * routings of other families (a grouped top-k, sigmoid scores). */
 static int parse_experts(json_t *root, struct model_config *c, struct eng_error *err)
 {
-	bool mx = c->arch == ARCH_MIXTRAL;
-	bool qwen = c->arch == ARCH_QWEN3_MOE || c->arch == ARCH_QWEN2_MOE;
+	bool mx = c->arch == ARCH_MIXTRAL, qwen = qwen_experts(c->arch);
 	const char *ekey = get(root, "num_experts") || (!mx && !get(root, "num_local_experts"))
 			   ? "num_experts" : "num_local_experts";
 	int64_t dE, dk;
@@ -547,8 +560,7 @@ static int parse_root(json_t *root, struct model_config *c, struct eng_error *er
 	if (v && json_integer_value(v) < c->max_position_embeddings) {
 		bool used = c->arch == ARCH_MISTRAL || c->arch == ARCH_MIXTRAL;
 
-		if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE ||
-		    c->arch == ARCH_QWEN2_MOE) {
+		if (qwen_family(c->arch)) {
 			json_t *u = get(root, "use_sliding_window");
 
 			used = json_is_true(u);
@@ -635,7 +647,7 @@ static int put_labels(json_t *o, int64_t n)
 /* The experts' keys, as the family's transformers config names them. */
 static int put_experts(json_t *o, const struct model_config *c)
 {
-	bool qwen = c->arch == ARCH_QWEN3_MOE || c->arch == ARCH_QWEN2_MOE;
+	bool qwen = qwen_experts(c->arch);
 	json_t *dense = json_array();
 	int bad = !dense;
 
@@ -720,8 +732,7 @@ static json_t *config_object(const struct model_config *c)
 	bad |= json_object_set_new(o, "initializer_range", json_real(c->initializer_range));
 	if (c->arch == ARCH_MISTRAL || c->arch == ARCH_MIXTRAL)
 		bad |= json_object_set_new(o, "sliding_window", json_null());
-	if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE ||
-	    c->arch == ARCH_QWEN2_MOE)
+	if (qwen_family(c->arch))
 		bad |= json_object_set_new(o, "use_sliding_window", json_false());
 	if (c->mlp == MODEL_MLP_MOE)
 		bad |= put_experts(o, c);

@@ -653,7 +653,8 @@ static void attention_block_fwd(struct llama_model *m, const struct llama_batch 
 
 /* --- mixture of experts ------------------------------------------------ */
 
-/* Layer l's index among the experts layers (a routing's layer, llama.h). */
+/* Layer l's index among the experts layers (a routing's layer, llama.h);
+ * l = num_layers: their number. */
 static int64_t experts_layer(const struct model_config *c, int64_t l)
 {
 	int64_t i = 0;
@@ -913,11 +914,7 @@ static void experts_bwd(struct llama_model *m, int64_t l, int64_t T,
 /* N: the rows of the auxiliary loss, T tokens through every experts layer. */
 static double moe_aux_rows(const struct model_config *c, int64_t T)
 {
-	int64_t layers = 0;
-
-	for (int64_t l = 0; l < c->num_layers; l++)
-		layers += model_layer_mlp(c, l) == MODEL_MLP_MOE;
-	return (double)T * (double)layers;
+	return (double)T * (double)experts_layer(c, c->num_layers);
 }
 
 static void moe_aux_finish(struct llama_model *m, int64_t T, const struct global_acts *g)

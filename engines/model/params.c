@@ -319,9 +319,9 @@ void model_weights_bind_range(const struct param_table *t, const struct model_co
 		}
 		router_name(cfg, l, n, sizeof(n));
 		at(t, win, base, lo, hi, n, &w->router);
-		float **shared[4] = {&w->sh_gate, &w->sh_up, &w->sh_down, &w->sh_score};
-
 		for (int j = 0; j < 4; j++) {
+			float **shared[4] = {&w->sh_gate, &w->sh_up, &w->sh_down, &w->sh_score};
+
 			shared_expert_name(l, j, n, sizeof(n));
 			at(t, win, base, lo, hi, n, shared[j]);
 		}

@@ -107,21 +107,13 @@ int cpu_moe_combine_bwd(struct device *dev, float *dy, float *dw, const float *d
 		return -EINVAL;
 	cpu_enter(dev);
 #pragma omp parallel for schedule(static)
-	for (t = 0; t < T; t++) {
-		const float *d = dout + t * C;
-
+	for (t = 0; t < T; t++)
 		for (int64_t j = 0; j < k; j++) {
 			int64_t r = pos[t * k + j];
-			const float *yr = y + r * C;
-			float *dr = dy + r * C, a = w[t * k + j], s = 0.0f;
 
-			for (int64_t c = 0; c < C; c++) {
-				dr[c] = a * d[c];
-				s += d[c] * yr[c];
-			}
-			dw[t * k + j] = s;
+			dw[t * k + j] = moe_scale_dot(dy + r * C, dout + t * C, y + r * C,
+						      w[t * k + j], C);
 		}
-	}
 	return 0;
 }
 
@@ -153,13 +145,9 @@ int cpu_sigmoid_gate_bwd(struct device *dev, float *dy, float *dz, const float *
 	cpu_enter(dev);
 #pragma omp parallel for schedule(static)
 	for (t = 0; t < T; t++) {
-		float s = moe_sigmoid(z[t]), dot = 0.0f;
+		float s = moe_sigmoid(z[t]);
 
-		for (int64_t c = 0; c < C; c++) {
-			dy[t * C + c] = s * dout[t * C + c];
-			dot += dout[t * C + c] * y[t * C + c];
-		}
-		dz[t] = s * (1.0f - s) * dot;
+		dz[t] = s * (1.0f - s) * moe_scale_dot(dy + t * C, dout + t * C, y + t * C, s, C);
 	}
 	return 0;
 }

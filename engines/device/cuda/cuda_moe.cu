@@ -83,13 +83,9 @@ __global__ void sigmoid_gate_bwd_kernel(float *dy, float *dz, const float *dout,
 {
 	for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < T;
 	     t += (int64_t)gridDim.x * blockDim.x) {
-		float s = moe_sigmoid(z[t]), dot = 0.0f;
+		float s = moe_sigmoid(z[t]);
 
-		for (int64_t c = 0; c < C; c++) {
-			dy[t * C + c] = s * dout[t * C + c];
-			dot += dout[t * C + c] * y[t * C + c];
-		}
-		dz[t] = s * (1.0f - s) * dot;
+		dz[t] = s * (1.0f - s) * moe_scale_dot(dy + t * C, dout + t * C, y + t * C, s, C);
 	}
 }
 
@@ -103,14 +99,8 @@ __global__ void moe_combine_bwd_kernel(float *dy, float *dw, const float *dout,
 	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
 	     i += (int64_t)gridDim.x * blockDim.x) {
 		int64_t t = i / k, r = pos[i];
-		const float *d = dout + t * C, *yr = y + r * C;
-		float *dr = dy + r * C, a = w[i], s = 0.0f;
 
-		for (int64_t c = 0; c < C; c++) {
-			dr[c] = a * d[c];
-			s += d[c] * yr[c];
-		}
-		dw[i] = s;
+		dw[i] = moe_scale_dot(dy + r * C, dout + t * C, y + r * C, w[i], C);
 	}
 }
 

@@ -306,7 +306,6 @@ class EnginedEngine(BaseEngine):
     def _custom(self, data, packed, loss_function, entropy, common):
         """Any loss of the model's outputs: forward-only here, verl's loss
         and its gradients with autograd, the gradients back as "custom"."""
-        common = {k: v for k, v in common.items() if k != "return_routed_experts"}
         r = self.daemon.forward_backward(packed.input_ids, packed.seq_lens, forward_only=True,
                                          **self._outputs(entropy), **common)
         leaves = {k: torch.from_numpy(packed.shift_to_verl(v)).requires_grad_()
